@@ -1,0 +1,1 @@
+//! Synthetic clusters for the benches.

@@ -1,0 +1,1 @@
+//! egressgw API types.

@@ -1,0 +1,19 @@
+//! The pure heart of egressgw: a validated cluster snapshot in; per-node
+//! dataplane state, allocations and object status out. No I/O, no clock, no
+//! randomness: the same snapshot in any order gives the same plan.
+//!
+//! - [`model`]: the snapshot types.
+//! - [`plan`]: allocation (EIPs, tunnel identities, gateway nodes) and
+//!   per-node state, with the precedence rules in `docs/precedence.md`.
+//! - [`diff`]: desired vs. observed dataplane state -> operations.
+
+pub mod diff;
+pub mod model;
+pub mod net;
+pub mod plan;
+pub mod selector;
+pub mod state;
+pub mod status;
+
+pub use model::Snapshot;
+pub use plan::{Plan, plan};

@@ -1,0 +1,468 @@
+//! The planner's input: a snapshot of the cluster, already validated.
+//!
+//! These types carry no Kubernetes machinery. `egressgw-api` converts watched
+//! objects into them; tests and benches build them directly.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+
+use crate::net::{Family, IpPool};
+use crate::selector::LabelSelector;
+
+/// Labels of a Kubernetes object.
+pub type Labels = BTreeMap<String, String>;
+
+/// Everything the planner looks at.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// Cluster-wide settings.
+    pub config: Config,
+    /// All nodes.
+    pub nodes: Vec<Node>,
+    /// All namespaces (for cluster policies' namespace selectors).
+    pub namespaces: Vec<Namespace>,
+    /// All pods.
+    pub pods: Vec<Pod>,
+    /// All egress gateways.
+    pub gateways: Vec<Gateway>,
+    /// All valid egress policies, namespaced and cluster-wide.
+    pub policies: Vec<Policy>,
+    /// Tunnel identities allocated earlier (from `EgressTunnel` objects).
+    pub tunnels: Vec<Tunnel>,
+    /// Objects that failed validation; they get a status and nothing else.
+    pub invalid: Vec<InvalidObject>,
+}
+
+/// A node as the planner needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Node {
+    /// Node name.
+    pub name: String,
+    /// Node labels.
+    pub labels: Labels,
+    /// The node's InternalIP addresses; the first of each family is its
+    /// underlay (parent) address.
+    pub addresses: Vec<IpAddr>,
+    /// `spec.podCIDRs`.
+    pub pod_cidrs: Vec<IpNet>,
+    /// Whether the node may carry traffic: its `Ready` condition is true and,
+    /// once agents report, its agent is alive.
+    pub ready: bool,
+}
+
+impl Node {
+    /// The node's first address of `family`.
+    pub fn address(&self, family: Family) -> Option<IpAddr> {
+        self.addresses
+            .iter()
+            .copied()
+            .find(|ip| Family::of(*ip) == family)
+    }
+}
+
+/// A namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Namespace {
+    /// Namespace name.
+    pub name: String,
+    /// Namespace labels.
+    pub labels: Labels,
+}
+
+/// A pod that may be subject to egress policies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pod {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Labels.
+    pub labels: Labels,
+    /// `status.podIPs`; empty while the pod has none.
+    pub ips: Vec<IpAddr>,
+    /// `spec.nodeName`; `None` while unscheduled.
+    pub node: Option<String>,
+    /// Whether the pod shares its node's network namespace; such pods are
+    /// never classified (their source is the node's own address).
+    pub host_network: bool,
+}
+
+/// An `EgressGateway`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gateway {
+    /// Name (cluster-scoped).
+    pub name: String,
+    /// Which nodes may carry this gateway's traffic.
+    pub node_selector: LabelSelector,
+    /// IPv4 EIP pool.
+    pub ipv4_pool: IpPool,
+    /// IPv6 EIP pool.
+    pub ipv6_pool: IpPool,
+    /// The EIP shared by `default`-allocated policies; the pool's first
+    /// address when unset.
+    pub ipv4_default: Option<Ipv4Addr>,
+    /// IPv6 counterpart of `ipv4_default`.
+    pub ipv6_default: Option<Ipv6Addr>,
+    /// Whether policies that name no gateway use this one.
+    pub cluster_default: bool,
+    /// Creation order key: older gateways win conflicts.
+    pub age: Age,
+    /// Where each EIP was active at the last status write, so a recompute
+    /// keeps it there while that node stays eligible.
+    pub previous_nodes: BTreeMap<IpAddr, String>,
+}
+
+impl Gateway {
+    /// The pool of `family`.
+    pub fn pool(&self, family: Family) -> &IpPool {
+        match family {
+            Family::Ipv4 => &self.ipv4_pool,
+            Family::Ipv6 => &self.ipv6_pool,
+        }
+    }
+
+    /// The default EIP of `family`: the configured one, else the pool's first address.
+    pub fn default_eip(&self, family: Family) -> Option<IpAddr> {
+        let configured = match family {
+            Family::Ipv4 => self.ipv4_default.map(IpAddr::V4),
+            Family::Ipv6 => self.ipv6_default.map(IpAddr::V6),
+        };
+        configured.or_else(|| self.pool(family).first())
+    }
+}
+
+/// Creation order of an object: timestamp (seconds since the epoch), then
+/// UID to break ties deterministically.
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Age {
+    /// `metadata.creationTimestamp` in seconds since the Unix epoch.
+    pub created: i64,
+    /// `metadata.uid`, a tie-breaker.
+    pub uid: String,
+}
+
+/// Identifies a policy: `namespace/name` for an `EgressPolicy`, `name` for
+/// an `EgressClusterPolicy`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PolicyRef {
+    /// `None` for a cluster policy.
+    pub namespace: Option<String>,
+    /// Name.
+    pub name: String,
+}
+
+impl PolicyRef {
+    /// A namespaced `EgressPolicy`.
+    pub fn namespaced(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: Some(namespace.into()),
+            name: name.into(),
+        }
+    }
+
+    /// An `EgressClusterPolicy`.
+    pub fn cluster(name: impl Into<String>) -> Self {
+        Self {
+            namespace: None,
+            name: name.into(),
+        }
+    }
+
+    /// The kind of object this refers to.
+    pub fn kind(&self) -> &'static str {
+        if self.namespace.is_some() {
+            "EgressPolicy"
+        } else {
+            "EgressClusterPolicy"
+        }
+    }
+}
+
+impl fmt::Display for PolicyRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.namespace {
+            Some(ns) => write!(f, "{ns}/{}", self.name),
+            None => f.write_str(&self.name),
+        }
+    }
+}
+
+/// How a policy's EIP is chosen.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Allocator {
+    /// Share the gateway's default EIP.
+    #[default]
+    Default,
+    /// Take an EIP of its own: the first pool address no other policy holds.
+    RoundRobin,
+}
+
+/// `spec.egressIP`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EgressIpSpec {
+    /// A pinned IPv4 EIP; must be in the gateway's pool.
+    pub ipv4: Option<Ipv4Addr>,
+    /// A pinned IPv6 EIP; must be in the gateway's pool.
+    pub ipv6: Option<Ipv6Addr>,
+    /// Leave with the gateway node's own address instead of an EIP.
+    pub use_node_ip: bool,
+    /// How unpinned EIPs are chosen.
+    pub allocator: Allocator,
+}
+
+/// Which pods a policy applies to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodMatch {
+    /// Pods whose labels match.
+    Selector(LabelSelector),
+    /// Pods whose IP lies in one of these prefixes.
+    Subnets(Vec<IpNet>),
+}
+
+/// An `EgressPolicy` or `EgressClusterPolicy`, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// Identity.
+    pub id: PolicyRef,
+    /// `spec.egressGatewayName`; `None` means the cluster default gateway.
+    pub gateway: Option<String>,
+    /// `spec.egressIP`.
+    pub egress_ip: EgressIpSpec,
+    /// `spec.appliedTo.podSelector` / `podSubnet`.
+    pub pods: PodMatch,
+    /// `spec.appliedTo.namespaceSelector` of a cluster policy; `None` for a
+    /// namespaced policy (which applies in its own namespace only) and for a
+    /// cluster policy without one (all namespaces).
+    pub namespace_selector: Option<LabelSelector>,
+    /// `spec.destSubnet`; empty means everything outside the cluster.
+    pub dest_subnets: Vec<IpNet>,
+    /// `spec.excludeSubnet`.
+    pub exclude_subnets: Vec<IpNet>,
+    /// `spec.priority`: on equally specific destinations the higher wins.
+    pub priority: i32,
+    /// Creation order: on equal priority the older wins.
+    pub age: Age,
+    /// The EIPs in the policy's status at the last write, kept while still valid.
+    pub previous_eips: Vec<IpAddr>,
+    /// The gateway node in the policy's status at the last write.
+    pub previous_node: Option<String>,
+}
+
+/// A node's tunnel identity as allocated earlier (an `EgressTunnel`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tunnel {
+    /// The node it belongs to.
+    pub node: String,
+    /// Tunnel IPv4 address.
+    pub ipv4: Option<Ipv4Addr>,
+    /// Tunnel IPv6 address.
+    pub ipv6: Option<Ipv6Addr>,
+    /// MAC of the node's `egress.vxlan`.
+    pub mac: Option<Mac>,
+    /// Packet mark routing to this node, if it is gateway-capable.
+    pub mark: Option<u32>,
+}
+
+/// A MAC address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Mac(pub [u8; 6]);
+
+impl fmt::Display for Mac {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let [a, b, c, d, e, g] = self.0;
+        write!(f, "{a:02x}:{b:02x}:{c:02x}:{d:02x}:{e:02x}:{g:02x}")
+    }
+}
+
+impl serde::Serialize for Mac {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl serde::Serialize for PolicyRef {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl std::str::FromStr for Mac {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut out = [0u8; 6];
+        let mut parts = s.split(':');
+        for byte in &mut out {
+            let part = parts
+                .next()
+                .ok_or_else(|| format!("{s:?} is not a MAC address"))?;
+            *byte =
+                u8::from_str_radix(part, 16).map_err(|_| format!("{s:?} is not a MAC address"))?;
+        }
+        if parts.next().is_some() {
+            return Err(format!("{s:?} is not a MAC address"));
+        }
+        Ok(Mac(out))
+    }
+}
+
+/// An object that failed validation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidObject {
+    /// Kind, e.g. `EgressPolicy`.
+    pub kind: String,
+    /// Namespace, for namespaced kinds.
+    pub namespace: Option<String>,
+    /// Name.
+    pub name: String,
+    /// One message per problem, each starting with the field path.
+    pub errors: Vec<String>,
+}
+
+/// Cluster-wide settings (the agent's and controller's config file).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Tunnel device settings.
+    pub vxlan: VxlanSettings,
+    /// Whether IPv4 egress is on.
+    pub enable_ipv4: bool,
+    /// Whether IPv6 egress is on.
+    pub enable_ipv6: bool,
+    /// Tunnel addresses are allocated from here.
+    pub tunnel_ipv4_subnet: Ipv4Net,
+    /// Tunnel IPv6 addresses are allocated from here.
+    pub tunnel_ipv6_subnet: Ipv6Net,
+    /// Service CIDRs: never sent to a gateway.
+    pub service_cidrs: Vec<IpNet>,
+    /// Further in-cluster prefixes (e.g. a CNI's pod pools that are not
+    /// node podCIDRs): never sent to a gateway.
+    pub extra_cluster_cidrs: Vec<IpNet>,
+    /// The mark bits egressgw owns; per-gateway-node marks live inside them.
+    pub mark_mask: u32,
+    /// Routing table of the gateway node with mark index 1; index `i` uses
+    /// `route_table_base + i - 1`.
+    pub route_table_base: u32,
+    /// Priority of egressgw's `ip rule`s.
+    pub rule_priority: u32,
+}
+
+/// `egress.vxlan` settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VxlanSettings {
+    /// Device name.
+    pub name: String,
+    /// VNI.
+    pub id: u32,
+    /// UDP port.
+    pub port: u16,
+    /// Turn tx checksum offload off on the device.
+    pub disable_checksum_offload: bool,
+}
+
+impl Default for VxlanSettings {
+    fn default() -> Self {
+        Self {
+            name: "egress.vxlan".into(),
+            id: 100,
+            port: 7789,
+            disable_checksum_offload: false,
+        }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            vxlan: VxlanSettings::default(),
+            enable_ipv4: true,
+            enable_ipv6: false,
+            tunnel_ipv4_subnet: "172.31.0.0/16".parse().expect("valid default"),
+            tunnel_ipv6_subnet: "fd11::/112".parse().expect("valid default"),
+            service_cidrs: vec!["10.96.0.0/12".parse().expect("valid default")],
+            extra_cluster_cidrs: Vec::new(),
+            mark_mask: 0xff00_0000,
+            route_table_base: 3000,
+            rule_priority: 3000,
+        }
+    }
+}
+
+impl Config {
+    /// Whether egress is on for `family`.
+    pub fn family_enabled(&self, family: Family) -> bool {
+        match family {
+            Family::Ipv4 => self.enable_ipv4,
+            Family::Ipv6 => self.enable_ipv6,
+        }
+    }
+
+    /// Checks the settings; every problem is reported, named by its key.
+    pub fn validate(&self) -> Result<(), Vec<String>> {
+        let mut errors = Vec::new();
+        if self.vxlan.name.is_empty() || self.vxlan.name.len() > 15 {
+            errors.push(format!(
+                "vxlan.name: {:?} must be 1 to 15 characters (a Linux interface name)",
+                self.vxlan.name
+            ));
+        }
+        if self.vxlan.id == 0 || self.vxlan.id > 0x00ff_ffff {
+            errors.push(format!(
+                "vxlan.id: {} must be between 1 and 16777215",
+                self.vxlan.id
+            ));
+        }
+        if self.vxlan.port == 0 {
+            errors.push("vxlan.port: must not be 0".into());
+        }
+        if !self.enable_ipv4 && !self.enable_ipv6 {
+            errors.push("enableIPv4, enableIPv6: at least one family must be enabled".into());
+        }
+        if self.mark_mask == 0 {
+            errors.push("mark.mask: must have at least one bit set".into());
+        } else if !(self.mark_mask >> self.mark_mask.trailing_zeros())
+            .wrapping_add(1)
+            .is_power_of_two()
+        {
+            errors.push(format!(
+                "mark.mask: {:#010x} must be one contiguous run of bits",
+                self.mark_mask
+            ));
+        }
+        if self.tunnel_ipv4_subnet.prefix_len() > 30 {
+            errors.push(format!(
+                "tunnelIPv4Subnet: {} is too small",
+                self.tunnel_ipv4_subnet
+            ));
+        }
+        if self.tunnel_ipv6_subnet.prefix_len() > 126 {
+            errors.push(format!(
+                "tunnelIPv6Subnet: {} is too small",
+                self.tunnel_ipv6_subnet
+            ));
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors)
+        }
+    }
+
+    /// How many distinct gateway-node marks fit in the mask.
+    pub fn mark_capacity(&self) -> u32 {
+        self.mark_mask >> self.mark_mask.trailing_zeros()
+    }
+
+    /// The mark of the gateway node with index `index` (1-based).
+    pub fn mark(&self, index: u32) -> u32 {
+        index << self.mark_mask.trailing_zeros()
+    }
+
+    /// The mark index of `mark`, if it is one of egressgw's.
+    pub fn mark_index(&self, mark: u32) -> Option<u32> {
+        let index = (mark & self.mark_mask) >> self.mark_mask.trailing_zeros();
+        (mark & !self.mark_mask == 0 && index != 0).then_some(index)
+    }
+}
