@@ -11,9 +11,10 @@ pub mod diff;
 pub mod model;
 pub mod net;
 pub mod plan;
+pub mod precedence;
 pub mod selector;
 pub mod state;
 pub mod status;
 
 pub use model::Snapshot;
-pub use plan::{Plan, plan};
+pub use plan::{Plan, plan, plan_node, remember};

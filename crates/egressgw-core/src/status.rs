@@ -56,8 +56,6 @@ pub enum Reason {
     NoReadyNode,
     /// Waiting for an allocation.
     NotAllocated,
-    /// Another cluster-default gateway is older.
-    DuplicateDefault,
     /// A pool overlaps an older gateway's pool.
     PoolOverlap,
 }

@@ -1,0 +1,152 @@
+//! Planning: snapshot -> allocations, per-node dataplane state and status.
+//!
+//! The stages run in a fixed order, each a pure function of the snapshot and
+//! the stages before it:
+//! 1. [`gateways`]: which gateways are usable, which one is the cluster
+//!    default, which nodes each selects;
+//! 2. [`tunnels`]: tunnel IP / MAC / mark per node, stable across runs;
+//! 3. [`eips`]: EIPs per policy from its gateway's pools;
+//! 4. [`placement`]: the active gateway node of every EIP;
+//! 5. [`classify`]: which pods each policy selects, and per source the
+//!    longest-prefix table that encodes the precedence rules;
+//! 6. [`nodes`] and [`report`]: the per-node state and the objects' status.
+//!
+//! Everything iterates in a sorted order, so the plan does not depend on the
+//! order of the snapshot's lists.
+
+mod classify;
+mod eips;
+mod gateways;
+mod nodes;
+mod placement;
+mod report;
+mod tunnels;
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use serde::Serialize;
+
+use crate::model::{Policy, Snapshot};
+use crate::net::Family;
+use crate::state::NodeState;
+use crate::status::{ClusterStatus, Reason};
+
+/// The result of planning a snapshot.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Plan {
+    /// Desired dataplane per node, by node name.
+    pub nodes: BTreeMap<String, NodeState>,
+    /// Allocations and status to write back.
+    pub status: ClusterStatus,
+}
+
+/// Plans every node of `snapshot`.
+pub fn plan(snapshot: &Snapshot) -> Plan {
+    build(snapshot, None)
+}
+
+/// Plans the cluster but builds the dataplane state of `node` only (what an
+/// agent needs); allocations and status are the full cluster's.
+pub fn plan_node(snapshot: &Snapshot, node: &str) -> Plan {
+    build(snapshot, Some(node))
+}
+
+fn build(snapshot: &Snapshot, only: Option<&str>) -> Plan {
+    let gateways = gateways::resolve(snapshot);
+    let tunnels = tunnels::allocate(snapshot, &gateways);
+    let gateways = gateways.with_eligibility(snapshot, &tunnels);
+    let mut policies = eips::allocate(snapshot, &gateways);
+    let placed = placement::place(&gateways, &mut policies);
+    let cluster_cidrs = nodes::cluster_cidrs(snapshot);
+    let classified = classify::classify(snapshot, &policies, &cluster_cidrs);
+    let nodes = nodes::build(
+        snapshot,
+        &tunnels,
+        &policies,
+        &classified,
+        &cluster_cidrs,
+        only,
+    );
+    let status = report::status(
+        snapshot,
+        &gateways,
+        &tunnels,
+        &policies,
+        &placed,
+        &classified,
+    );
+    Plan { nodes, status }
+}
+
+/// A policy on its way through the stages, in precedence-neutral age order.
+#[derive(Debug)]
+struct Work<'a> {
+    policy: &'a Policy,
+    /// The gateway it uses, once resolved.
+    gateway: Option<&'a str>,
+    /// Why it cannot be allocated, if it cannot.
+    failure: Option<(Reason, String)>,
+    /// Its EIP per family ([`fi`]); `None` for a family it does not use.
+    eips: [Option<IpAddr>; 2],
+    /// Families it leaves with the node IP (`useNodeIP`).
+    node_ip: [bool; 2],
+    /// Active gateway node per family, once placed.
+    nodes: [Option<String>; 2],
+}
+
+impl Work<'_> {
+    /// Whether the policy steers traffic of `family` somewhere.
+    fn active(&self, family: Family) -> bool {
+        self.failure.is_none() && self.nodes[fi(family)].is_some()
+    }
+}
+
+/// Index of a family in per-family arrays.
+fn fi(family: Family) -> usize {
+    match family {
+        Family::Ipv4 => 0,
+        Family::Ipv6 => 1,
+    }
+}
+
+#[cfg(test)]
+mod tests;
+
+/// Feeds a plan's allocations back into `snapshot`, as the controller does
+/// by writing status: the next plan then keeps EIPs, gateway nodes and
+/// tunnel identities where they are.
+pub fn remember(snapshot: &mut Snapshot, status: &ClusterStatus) {
+    let by_policy: BTreeMap<&crate::model::PolicyRef, &crate::status::PolicyStatus> =
+        status.policies.iter().map(|s| (&s.policy, s)).collect();
+    for policy in &mut snapshot.policies {
+        if let Some(s) = by_policy.get(&policy.id) {
+            policy.previous_eips = s
+                .eip_ipv4
+                .map(IpAddr::V4)
+                .into_iter()
+                .chain(s.eip_ipv6.map(IpAddr::V6))
+                .collect();
+            policy.previous_node.clone_from(&s.node);
+        }
+    }
+    for gateway in &mut snapshot.gateways {
+        gateway.previous_nodes = status
+            .eip_nodes
+            .iter()
+            .filter(|(ip, _)| gateway.pool(Family::of(**ip)).contains(**ip))
+            .map(|(ip, node)| (*ip, node.clone()))
+            .collect();
+    }
+    snapshot.tunnels = status
+        .tunnels
+        .iter()
+        .map(|t| crate::model::Tunnel {
+            node: t.node.clone(),
+            ipv4: t.ipv4,
+            ipv6: t.ipv6,
+            mac: Some(t.mac),
+            mark: t.mark,
+        })
+        .collect();
+}

@@ -1,0 +1,219 @@
+//! Stage 6a: the desired dataplane state of each node.
+
+use std::collections::BTreeMap;
+
+use ipnet::IpNet;
+
+use crate::model::{Config, Snapshot};
+use crate::net::Family;
+use crate::state::{
+    Action, ClassifyEntry, NodeState, OwnedEip, Peer, Route, Rule, SnatEntry, SnatTo, Vxlan,
+};
+
+use super::classify::Classified;
+use super::tunnels::Tunnels;
+use super::{Work, fi};
+
+/// Builds the state of every node, or of `only` that one.
+pub(super) fn build(
+    snapshot: &Snapshot,
+    tunnels: &Tunnels,
+    works: &[Work<'_>],
+    classified: &Classified<'_>,
+    cluster_cidrs: &[IpNet],
+    only: Option<&str>,
+) -> BTreeMap<String, NodeState> {
+    let cfg = &snapshot.config;
+    let peers = peers(tunnels);
+    let routes = routes(cfg, tunnels);
+
+    let mut nodes: BTreeMap<String, NodeState> = snapshot
+        .nodes
+        .iter()
+        .filter(|n| only.is_none_or(|o| o == n.name))
+        .map(|n| {
+            let state = NodeState {
+                node: n.name.clone(),
+                vxlan: vxlan(cfg, tunnels, &n.name),
+                peers: peers.iter().filter(|p| p.node != n.name).cloned().collect(),
+                routes: routes
+                    .iter()
+                    .filter(|(r, _)| r.gateway != n.name)
+                    .map(|(r, _)| r.clone())
+                    .collect(),
+                rules: routes
+                    .iter()
+                    .filter(|(r, _)| r.gateway != n.name)
+                    .map(|(_, r)| r.clone())
+                    .collect(),
+                cluster_cidrs: cluster_cidrs.to_vec(),
+                ..NodeState::default()
+            };
+            (n.name.clone(), state)
+        })
+        .collect();
+
+    for source in &classified.sources {
+        let family = Family::of(source.src);
+        for (dst, decided) in source.table.iter() {
+            let Some(w) = decided else {
+                if let Some(state) = nodes.get_mut(source.node) {
+                    state.classify.push(ClassifyEntry {
+                        src: source.src,
+                        dst: *dst,
+                        action: Action::Bypass,
+                        policy: None,
+                    });
+                }
+                continue;
+            };
+            let work = &works[*w];
+            let gateway = work.nodes[fi(family)]
+                .as_deref()
+                .expect("active policies are placed");
+            if let Some(state) = nodes.get_mut(source.node) {
+                let action = if gateway == source.node {
+                    Action::Local
+                } else {
+                    let mark = tunnels
+                        .mark(gateway)
+                        .expect("eligible gateway nodes have a mark");
+                    Action::Tunnel {
+                        gateway: gateway.to_owned(),
+                        mark,
+                    }
+                };
+                state.classify.push(ClassifyEntry {
+                    src: source.src,
+                    dst: *dst,
+                    action,
+                    policy: Some(work.policy.id.clone()),
+                });
+            }
+            if let Some(state) = nodes.get_mut(gateway) {
+                let to = work.eips[fi(family)].map_or(SnatTo::NodeIp, SnatTo::Eip);
+                state.snat.push(SnatEntry {
+                    src: source.src,
+                    dst: *dst,
+                    to,
+                    policy: work.policy.id.clone(),
+                });
+            }
+        }
+    }
+
+    for work in works.iter().filter(|w| w.failure.is_none()) {
+        for family in Family::ALL {
+            if let (Some(ip), Some(node)) = (work.eips[fi(family)], &work.nodes[fi(family)])
+                && let Some(state) = nodes.get_mut(node)
+            {
+                state.eips.push(OwnedEip {
+                    ip,
+                    gateway: work.gateway.expect("allocated").to_owned(),
+                });
+            }
+        }
+    }
+
+    for state in nodes.values_mut() {
+        state.peers.sort();
+        state.routes.sort();
+        state.rules.sort();
+        state.classify.sort();
+        state.snat.sort();
+        state.eips.sort();
+        state.eips.dedup();
+    }
+    nodes
+}
+
+fn vxlan(cfg: &Config, tunnels: &Tunnels, node: &str) -> Option<Vxlan> {
+    let t = tunnels.by_node.get(node)?;
+    if t.ipv4.is_none() && t.ipv6.is_none() {
+        return None;
+    }
+    Some(Vxlan {
+        name: cfg.vxlan.name.clone(),
+        vni: cfg.vxlan.id,
+        port: cfg.vxlan.port,
+        local: t.underlay?,
+        mac: t.mac,
+        ipv4: t.ipv4,
+        ipv6: t.ipv6,
+        ipv4_prefix_len: cfg.tunnel_ipv4_subnet.prefix_len(),
+        ipv6_prefix_len: cfg.tunnel_ipv6_subnet.prefix_len(),
+        disable_checksum_offload: cfg.vxlan.disable_checksum_offload,
+    })
+}
+
+fn peers(tunnels: &Tunnels) -> Vec<Peer> {
+    tunnels
+        .by_node
+        .values()
+        .filter_map(|t| {
+            Some(Peer {
+                node: t.node.clone(),
+                underlay: t.underlay?,
+                mac: t.mac,
+                ipv4: t.ipv4,
+                ipv6: t.ipv6,
+            })
+        })
+        .collect()
+}
+
+/// A route and its rule per gateway-capable node, ordered by table.
+fn routes(cfg: &Config, tunnels: &Tunnels) -> Vec<(Route, Rule)> {
+    let mut out: Vec<(Route, Rule)> = tunnels
+        .by_node
+        .values()
+        .filter(|t| tunnels.can_carry(&t.node))
+        .filter_map(|t| {
+            let mark = t.mark?;
+            let table = cfg.route_table_base + cfg.mark_index(mark)? - 1;
+            Some((
+                Route {
+                    table,
+                    gateway: t.node.clone(),
+                    via_ipv4: t.ipv4,
+                    via_ipv6: t.ipv6,
+                },
+                Rule {
+                    priority: cfg.rule_priority,
+                    mark,
+                    mask: cfg.mark_mask,
+                    table,
+                },
+            ))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Every in-cluster prefix, aggregated: node pod CIDRs and addresses, service
+/// and extra CIDRs, and the tunnel subnets.
+pub(super) fn cluster_cidrs(snapshot: &Snapshot) -> Vec<IpNet> {
+    let cfg = &snapshot.config;
+    let mut nets: Vec<IpNet> = snapshot
+        .nodes
+        .iter()
+        .flat_map(|n| {
+            n.pod_cidrs
+                .iter()
+                .copied()
+                .chain(n.addresses.iter().map(|ip| Family::host(*ip)))
+        })
+        .chain(cfg.service_cidrs.iter().copied())
+        .chain(cfg.extra_cluster_cidrs.iter().copied())
+        .collect();
+    if cfg.enable_ipv4 {
+        nets.push(IpNet::V4(cfg.tunnel_ipv4_subnet));
+    }
+    if cfg.enable_ipv6 {
+        nets.push(IpNet::V6(cfg.tunnel_ipv6_subnet));
+    }
+    let mut nets = IpNet::aggregate(&nets);
+    nets.sort();
+    nets
+}

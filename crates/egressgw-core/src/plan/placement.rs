@@ -1,0 +1,122 @@
+//! Stage 4: the active gateway node of every EIP in use (and of every
+//! `useNodeIP` policy).
+//!
+//! A unit stays on the node it was on while that node is still eligible, so
+//! a recompute never moves an EIP off a healthy node. Units that need a node
+//! go, in a fixed order, to the node already carrying the other family of the
+//! same policy, else to the eligible node with the fewest units (ties: by
+//! name).
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+
+use crate::net::Family;
+
+use super::gateways::Gateways;
+use super::{Work, fi};
+
+/// What gets a gateway node.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Unit<'a> {
+    /// An EIP of a gateway, shared by the policies that use it.
+    Eip(&'a str, IpAddr),
+    /// A `useNodeIP` policy (by index in age order).
+    NodeIp(&'a str, usize),
+}
+
+impl Unit<'_> {
+    /// The gateway the unit belongs to.
+    pub fn gateway(&self) -> &str {
+        match self {
+            Unit::Eip(g, _) | Unit::NodeIp(g, _) => g,
+        }
+    }
+}
+
+/// Where every unit went.
+#[derive(Debug, Default)]
+pub(super) struct Placed<'a> {
+    /// Unit -> node; a unit without an eligible node is absent.
+    pub nodes: BTreeMap<Unit<'a>, String>,
+    /// Unit -> indexes of the policies using it.
+    pub users: BTreeMap<Unit<'a>, Vec<usize>>,
+}
+
+/// Places all units and records each policy's node per family.
+pub(super) fn place<'a>(gateways: &Gateways<'a>, works: &mut [Work<'a>]) -> Placed<'a> {
+    let mut users: BTreeMap<Unit<'a>, Vec<usize>> = BTreeMap::new();
+    for (i, w) in works.iter().enumerate() {
+        for unit in units_of(i, w) {
+            users.entry(unit).or_default().push(i);
+        }
+    }
+    let eligible = |unit: &Unit<'_>, node: &str| {
+        gateways.by_name[unit.gateway()]
+            .eligible
+            .binary_search(&node)
+            .is_ok()
+    };
+
+    let mut nodes: BTreeMap<Unit<'a>, String> = BTreeMap::new();
+    let mut load: HashMap<String, usize> = HashMap::new();
+    for unit in users.keys() {
+        let previous = match unit {
+            Unit::Eip(g, ip) => gateways.by_name[g].gateway.previous_nodes.get(ip),
+            Unit::NodeIp(_, i) => works[*i].policy.previous_node.as_ref(),
+        };
+        if let Some(node) = previous.filter(|n| eligible(unit, n)) {
+            *load.entry(node.clone()).or_default() += 1;
+            nodes.insert(unit.clone(), node.clone());
+        }
+    }
+    for (unit, policy_idxs) in &users {
+        if nodes.contains_key(unit) {
+            continue;
+        }
+        let partner = policy_idxs
+            .iter()
+            .flat_map(|i| units_of(*i, &works[*i]))
+            .filter_map(|u| nodes.get(&u))
+            .find(|n| eligible(unit, n))
+            .cloned();
+        let choice = partner.or_else(|| {
+            gateways.by_name[unit.gateway()]
+                .eligible
+                .iter()
+                .min_by_key(|n| (load.get(**n).copied().unwrap_or(0), **n))
+                .map(|n| (*n).to_owned())
+        });
+        if let Some(node) = choice {
+            *load.entry(node.clone()).or_default() += 1;
+            nodes.insert(unit.clone(), node);
+        }
+    }
+
+    for (i, w) in works.iter_mut().enumerate() {
+        for family in Family::ALL {
+            w.nodes[fi(family)] = unit_for(i, w, family).and_then(|u| nodes.get(&u).cloned());
+        }
+    }
+    Placed { nodes, users }
+}
+
+/// The unit serving `family` of policy `i`.
+fn unit_for<'a>(i: usize, w: &Work<'a>, family: Family) -> Option<Unit<'a>> {
+    let gateway = w.gateway?;
+    if w.failure.is_some() {
+        return None;
+    }
+    if w.node_ip[fi(family)] {
+        return Some(Unit::NodeIp(gateway, i));
+    }
+    w.eips[fi(family)].map(|ip| Unit::Eip(gateway, ip))
+}
+
+fn units_of<'a>(i: usize, w: &Work<'a>) -> Vec<Unit<'a>> {
+    let mut units: Vec<Unit<'a>> = Family::ALL
+        .into_iter()
+        .filter_map(|f| unit_for(i, w, f))
+        .collect();
+    units.dedup();
+    units
+}

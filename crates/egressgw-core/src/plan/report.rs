@@ -1,0 +1,320 @@
+//! Stage 6b: status of every policy and gateway, in words a person can act on.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use crate::model::{InvalidObject, PolicyRef, Snapshot};
+use crate::net::Family;
+use crate::status::{
+    ClusterStatus, Condition, ConditionType, EipStatus, GatewayNodeStatus, GatewayStatus, IpUsage,
+    PolicyStatus, Reason,
+};
+
+use super::classify::Classified;
+use super::gateways::{GatewayInfo, Gateways};
+use super::placement::{Placed, Unit};
+use super::tunnels::Tunnels;
+use super::{Work, fi};
+
+/// Builds the status of everything.
+pub(super) fn status(
+    snapshot: &Snapshot,
+    gateways: &Gateways<'_>,
+    tunnels: &Tunnels,
+    works: &[Work<'_>],
+    placed: &Placed<'_>,
+    classified: &Classified<'_>,
+) -> ClusterStatus {
+    let mut policies: Vec<PolicyStatus> = works
+        .iter()
+        .enumerate()
+        .map(|(i, w)| policy_status(w, classified.pod_counts[i], gateways))
+        .chain(snapshot.invalid.iter().filter_map(invalid_policy))
+        .collect();
+    policies.sort_by(|a, b| a.policy.cmp(&b.policy));
+
+    let mut gateway_statuses: Vec<GatewayStatus> = gateways
+        .by_name
+        .values()
+        .map(|info| gateway_status(info, works, placed))
+        .chain(
+            snapshot
+                .invalid
+                .iter()
+                .filter(|o| o.kind == "EgressGateway")
+                .map(invalid_gateway),
+        )
+        .collect();
+    gateway_statuses.sort_by(|a, b| a.gateway.cmp(&b.gateway));
+
+    let eip_nodes = placed
+        .nodes
+        .iter()
+        .filter_map(|(unit, node)| match unit {
+            Unit::Eip(_, ip) => Some((*ip, node.clone())),
+            Unit::NodeIp(..) => None,
+        })
+        .collect();
+
+    ClusterStatus {
+        policies,
+        gateways: gateway_statuses,
+        tunnels: tunnels.by_node.values().cloned().collect(),
+        eip_nodes,
+    }
+}
+
+fn condition(
+    type_: ConditionType,
+    status: bool,
+    reason: Reason,
+    message: impl Into<String>,
+) -> Condition {
+    Condition {
+        type_,
+        status,
+        reason,
+        message: message.into(),
+    }
+}
+
+fn policy_status(w: &Work<'_>, pods: usize, gateways: &Gateways<'_>) -> PolicyStatus {
+    let node = w.nodes[0].clone().or_else(|| w.nodes[1].clone());
+    let conditions = match &w.failure {
+        Some((reason, message)) => vec![
+            condition(ConditionType::Allocated, false, *reason, message.clone()),
+            condition(ConditionType::Ready, false, *reason, message.clone()),
+        ],
+        None => {
+            let gateway = w.gateway.expect("allocated policies have a gateway");
+            let how = leaves_with(w);
+            let allocated = condition(
+                ConditionType::Allocated,
+                true,
+                Reason::Allocated,
+                format!("{how} of EgressGateway {gateway}"),
+            );
+            let unplaced = Family::ALL
+                .into_iter()
+                .any(|f| (w.eips[fi(f)].is_some() || w.node_ip[fi(f)]) && w.nodes[fi(f)].is_none());
+            let ready = if unplaced {
+                condition(
+                    ConditionType::Ready,
+                    false,
+                    Reason::NoReadyNode,
+                    no_ready_node(&gateways.by_name[gateway]),
+                )
+            } else {
+                let nodes = w
+                    .nodes
+                    .iter()
+                    .flatten()
+                    .map(String::as_str)
+                    .collect::<Vec<_>>();
+                let mut nodes = nodes;
+                nodes.dedup();
+                condition(
+                    ConditionType::Ready,
+                    true,
+                    Reason::Active,
+                    format!(
+                        "{pods} pod(s) leave through node {} {how}",
+                        nodes.join(" and ")
+                    ),
+                )
+            };
+            vec![allocated, ready]
+        }
+    };
+    PolicyStatus {
+        policy: w.policy.id.clone(),
+        eip_ipv4: match w.eips[0] {
+            Some(IpAddr::V4(ip)) => Some(ip),
+            _ => None,
+        },
+        eip_ipv6: match w.eips[1] {
+            Some(IpAddr::V6(ip)) => Some(ip),
+            _ => None,
+        },
+        use_node_ip: w.failure.is_none() && w.policy.egress_ip.use_node_ip,
+        node,
+        pods,
+        conditions,
+    }
+}
+
+fn leaves_with(w: &Work<'_>) -> String {
+    let eips: Vec<String> = w.eips.iter().flatten().map(ToString::to_string).collect();
+    if eips.is_empty() {
+        "with the node's own address (useNodeIP)".to_owned()
+    } else {
+        format!("with EIP {}", eips.join(", "))
+    }
+}
+
+fn no_ready_node(info: &GatewayInfo<'_>) -> String {
+    let name = &info.gateway.name;
+    if info.selected.is_empty() {
+        format!(
+            "spec.nodeSelector of EgressGateway {name} matches no node; label the nodes that may carry egress traffic"
+        )
+    } else {
+        let shown: Vec<&str> = info.selected.iter().take(5).copied().collect();
+        let more = info.selected.len().saturating_sub(shown.len());
+        let more = if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        };
+        format!(
+            "none of the {} node(s) selected by EgressGateway {name} is ready ({}{more}): \
+             check the nodes' Ready condition and their egressgw agents",
+            info.selected.len(),
+            shown.join(", ")
+        )
+    }
+}
+
+fn invalid_policy(o: &InvalidObject) -> Option<PolicyStatus> {
+    let policy = match (o.kind.as_str(), &o.namespace) {
+        ("EgressPolicy", Some(ns)) => PolicyRef::namespaced(ns.clone(), o.name.clone()),
+        ("EgressClusterPolicy", _) => PolicyRef::cluster(o.name.clone()),
+        _ => return None,
+    };
+    let message = o.errors.join("; ");
+    Some(PolicyStatus {
+        policy,
+        eip_ipv4: None,
+        eip_ipv6: None,
+        use_node_ip: false,
+        node: None,
+        pods: 0,
+        conditions: vec![
+            condition(
+                ConditionType::Allocated,
+                false,
+                Reason::Invalid,
+                message.clone(),
+            ),
+            condition(ConditionType::Ready, false, Reason::Invalid, message),
+        ],
+    })
+}
+
+fn invalid_gateway(o: &InvalidObject) -> GatewayStatus {
+    GatewayStatus {
+        gateway: o.name.clone(),
+        nodes: Vec::new(),
+        ip_usage: IpUsage::default(),
+        conditions: vec![condition(
+            ConditionType::Ready,
+            false,
+            Reason::Invalid,
+            o.errors.join("; "),
+        )],
+    }
+}
+
+fn gateway_status(
+    info: &GatewayInfo<'_>,
+    works: &[Work<'_>],
+    placed: &Placed<'_>,
+) -> GatewayStatus {
+    let name = info.gateway.name.as_str();
+    let mut on_node: BTreeMap<&str, BTreeMap<Option<IpAddr>, Vec<PolicyRef>>> = BTreeMap::new();
+    for (unit, node) in placed.nodes.iter().filter(|(u, _)| u.gateway() == name) {
+        let ip = match unit {
+            Unit::Eip(_, ip) => Some(*ip),
+            Unit::NodeIp(..) => None,
+        };
+        let users = placed
+            .users
+            .get(unit)
+            .into_iter()
+            .flatten()
+            .map(|i| works[*i].policy.id.clone());
+        on_node
+            .entry(node.as_str())
+            .or_default()
+            .entry(ip)
+            .or_default()
+            .extend(users);
+    }
+    let nodes = info
+        .selected
+        .iter()
+        .map(|n| GatewayNodeStatus {
+            name: (*n).to_owned(),
+            ready: info.eligible.binary_search(n).is_ok(),
+            eips: on_node
+                .get(n)
+                .into_iter()
+                .flatten()
+                .map(|(ip, policies)| {
+                    let mut policies = policies.clone();
+                    policies.sort();
+                    policies.dedup();
+                    EipStatus { ip: *ip, policies }
+                })
+                .collect(),
+        })
+        .collect();
+
+    let ready = match &info.problem {
+        Some((reason, message)) => condition(ConditionType::Ready, false, *reason, message.clone()),
+        None if info.eligible.is_empty() => condition(
+            ConditionType::Ready,
+            false,
+            Reason::NoReadyNode,
+            no_ready_node(info),
+        ),
+        None => {
+            let mut message = format!(
+                "{} of {} selected node(s) ready",
+                info.eligible.len(),
+                info.selected.len()
+            );
+            if let Some(note) = &info.note {
+                message.push_str("; ");
+                message.push_str(note);
+            }
+            condition(ConditionType::Ready, true, Reason::Active, message)
+        }
+    };
+    GatewayStatus {
+        gateway: name.to_owned(),
+        nodes,
+        ip_usage: usage(info, works),
+        conditions: vec![ready],
+    }
+}
+
+fn usage(info: &GatewayInfo<'_>, works: &[Work<'_>]) -> IpUsage {
+    let gw = info.gateway;
+    let mut used: [Vec<IpAddr>; 2] = [Vec::new(), Vec::new()];
+    for w in works
+        .iter()
+        .filter(|w| w.failure.is_none() && w.gateway == Some(gw.name.as_str()))
+    {
+        for family in Family::ALL {
+            if let Some(ip) = w.eips[fi(family)].filter(|ip| gw.pool(family).contains(*ip)) {
+                used[fi(family)].push(ip);
+            }
+        }
+    }
+    let count = |family: Family| {
+        let total = u64::try_from(gw.pool(family).len()).unwrap_or(u64::MAX);
+        let mut in_use = used[fi(family)].clone();
+        in_use.sort_unstable();
+        in_use.dedup();
+        (total, total.saturating_sub(in_use.len() as u64))
+    };
+    let ((ipv4_total, ipv4_free), (ipv6_total, ipv6_free)) =
+        (count(Family::Ipv4), count(Family::Ipv6));
+    IpUsage {
+        ipv4_total,
+        ipv4_free,
+        ipv6_total,
+        ipv6_free,
+    }
+}

@@ -1,0 +1,988 @@
+//! Planner tests: one rule each, on small hand-built clusters, then
+//! properties over generated ones.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use proptest::prelude::*;
+
+use super::*;
+use crate::model::{
+    Age, Allocator, EgressIpSpec, Gateway, InvalidObject, Labels, Namespace, Node, Pod, PodMatch,
+    Policy, PolicyRef,
+};
+use crate::net::{IpPool, IpRange};
+use crate::selector::LabelSelector;
+use crate::state::{Action, ClassifyEntry, SnatTo};
+use crate::status::{ConditionType, PolicyStatus};
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn net(s: &str) -> IpNet {
+    s.parse().unwrap()
+}
+
+fn labels(pairs: &[(&str, &str)]) -> Labels {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+/// A cluster of three nodes: `n1` (workers only), `g1` and `g2` (gateway-capable),
+/// namespaces `a` and `b`, one gateway `gw` with pool 198.51.100.10-198.51.100.13.
+struct Cluster(Snapshot);
+
+impl Cluster {
+    fn new() -> Self {
+        let mut s = Snapshot::default();
+        for (i, name) in ["n1", "g1", "g2"].into_iter().enumerate() {
+            let gw = if name.starts_with('g') {
+                "true"
+            } else {
+                "false"
+            };
+            s.nodes.push(Node {
+                name: name.into(),
+                labels: labels(&[("egress", gw)]),
+                addresses: vec![ip(&format!("172.18.0.{}", 11 + i))],
+                pod_cidrs: vec![net(&format!("10.244.{}.0/24", i + 1))],
+                ready: true,
+            });
+        }
+        for ns in ["a", "b"] {
+            s.namespaces.push(Namespace {
+                name: ns.into(),
+                labels: labels(&[("team", ns)]),
+            });
+        }
+        s.gateways
+            .push(gateway("gw", "198.51.100.10-198.51.100.13", true, 1));
+        Cluster(s)
+    }
+
+    fn pod(mut self, ns: &str, name: &str, node: &str, addr: &str, app: &str) -> Self {
+        self.0.pods.push(Pod {
+            namespace: ns.into(),
+            name: name.into(),
+            labels: labels(&[("app", app)]),
+            ips: vec![ip(addr)],
+            node: Some(node.into()),
+            host_network: false,
+        });
+        self
+    }
+
+    fn policy(mut self, p: Policy) -> Self {
+        self.0.policies.push(p);
+        self
+    }
+
+    fn plan(&self) -> Plan {
+        plan(&self.0)
+    }
+}
+
+fn gateway(name: &str, pool: &str, cluster_default: bool, created: i64) -> Gateway {
+    Gateway {
+        name: name.into(),
+        node_selector: LabelSelector::eq("egress", "true"),
+        ipv4_pool: IpPool::new(
+            pool.split(',')
+                .map(|r| r.parse::<IpRange>().unwrap())
+                .collect(),
+        ),
+        ipv6_pool: IpPool::default(),
+        ipv4_default: None,
+        ipv6_default: None,
+        cluster_default,
+        age: Age {
+            created,
+            uid: name.into(),
+        },
+        previous_nodes: BTreeMap::new(),
+    }
+}
+
+fn policy(ns: &str, name: &str, app: &str) -> Policy {
+    Policy {
+        id: PolicyRef::namespaced(ns, name),
+        gateway: None,
+        egress_ip: EgressIpSpec::default(),
+        pods: PodMatch::Selector(LabelSelector::eq("app", app)),
+        namespace_selector: None,
+        dest_subnets: Vec::new(),
+        exclude_subnets: Vec::new(),
+        priority: 0,
+        age: Age {
+            created: 100,
+            uid: format!("{ns}/{name}"),
+        },
+        previous_eips: Vec::new(),
+        previous_node: None,
+    }
+}
+
+fn with(mut p: Policy, f: impl FnOnce(&mut Policy)) -> Policy {
+    f(&mut p);
+    p
+}
+
+fn status<'a>(plan: &'a Plan, id: &PolicyRef) -> &'a PolicyStatus {
+    plan.status
+        .policies
+        .iter()
+        .find(|s| &s.policy == id)
+        .unwrap_or_else(|| panic!("no status for {id}"))
+}
+
+fn condition(plan: &Plan, id: &PolicyRef, t: ConditionType) -> (bool, Reason, String) {
+    let c = status(plan, id)
+        .conditions
+        .iter()
+        .find(|c| c.type_ == t)
+        .expect("condition present");
+    (c.status, c.reason, c.message.clone())
+}
+
+fn entries<'a>(plan: &'a Plan, node: &str, src: &str) -> Vec<&'a ClassifyEntry> {
+    plan.nodes[node]
+        .classify
+        .iter()
+        .filter(|e| e.src == ip(src))
+        .collect()
+}
+
+/// Where traffic from `src` to `dst` goes, by longest-prefix match over the
+/// node's entries after the in-cluster check, as a dataplane would do it.
+fn route(plan: &Plan, node: &str, src: &str, dst: &str) -> Action {
+    let state = &plan.nodes[node];
+    let dst = ip(dst);
+    if state.cluster_cidrs.iter().any(|c| c.contains(&dst)) {
+        return Action::Bypass;
+    }
+    entries(plan, node, src)
+        .into_iter()
+        .filter(|e| e.dst.contains(&dst))
+        .max_by_key(|e| e.dst.prefix_len())
+        .map_or(Action::Bypass, |e| e.action.clone())
+}
+
+fn gateway_of(action: &Action) -> Option<&str> {
+    match action {
+        Action::Tunnel { gateway, .. } => Some(gateway),
+        _ => None,
+    }
+}
+
+#[test]
+fn a_selected_pod_is_marked_for_its_gateway_node_which_snats_to_the_eip() {
+    let c = Cluster::new()
+        .pod("a", "web-0", "n1", "10.244.1.5", "web")
+        .policy(policy("a", "p", "web"));
+    let plan = c.plan();
+    let st = status(&plan, &PolicyRef::namespaced("a", "p"));
+    let gw_node = st.node.clone().expect("placed");
+    assert_eq!(st.eip_ipv4, Some("198.51.100.10".parse().unwrap()));
+    let mark = plan
+        .status
+        .tunnels
+        .iter()
+        .find(|t| t.node == gw_node)
+        .unwrap()
+        .mark
+        .unwrap();
+    assert_eq!(
+        route(&plan, "n1", "10.244.1.5", "203.0.113.9"),
+        Action::Tunnel {
+            gateway: gw_node.clone(),
+            mark
+        }
+    );
+    let snat = &plan.nodes[&gw_node].snat;
+    assert_eq!(snat.len(), 1);
+    assert_eq!(
+        (snat[0].src, snat[0].to),
+        (ip("10.244.1.5"), SnatTo::Eip(ip("198.51.100.10")))
+    );
+    assert_eq!(
+        plan.nodes[&gw_node]
+            .eips
+            .iter()
+            .map(|e| e.ip)
+            .collect::<Vec<_>>(),
+        vec![ip("198.51.100.10")]
+    );
+    assert!(
+        plan.nodes["n1"]
+            .rules
+            .iter()
+            .any(|r| r.mark == mark && r.mask == 0xff00_0000)
+    );
+    assert!(
+        condition(
+            &plan,
+            &PolicyRef::namespaced("a", "p"),
+            ConditionType::Ready
+        )
+        .0
+    );
+}
+
+#[test]
+fn a_pod_on_the_gateway_node_is_snatted_there_without_the_tunnel() {
+    let c = Cluster::new()
+        .pod("a", "web-0", "g1", "10.244.2.5", "web")
+        .policy(policy("a", "p", "web"));
+    let plan = c.plan();
+    assert_eq!(
+        status(&plan, &PolicyRef::namespaced("a", "p"))
+            .node
+            .as_deref(),
+        Some("g1")
+    );
+    assert_eq!(
+        route(&plan, "g1", "10.244.2.5", "203.0.113.9"),
+        Action::Local
+    );
+    assert_eq!(plan.nodes["g1"].snat.len(), 1);
+}
+
+#[test]
+fn an_unselected_pod_gets_no_entries() {
+    let c = Cluster::new()
+        .pod("a", "web-0", "n1", "10.244.1.5", "web")
+        .pod("a", "db-0", "n1", "10.244.1.6", "db")
+        .policy(policy("a", "p", "web"));
+    let plan = c.plan();
+    assert!(entries(&plan, "n1", "10.244.1.6").is_empty());
+    assert!(
+        plan.nodes
+            .values()
+            .flat_map(|n| &n.snat)
+            .all(|e| e.src != ip("10.244.1.6"))
+    );
+}
+
+#[test]
+fn in_cluster_destinations_are_never_sent_to_a_gateway() {
+    let mut c = Cluster::new()
+        .pod("a", "web-0", "n1", "10.244.1.5", "web")
+        .policy(policy("a", "p", "web"));
+    c.0.config.extra_cluster_cidrs = vec![net("192.168.0.0/16")];
+    let plan = c.plan();
+    for dst in [
+        "10.244.3.7",
+        "172.18.0.12",
+        "10.96.0.1",
+        "172.31.0.2",
+        "192.168.1.1",
+    ] {
+        assert_eq!(
+            route(&plan, "n1", "10.244.1.5", dst),
+            Action::Bypass,
+            "{dst} is in the cluster"
+        );
+    }
+    assert!(
+        gateway_of(&route(&plan, "n1", "10.244.1.5", "172.18.0.99")).is_some(),
+        "not a node address"
+    );
+}
+
+#[test]
+fn a_destination_subnet_inside_the_cluster_produces_no_entry() {
+    let c = Cluster::new()
+        .pod("a", "web-0", "n1", "10.244.1.5", "web")
+        .policy(with(policy("a", "p", "web"), |p| {
+            p.dest_subnets = vec![net("10.96.0.0/16")];
+        }));
+    assert!(entries(&c.plan(), "n1", "10.244.1.5").is_empty());
+}
+
+#[test]
+fn an_excluded_subnet_leaves_the_normal_way() {
+    let c = Cluster::new()
+        .pod("a", "web-0", "n1", "10.244.1.5", "web")
+        .policy(with(policy("a", "p", "web"), |p| {
+            p.dest_subnets = vec![net("203.0.113.0/24")];
+            p.exclude_subnets = vec![net("203.0.113.128/25")];
+        }));
+    let plan = c.plan();
+    assert!(gateway_of(&route(&plan, "n1", "10.244.1.5", "203.0.113.1")).is_some());
+    assert_eq!(
+        route(&plan, "n1", "10.244.1.5", "203.0.113.200"),
+        Action::Bypass
+    );
+    assert_eq!(route(&plan, "n1", "10.244.1.5", "8.8.8.8"), Action::Bypass);
+}
+
+#[test]
+fn a_policy_in_one_namespace_never_affects_pods_in_another() {
+    let c = Cluster::new()
+        .pod("a", "web-0", "n1", "10.244.1.5", "web")
+        .pod("b", "web-0", "n1", "10.244.1.6", "web")
+        .policy(policy("a", "p", "web"));
+    let plan = c.plan();
+    assert!(!entries(&plan, "n1", "10.244.1.5").is_empty());
+    assert!(entries(&plan, "n1", "10.244.1.6").is_empty());
+    assert_eq!(status(&plan, &PolicyRef::namespaced("a", "p")).pods, 1);
+}
+
+#[test]
+fn a_cluster_policy_applies_only_in_namespaces_its_selector_matches() {
+    let cp = with(policy("x", "cp", "web"), |p| {
+        p.id = PolicyRef::cluster("cp");
+        p.namespace_selector = Some(LabelSelector::eq("team", "b"));
+    });
+    let c = Cluster::new()
+        .pod("a", "web-0", "n1", "10.244.1.5", "web")
+        .pod("b", "web-0", "n1", "10.244.1.6", "web")
+        .policy(cp);
+    let plan = c.plan();
+    assert!(entries(&plan, "n1", "10.244.1.5").is_empty());
+    assert!(!entries(&plan, "n1", "10.244.1.6").is_empty());
+}
+
+#[test]
+fn a_cluster_policy_without_a_namespace_selector_applies_everywhere() {
+    let cp = with(policy("x", "cp", "web"), |p| {
+        p.id = PolicyRef::cluster("cp");
+    });
+    let c = Cluster::new()
+        .pod("a", "web-0", "n1", "10.244.1.5", "web")
+        .pod("b", "web-0", "n1", "10.244.1.6", "web")
+        .policy(cp);
+    assert_eq!(status(&c.plan(), &PolicyRef::cluster("cp")).pods, 2);
+}
+
+#[test]
+fn a_pod_subnet_policy_selects_pods_by_address() {
+    let c = Cluster::new()
+        .pod("a", "x", "n1", "10.244.1.5", "any")
+        .pod("a", "y", "n1", "10.244.1.200", "any")
+        .policy(with(policy("a", "p", "-"), |p| {
+            p.pods = PodMatch::Subnets(vec![net("10.244.1.0/25")]);
+        }));
+    let plan = c.plan();
+    assert!(!entries(&plan, "n1", "10.244.1.5").is_empty());
+    assert!(entries(&plan, "n1", "10.244.1.200").is_empty());
+}
+
+#[test]
+fn the_most_specific_destination_wins_then_priority_then_age() {
+    let c = two_gateways().pod("a", "web-0", "n1", "10.244.1.5", "web");
+    let wide = with(policy("a", "wide", "web"), |p| {
+        p.dest_subnets = vec![net("203.0.0.0/8")];
+        p.priority = 100;
+    });
+    let narrow = with(policy("a", "narrow", "web"), |p| {
+        p.gateway = Some("gw2".into());
+        p.dest_subnets = vec![net("203.0.113.0/24")];
+    });
+    let plan = c.policy(wide).policy(narrow).plan();
+    assert_eq!(
+        gateway_of(&route(&plan, "n1", "10.244.1.5", "203.0.113.1")),
+        Some("g2"),
+        "narrower prefix wins"
+    );
+    assert_eq!(
+        gateway_of(&route(&plan, "n1", "10.244.1.5", "203.1.0.1")),
+        Some("g1")
+    );
+}
+
+#[test]
+fn on_equal_destinations_the_higher_priority_wins_and_then_the_older_policy() {
+    let c = two_gateways().pod("a", "web-0", "n1", "10.244.1.5", "web");
+    let dst = vec![net("203.0.113.0/24")];
+    let older = with(policy("a", "older", "web"), |p| {
+        p.dest_subnets.clone_from(&dst);
+        p.age.created = 1;
+    });
+    let newer = with(policy("a", "newer", "web"), |p| {
+        p.gateway = Some("gw2".into());
+        p.dest_subnets.clone_from(&dst);
+        p.age.created = 2;
+    });
+    let plan = c.policy(older.clone()).policy(newer.clone()).plan();
+    assert_eq!(
+        gateway_of(&route(&plan, "n1", "10.244.1.5", "203.0.113.1")),
+        Some("g1"),
+        "older wins a tie"
+    );
+
+    let c = two_gateways().pod("a", "web-0", "n1", "10.244.1.5", "web");
+    let plan = c
+        .policy(older)
+        .policy(with(newer, |p| p.priority = 1))
+        .plan();
+    assert_eq!(
+        gateway_of(&route(&plan, "n1", "10.244.1.5", "203.0.113.1")),
+        Some("g2"),
+        "higher priority wins"
+    );
+}
+
+/// The standard cluster with gateway `gw` pinned to node g1 and a second
+/// gateway `gw2` on node g2.
+fn two_gateways() -> Cluster {
+    let mut c = Cluster::new();
+    for node in &mut c.0.nodes {
+        node.labels
+            .insert("kubernetes.io/hostname".into(), node.name.clone());
+    }
+    c.0.gateways[0].node_selector = LabelSelector::eq("kubernetes.io/hostname", "g1");
+    c.0.gateways.push(with_selector(
+        gateway("gw2", "198.51.100.20-198.51.100.21", false, 2),
+        "g2",
+    ));
+    c
+}
+
+fn with_selector(mut g: Gateway, hostname: &str) -> Gateway {
+    g.node_selector = LabelSelector::eq("kubernetes.io/hostname", hostname);
+    g
+}
+
+#[test]
+fn default_allocation_shares_the_gateways_default_eip() {
+    let mut c = Cluster::new()
+        .policy(policy("a", "p1", "web"))
+        .policy(policy("b", "p2", "web"));
+    c.0.gateways[0].ipv4_default = Some("198.51.100.12".parse().unwrap());
+    let plan = c.plan();
+    for id in [
+        PolicyRef::namespaced("a", "p1"),
+        PolicyRef::namespaced("b", "p2"),
+    ] {
+        assert_eq!(
+            status(&plan, &id).eip_ipv4,
+            Some("198.51.100.12".parse().unwrap())
+        );
+    }
+    let usage = plan.status.gateways[0].ip_usage;
+    assert_eq!((usage.ipv4_total, usage.ipv4_free), (4, 3));
+}
+
+#[test]
+fn rr_gives_each_policy_its_own_eip_and_reports_exhaustion_without_disturbing_others() {
+    let rr = |name: &str, created: i64| {
+        with(policy("a", name, "web"), |p| {
+            p.egress_ip.allocator = Allocator::RoundRobin;
+            p.age.created = created;
+        })
+    };
+    let c = Cluster::new()
+        .pod("a", "web-0", "n1", "10.244.1.5", "web")
+        .policy(rr("r1", 1))
+        .policy(rr("r2", 2))
+        .policy(rr("r3", 3))
+        .policy(rr("r4", 4))
+        .policy(with(policy("a", "d", "db"), |p| p.age.created = 5));
+    let plan = c.plan();
+    let eips: Vec<_> = ["r1", "r2", "r3"]
+        .iter()
+        .map(|n| {
+            status(&plan, &PolicyRef::namespaced("a", *n))
+                .eip_ipv4
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(
+        eips,
+        vec![
+            "198.51.100.11".parse::<std::net::Ipv4Addr>().unwrap(),
+            "198.51.100.12".parse().unwrap(),
+            "198.51.100.13".parse().unwrap()
+        ]
+    );
+    let (ok, reason, message) = condition(
+        &plan,
+        &PolicyRef::namespaced("a", "r4"),
+        ConditionType::Allocated,
+    );
+    assert_eq!((ok, reason), (false, Reason::PoolExhausted));
+    assert!(
+        message.contains("spec.egressIP.allocatorPolicy"),
+        "{message}"
+    );
+    assert_eq!(
+        status(&plan, &PolicyRef::namespaced("a", "d")).eip_ipv4,
+        Some("198.51.100.10".parse().unwrap())
+    );
+    assert!(
+        condition(
+            &plan,
+            &PolicyRef::namespaced("a", "r1"),
+            ConditionType::Ready
+        )
+        .0
+    );
+}
+
+#[test]
+fn a_pinned_eip_outside_the_pool_is_reported_on_the_policy() {
+    let c = Cluster::new().policy(with(policy("a", "p", "web"), |p| {
+        p.egress_ip.ipv4 = Some("192.0.2.1".parse().unwrap());
+    }));
+    let (ok, reason, message) = condition(
+        &c.plan(),
+        &PolicyRef::namespaced("a", "p"),
+        ConditionType::Allocated,
+    );
+    assert_eq!((ok, reason), (false, Reason::EipNotInPool));
+    assert!(
+        message.starts_with("spec.egressIP.ipv4: 192.0.2.1 is not in"),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_pinned_eip_is_used_as_given() {
+    let c = Cluster::new().policy(with(policy("a", "p", "web"), |p| {
+        p.egress_ip.ipv4 = Some("198.51.100.13".parse().unwrap());
+    }));
+    assert_eq!(
+        status(&c.plan(), &PolicyRef::namespaced("a", "p")).eip_ipv4,
+        Some("198.51.100.13".parse().unwrap())
+    );
+}
+
+#[test]
+fn an_unknown_gateway_or_a_missing_default_is_a_condition_not_an_error() {
+    let mut c = Cluster::new()
+        .pod("a", "web-0", "n1", "10.244.1.5", "web")
+        .policy(with(policy("a", "lost", "web"), |p| {
+            p.gateway = Some("nope".into());
+        }));
+    let plan = c.plan();
+    assert_eq!(
+        condition(
+            &plan,
+            &PolicyRef::namespaced("a", "lost"),
+            ConditionType::Ready
+        )
+        .1,
+        Reason::GatewayNotFound
+    );
+    assert!(entries(&plan, "n1", "10.244.1.5").is_empty());
+    c.0.gateways[0].cluster_default = false;
+    c.0.policies[0].gateway = None;
+    assert_eq!(
+        condition(
+            &c.plan(),
+            &PolicyRef::namespaced("a", "lost"),
+            ConditionType::Ready
+        )
+        .1,
+        Reason::NoDefaultGateway
+    );
+}
+
+#[test]
+fn a_gateway_without_ready_nodes_fails_its_policies_only() {
+    let mut c = Cluster::new()
+        .pod("a", "web-0", "n1", "10.244.1.5", "web")
+        .pod("a", "db-0", "n1", "10.244.1.6", "db")
+        .policy(policy("a", "web", "web"))
+        .policy(with(policy("a", "db", "db"), |p| {
+            p.gateway = Some("lonely".into());
+        }));
+    c.0.gateways.push(with_selector(
+        gateway("lonely", "198.51.100.30", false, 2),
+        "nowhere",
+    ));
+    let plan = c.plan();
+    let (ok, reason, message) = condition(
+        &plan,
+        &PolicyRef::namespaced("a", "db"),
+        ConditionType::Ready,
+    );
+    assert_eq!((ok, reason), (false, Reason::NoReadyNode));
+    assert!(
+        message.contains("spec.nodeSelector of EgressGateway lonely matches no node"),
+        "{message}"
+    );
+    assert!(entries(&plan, "n1", "10.244.1.6").is_empty());
+    assert!(gateway_of(&route(&plan, "n1", "10.244.1.5", "203.0.113.1")).is_some());
+    let lonely = plan
+        .status
+        .gateways
+        .iter()
+        .find(|g| g.gateway == "lonely")
+        .unwrap();
+    assert_eq!(lonely.conditions[0].reason, Reason::NoReadyNode);
+}
+
+#[test]
+fn eips_spread_over_the_least_loaded_nodes() {
+    let rr = |name: &str| {
+        with(policy("a", name, "web"), |p| {
+            p.egress_ip.allocator = Allocator::RoundRobin;
+        })
+    };
+    let plan = Cluster::new().policy(rr("r1")).policy(rr("r2")).plan();
+    let nodes: HashSet<String> = plan.status.eip_nodes.values().cloned().collect();
+    assert_eq!(nodes, ["g1".to_owned(), "g2".to_owned()].into());
+}
+
+#[test]
+fn a_recompute_never_moves_an_eip_off_a_healthy_node_and_moves_it_off_a_failed_one() {
+    let mut c = Cluster::new()
+        .pod("a", "web-0", "n1", "10.244.1.5", "web")
+        .policy(policy("a", "p", "web"));
+    let first = c.plan();
+    let node = first.status.eip_nodes[&ip("198.51.100.10")].clone();
+    remember(&mut c.0, &first.status);
+    // A new, emptier gateway node appears: nothing moves.
+    c.0.nodes.push(Node {
+        name: "g0".into(),
+        labels: labels(&[("egress", "true")]),
+        addresses: vec![ip("172.18.0.10")],
+        pod_cidrs: vec![net("10.244.0.0/24")],
+        ready: true,
+    });
+    let second = c.plan();
+    assert_eq!(second.status.eip_nodes[&ip("198.51.100.10")], node);
+    assert_eq!(
+        second.status.tunnels.iter().find(|t| t.node == node),
+        first.status.tunnels.iter().find(|t| t.node == node)
+    );
+    // Its node fails: the EIP moves, and the pod's node re-routes.
+    remember(&mut c.0, &second.status);
+    c.0.nodes.iter_mut().find(|n| n.name == node).unwrap().ready = false;
+    let third = c.plan();
+    let moved = third.status.eip_nodes[&ip("198.51.100.10")].clone();
+    assert_ne!(moved, node);
+    assert_eq!(
+        gateway_of(&route(&third, "n1", "10.244.1.5", "203.0.113.1")),
+        Some(moved.as_str())
+    );
+    assert!(third.nodes[&node].eips.is_empty());
+}
+
+#[test]
+fn tunnel_identities_are_unique_and_only_gateway_capable_nodes_get_a_mark() {
+    let plan = Cluster::new().plan();
+    let t: HashMap<&str, _> = plan
+        .status
+        .tunnels
+        .iter()
+        .map(|t| (t.node.as_str(), t))
+        .collect();
+    assert_eq!(t["n1"].mark, None);
+    assert!(t["g1"].mark.is_some() && t["g2"].mark.is_some() && t["g1"].mark != t["g2"].mark);
+    let ips: HashSet<_> = t.values().map(|t| t.ipv4.unwrap()).collect();
+    let macs: HashSet<_> = t.values().map(|t| t.mac).collect();
+    assert_eq!((ips.len(), macs.len()), (3, 3));
+    assert!(
+        t.values().all(|t| t.mac.0[0] & 0x03 == 0x02),
+        "locally administered unicast"
+    );
+    assert_eq!(plan.nodes["n1"].routes.len(), 2);
+    assert_eq!(
+        plan.nodes["g1"]
+            .routes
+            .iter()
+            .map(|r| r.gateway.as_str())
+            .collect::<Vec<_>>(),
+        vec!["g2"]
+    );
+}
+
+#[test]
+fn use_node_ip_masquerades_on_the_gateway_node_and_owns_no_eip() {
+    let c = Cluster::new()
+        .pod("a", "web-0", "n1", "10.244.1.5", "web")
+        .policy(with(policy("a", "p", "web"), |p| {
+            p.egress_ip.use_node_ip = true;
+        }));
+    let plan = c.plan();
+    let st = status(&plan, &PolicyRef::namespaced("a", "p"));
+    assert!(st.use_node_ip && st.eip_ipv4.is_none());
+    let node = st.node.clone().unwrap();
+    assert_eq!(plan.nodes[&node].snat[0].to, SnatTo::NodeIp);
+    assert!(plan.nodes.values().all(|n| n.eips.is_empty()));
+}
+
+#[test]
+fn an_invalid_policy_gets_an_invalid_status_and_disturbs_nothing() {
+    let mut c = Cluster::new()
+        .pod("a", "web-0", "n1", "10.244.1.5", "web")
+        .policy(policy("a", "p", "web"));
+    let before = c.plan();
+    c.0.invalid.push(InvalidObject {
+        kind: "EgressPolicy".into(),
+        namespace: Some("a".into()),
+        name: "broken".into(),
+        errors: vec!["spec.destSubnet[0]: \"10.0.0.0/33\" is not a CIDR".into()],
+    });
+    let after = c.plan();
+    assert_eq!(before.nodes, after.nodes);
+    let (ok, reason, message) = condition(
+        &after,
+        &PolicyRef::namespaced("a", "broken"),
+        ConditionType::Ready,
+    );
+    assert_eq!((ok, reason), (false, Reason::Invalid));
+    assert!(message.starts_with("spec.destSubnet[0]"));
+}
+
+#[test]
+fn host_network_and_unscheduled_pods_are_ignored() {
+    let mut c = Cluster::new()
+        .pod("a", "host", "n1", "172.18.0.11", "web")
+        .pod("a", "pending", "n1", "10.244.1.9", "web");
+    c.0.pods[0].host_network = true;
+    c.0.pods[1].node = None;
+    let plan = c.policy(policy("a", "p", "web")).plan();
+    assert!(plan.nodes.values().all(|n| n.classify.is_empty()));
+    assert_eq!(status(&plan, &PolicyRef::namespaced("a", "p")).pods, 0);
+}
+
+#[test]
+fn a_gateway_whose_pool_overlaps_an_older_one_is_not_used() {
+    let mut c = Cluster::new().policy(with(policy("a", "p", "web"), |p| {
+        p.gateway = Some("young".into());
+    }));
+    c.0.gateways
+        .push(gateway("young", "198.51.100.13-198.51.100.15", false, 9));
+    let plan = c.plan();
+    let young = plan
+        .status
+        .gateways
+        .iter()
+        .find(|g| g.gateway == "young")
+        .unwrap();
+    assert_eq!(young.conditions[0].reason, Reason::PoolOverlap);
+    assert!(young.conditions[0].message.contains("older gateway gw"));
+    assert_eq!(
+        condition(
+            &plan,
+            &PolicyRef::namespaced("a", "p"),
+            ConditionType::Allocated
+        )
+        .1,
+        Reason::GatewayInvalid
+    );
+}
+
+#[test]
+fn of_two_cluster_default_gateways_the_older_is_the_default() {
+    let mut c = Cluster::new().policy(policy("a", "p", "web"));
+    c.0.gateways
+        .push(gateway("newer", "198.51.100.40", true, 9));
+    let plan = c.plan();
+    assert_eq!(
+        status(&plan, &PolicyRef::namespaced("a", "p")).eip_ipv4,
+        Some("198.51.100.10".parse().unwrap())
+    );
+    let newer = plan
+        .status
+        .gateways
+        .iter()
+        .find(|g| g.gateway == "newer")
+        .unwrap();
+    assert!(
+        newer.conditions[0]
+            .message
+            .contains("clusterDefault is ignored: gw is the older")
+    );
+}
+
+#[test]
+fn ipv6_pods_get_ipv6_eips_when_ipv6_is_enabled() {
+    let mut c = Cluster::new().policy(policy("a", "p", "web"));
+    c.0.config.enable_ipv6 = true;
+    c.0.gateways[0].ipv6_pool = IpPool::new(vec!["2001:db8::10-2001:db8::11".parse().unwrap()]);
+    c.0.pods.push(Pod {
+        namespace: "a".into(),
+        name: "web-0".into(),
+        labels: labels(&[("app", "web")]),
+        ips: vec![ip("10.244.1.5"), ip("fd00:244:1::5")],
+        node: Some("n1".into()),
+        host_network: false,
+    });
+    let plan = c.plan();
+    let st = status(&plan, &PolicyRef::namespaced("a", "p"));
+    assert_eq!(
+        (st.eip_ipv4.is_some(), st.eip_ipv6.map(|v| v.to_string())),
+        (true, Some("2001:db8::10".into()))
+    );
+    assert!(gateway_of(&route(&plan, "n1", "fd00:244:1::5", "2001:db8:ffff::1")).is_some());
+    let t = &plan.status.tunnels[0];
+    assert!(t.ipv6.is_some());
+    let owner = plan.status.eip_nodes[&ip("2001:db8::10")].clone();
+    assert_eq!(
+        owner,
+        plan.status.eip_nodes[&ip("198.51.100.10")],
+        "both families of a policy share its node"
+    );
+}
+
+// ---- properties over generated clusters ----
+
+fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
+    let node = (any::<bool>(), any::<bool>());
+    let pod = (0usize..2, 0usize..4, 0usize..3);
+    let pol = (0usize..2, 0usize..3, 0u8..4, 0i32..2, 0u8..3, any::<bool>());
+    (
+        prop::collection::vec(node, 1..6),
+        prop::collection::vec(pod, 0..12),
+        prop::collection::vec(pol, 0..8),
+        0u8..3,
+    )
+        .prop_map(|(nodes, pods, policies, gateways)| {
+            build_snapshot(&nodes, &pods, &policies, gateways)
+        })
+}
+
+fn build_snapshot(
+    nodes: &[(bool, bool)],
+    pods: &[(usize, usize, usize)],
+    policies: &[(usize, usize, u8, i32, u8, bool)],
+    gateways: u8,
+) -> Snapshot {
+    let mut s = Snapshot::default();
+    for (i, (gw, ready)) in nodes.iter().enumerate() {
+        s.nodes.push(Node {
+            name: format!("node-{i}"),
+            labels: labels(&[("egress", if *gw { "true" } else { "false" })]),
+            addresses: vec![IpAddr::from([172, 18, 0, 10 + i as u8])],
+            pod_cidrs: vec![IpNet::new(IpAddr::from([10, 244, i as u8, 0]), 24).unwrap()],
+            ready: *ready,
+        });
+    }
+    for ns in ["a", "b"] {
+        s.namespaces.push(Namespace {
+            name: ns.into(),
+            labels: labels(&[("team", ns)]),
+        });
+    }
+    for (i, (ns, app, node)) in pods.iter().enumerate() {
+        let node = node % nodes.len();
+        s.pods.push(Pod {
+            namespace: ["a", "b"][*ns].into(),
+            name: format!("pod-{i}"),
+            labels: labels(&[("app", &format!("app{app}"))]),
+            ips: vec![IpAddr::from([10, 244, node as u8, 10 + i as u8])],
+            node: Some(format!("node-{node}")),
+            host_network: false,
+        });
+    }
+    for g in 0..gateways {
+        s.gateways.push(gateway(
+            &format!("gw{g}"),
+            &format!("198.51.{g}.1-198.51.{g}.3"),
+            g == 0,
+            i64::from(g),
+        ));
+    }
+    let dests = [
+        vec![],
+        vec![net("203.0.113.0/24")],
+        vec![net("203.0.0.0/8"), net("198.18.0.0/15")],
+        vec![net("203.0.113.128/25")],
+    ];
+    for (i, (ns, app, dest, prio, alloc, cluster)) in policies.iter().enumerate() {
+        let mut p = policy(["a", "b"][*ns], &format!("p{i}"), &format!("app{app}"));
+        if *cluster {
+            p.id = PolicyRef::cluster(format!("c{i}"));
+        }
+        p.dest_subnets = dests[*dest as usize].clone();
+        p.priority = *prio;
+        p.age.created = (i % 3) as i64;
+        match alloc {
+            0 => {}
+            1 => p.egress_ip.allocator = Allocator::RoundRobin,
+            _ => p.gateway = Some(format!("gw{}", i % 3)),
+        }
+        s.policies.push(p);
+    }
+    s
+}
+
+fn shuffled(s: &Snapshot, seed: u64) -> Snapshot {
+    fn shuffle<T>(v: &mut [T], seed: &mut u64) {
+        for i in (1..v.len()).rev() {
+            *seed ^= *seed << 13;
+            *seed ^= *seed >> 7;
+            *seed ^= *seed << 17;
+            v.swap(i, (*seed % (i as u64 + 1)) as usize);
+        }
+    }
+    let mut seed = seed | 1;
+    let mut s = s.clone();
+    shuffle(&mut s.nodes, &mut seed);
+    shuffle(&mut s.pods, &mut seed);
+    shuffle(&mut s.policies, &mut seed);
+    shuffle(&mut s.gateways, &mut seed);
+    shuffle(&mut s.namespaces, &mut seed);
+    s
+}
+
+proptest! {
+    #[test]
+    fn planning_does_not_depend_on_the_order_of_the_input(s in arb_snapshot(), seed in any::<u64>()) {
+        prop_assert_eq!(plan(&s), plan(&shuffled(&s, seed)));
+    }
+
+    #[test]
+    fn no_eip_is_active_on_two_nodes(s in arb_snapshot()) {
+        let p = plan(&s);
+        let mut owner: HashMap<IpAddr, &str> = HashMap::new();
+        for (node, state) in &p.nodes {
+            for eip in &state.eips {
+                if let Some(other) = owner.insert(eip.ip, node) {
+                    prop_assert!(false, "{} on {} and {}", eip.ip, other, node);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_eip_comes_from_its_gateways_pool(s in arb_snapshot()) {
+        let p = plan(&s);
+        let pools: HashMap<&str, &Gateway> = s.gateways.iter().map(|g| (g.name.as_str(), g)).collect();
+        for state in p.nodes.values() {
+            for eip in &state.eips {
+                prop_assert!(pools[eip.gateway.as_str()].ipv4_pool.contains(eip.ip));
+            }
+        }
+    }
+
+    #[test]
+    fn no_pod_and_destination_resolve_to_two_gateways(s in arb_snapshot()) {
+        let p = plan(&s);
+        let mut seen: HashSet<(IpAddr, IpNet)> = HashSet::new();
+        for state in p.nodes.values() {
+            for e in &state.classify {
+                prop_assert!(seen.insert((e.src, e.dst)), "{} -> {} twice", e.src, e.dst);
+            }
+        }
+    }
+
+    #[test]
+    fn a_plan_fed_back_is_a_fixed_point(s in arb_snapshot()) {
+        let first = plan(&s);
+        let mut s2 = s.clone();
+        remember(&mut s2, &first.status);
+        prop_assert_eq!(plan(&s2), first);
+    }
+
+    #[test]
+    fn rr_policies_of_one_gateway_never_share_an_eip(s in arb_snapshot()) {
+        let p = plan(&s);
+        let rr: HashSet<&PolicyRef> = s.policies.iter().filter(|p| p.egress_ip.allocator == Allocator::RoundRobin && p.gateway.is_none()).map(|p| &p.id).collect();
+        let mut taken = HashSet::new();
+        for st in p.status.policies.iter().filter(|st| rr.contains(&st.policy)) {
+            if let Some(eip) = st.eip_ipv4 {
+                prop_assert!(taken.insert(eip), "{} shared", eip);
+            }
+        }
+    }
+}
