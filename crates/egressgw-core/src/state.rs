@@ -30,7 +30,10 @@ pub struct NodeState {
     /// destination prefix wins per source.
     pub classify: Vec<ClassifyEntry>,
     /// On a gateway node: (pod source, destination prefix) -> SNAT target,
-    /// for pods anywhere in the cluster that leave through this node.
+    /// for pods anywhere in the cluster that leave through this node. Only
+    /// `Tunnel` and `Local` decisions for this node appear here, so these
+    /// entries apply to packets that came out of the tunnel or were
+    /// classified `Local` on this node, never to other traffic.
     pub snat: Vec<SnatEntry>,
     /// EIPs this node must own and announce.
     pub eips: Vec<OwnedEip>,

@@ -126,7 +126,7 @@ fn underlay(node: &Node) -> Option<IpAddr> {
 fn derive_mac(name: &str, taken: &mut HashSet<Mac>) -> Mac {
     let mut salt = 0u64;
     loop {
-        let h = fnv1a(name.as_bytes(), salt).to_be_bytes();
+        let h = mix(name.as_bytes(), salt).to_be_bytes();
         let mac = Mac([(h[0] & 0xfc) | 0x02, h[1], h[2], h[3], h[4], h[5]]);
         if taken.insert(mac) {
             return mac;
@@ -135,13 +135,19 @@ fn derive_mac(name: &str, taken: &mut HashSet<Mac>) -> Mac {
     }
 }
 
-fn fnv1a(bytes: &[u8], salt: u64) -> u64 {
+/// FNV-1a over the name, then a splitmix64 finaliser so that similar names
+/// (`node-1`, `node-2`) give unrelated MACs.
+fn mix(bytes: &[u8], salt: u64) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ salt;
     for b in bytes {
         h ^= u64::from(*b);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
-    h
+    h ^= h >> 30;
+    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h ^= h >> 27;
+    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
 }
 
 /// The free values strictly between `low` and `high` (the subnet's network and
