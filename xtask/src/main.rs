@@ -1,1 +1,63 @@
-fn main() {}
+//! egressgw's development tasks: `cargo xtask <task>`.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+mod gen_crds;
+
+/// egressgw's development tasks.
+#[derive(Debug, Parser)]
+#[command(name = "cargo xtask")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Debug, Subcommand)]
+enum Task {
+    /// Write the CRD manifests in deploy/crds/ from the Rust types in egressgw-api.
+    GenCrds {
+        /// Write nothing; exit non-zero if the files are out of date.
+        #[arg(long)]
+        check: bool,
+    },
+}
+
+fn main() -> anyhow::Result<ExitCode> {
+    match Cli::parse().task {
+        Task::GenCrds { check } => {
+            let dir = workspace_root().join(gen_crds::CRD_DIR);
+            if check {
+                let stale =
+                    gen_crds::check(&dir).with_context(|| format!("checking {}", dir.display()))?;
+                if stale.is_empty() {
+                    println!("{} is up to date", gen_crds::CRD_DIR);
+                    return Ok(ExitCode::SUCCESS);
+                }
+                for problem in &stale {
+                    eprintln!("{problem}");
+                }
+                eprintln!("the CRD manifests are stale: run `cargo xtask gen-crds`");
+                Ok(ExitCode::FAILURE)
+            } else {
+                let written =
+                    gen_crds::write(&dir).with_context(|| format!("writing {}", dir.display()))?;
+                for path in written {
+                    println!("wrote {}", path.display());
+                }
+                Ok(ExitCode::SUCCESS)
+            }
+        }
+    }
+}
+
+/// The workspace root: the parent of this crate's directory.
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}

@@ -1,1 +1,39 @@
-//! egressgw API types.
+//! egressgw's Kubernetes API: the CRDs, their validation, and the
+//! conversions between Kubernetes objects and the planner's model.
+//!
+//! - [`gateway`], [`policy`], [`tunnel`]: the four kinds of group
+//!   `egressgw.io`, version `v1alpha1`. Each spec has a `validate()` that
+//!   returns every problem, each named by its field path; the same checks
+//!   run at admission as CEL rules (see `docs/api.md`).
+//! - [`snapshot`]: watched objects into an [`egressgw_core::Snapshot`].
+//! - [`status`]: the planner's status output into the CRDs' status types.
+//! - [`load`]: objects from a multi-document YAML file.
+//! - [`crd`]: the CRDs as objects and as the YAML files in `deploy/crds/`.
+
+pub mod crd;
+mod error;
+pub mod gateway;
+pub mod load;
+pub mod policy;
+mod schema;
+pub mod selector;
+pub mod snapshot;
+pub mod status;
+pub mod tunnel;
+mod validation;
+
+pub use error::{Error, LoadError, Location};
+pub use gateway::{EgressGateway, EgressGatewaySpec, EgressGatewayStatus};
+pub use load::{Objects, Skipped, objects_from_yaml};
+pub use policy::{
+    EgressClusterPolicy, EgressClusterPolicySpec, EgressPolicy, EgressPolicySpec,
+    EgressPolicyStatus,
+};
+pub use snapshot::SnapshotBuilder;
+pub use tunnel::{EgressTunnel, EgressTunnelSpec, EgressTunnelStatus, TunnelPhase};
+pub use validation::{FieldError, ValidationErrors};
+
+/// The API group of every egressgw kind.
+pub const GROUP: &str = "egressgw.io";
+/// The API version of every egressgw kind.
+pub const VERSION: &str = "v1alpha1";

@@ -409,3 +409,27 @@ mod tests {
         assert!(net_contains(&a, &a));
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #[test]
+        fn parsing_any_string_never_panics(s in "\\PC{0,40}") {
+            let _ = s.parse::<IpRange>();
+            let _ = parse_cidr(&s);
+            let _ = parse_ip(&s);
+        }
+
+        #[test]
+        fn a_range_reads_back_from_its_display(a in any::<u32>(), b in any::<u32>()) {
+            let (lo, hi) = (a.min(b), a.max(b));
+            let r = IpRange::new(IpAddr::from(Ipv4Addr::from(lo)), IpAddr::from(Ipv4Addr::from(hi))).unwrap();
+            prop_assert_eq!(r.to_string().parse::<IpRange>(), Ok(r));
+            prop_assert_eq!(r.len(), u128::from(hi - lo) + 1);
+        }
+    }
+}

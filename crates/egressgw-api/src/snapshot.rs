@@ -1,0 +1,285 @@
+//! Watched objects in, the planner's [`Snapshot`] out.
+//!
+//! Each egressgw object is validated on the way: an invalid one lands in
+//! [`Snapshot::invalid`] with every problem, and never disturbs the valid
+//! ones. Kubernetes' own objects are taken as the apiserver stored them;
+//! values in them that do not parse (an odd address in a node's status) are
+//! skipped.
+
+use std::borrow::Borrow;
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use egressgw_core::model::{self, Age, Config, InvalidObject, Snapshot};
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Resource;
+
+use crate::validation::{ValidationErrors, non_empty};
+use crate::{EgressClusterPolicy, EgressGateway, EgressPolicy, EgressTunnel, TunnelPhase};
+
+/// Builds a [`Snapshot`] from watched objects, in any order and from any
+/// store: each method takes anything that borrows as the object (`&T`,
+/// `Arc<T>` from a reflector store, `T`).
+///
+/// ```
+/// # use egressgw_api::snapshot::SnapshotBuilder;
+/// # use egressgw_core::model::Config;
+/// # let (nodes, pods, policies): (Vec<k8s_openapi::api::core::v1::Node>, Vec<k8s_openapi::api::core::v1::Pod>, Vec<egressgw_api::EgressPolicy>) = Default::default();
+/// let snapshot = SnapshotBuilder::new(Config::default())
+///     .nodes(&nodes)
+///     .pods(&pods)
+///     .policies(&policies)
+///     .build();
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct SnapshotBuilder {
+    snapshot: Snapshot,
+    unavailable_agents: BTreeSet<String>,
+}
+
+impl SnapshotBuilder {
+    /// An empty snapshot with `config`.
+    pub fn new(config: Config) -> Self {
+        Self {
+            snapshot: Snapshot {
+                config,
+                ..Snapshot::default()
+            },
+            unavailable_agents: BTreeSet::new(),
+        }
+    }
+
+    /// Adds nodes; see [`node`].
+    pub fn nodes<I>(mut self, nodes: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: Borrow<Node>,
+    {
+        let converted = nodes.into_iter().filter_map(|n| node(n.borrow()));
+        self.snapshot.nodes.extend(converted);
+        self
+    }
+
+    /// Adds namespaces.
+    pub fn namespaces<I>(mut self, namespaces: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: Borrow<Namespace>,
+    {
+        let converted = namespaces.into_iter().filter_map(|n| namespace(n.borrow()));
+        self.snapshot.namespaces.extend(converted);
+        self
+    }
+
+    /// Adds pods; finished and terminating ones are left out (see [`pod`]).
+    pub fn pods<I>(mut self, pods: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: Borrow<Pod>,
+    {
+        let converted = pods.into_iter().filter_map(|p| pod(p.borrow()));
+        self.snapshot.pods.extend(converted);
+        self
+    }
+
+    /// Adds gateways; invalid ones go to [`Snapshot::invalid`].
+    pub fn gateways<I>(mut self, gateways: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: Borrow<EgressGateway>,
+    {
+        for gateway in gateways {
+            let gateway = gateway.borrow();
+            match gateway.to_model() {
+                Ok(converted) => self.snapshot.gateways.push(converted),
+                Err(errors) => self.invalid(gateway, &errors),
+            }
+        }
+        self
+    }
+
+    /// Adds namespaced policies; invalid ones go to [`Snapshot::invalid`].
+    pub fn policies<I>(mut self, policies: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: Borrow<EgressPolicy>,
+    {
+        for policy in policies {
+            let policy = policy.borrow();
+            match policy.to_model() {
+                Ok(converted) => self.snapshot.policies.push(converted),
+                Err(errors) => self.invalid(policy, &errors),
+            }
+        }
+        self
+    }
+
+    /// Adds cluster policies; invalid ones go to [`Snapshot::invalid`].
+    pub fn cluster_policies<I>(mut self, policies: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: Borrow<EgressClusterPolicy>,
+    {
+        for policy in policies {
+            let policy = policy.borrow();
+            match policy.to_model() {
+                Ok(converted) => self.snapshot.policies.push(converted),
+                Err(errors) => self.invalid(policy, &errors),
+            }
+        }
+        self
+    }
+
+    /// Adds tunnel identities; a tunnel whose status does not parse goes to
+    /// [`Snapshot::invalid`] (the planner then allocates afresh). A tunnel
+    /// in phase `Failed` or `HeartbeatTimeout` makes its node not ready.
+    pub fn tunnels<I>(mut self, tunnels: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: Borrow<EgressTunnel>,
+    {
+        for tunnel in tunnels {
+            let tunnel = tunnel.borrow();
+            if tunnel.phase().is_some_and(TunnelPhase::agent_unavailable) {
+                self.unavailable_agents
+                    .insert(tunnel.metadata.name.clone().unwrap_or_default());
+            }
+            match tunnel.to_model() {
+                Ok(converted) => self.snapshot.tunnels.push(converted),
+                Err(errors) => self.invalid(tunnel, &errors),
+            }
+        }
+        self
+    }
+
+    /// The snapshot.
+    pub fn build(mut self) -> Snapshot {
+        for node in &mut self.snapshot.nodes {
+            if self.unavailable_agents.contains(&node.name) {
+                node.ready = false;
+            }
+        }
+        self.snapshot
+    }
+
+    fn invalid<K>(&mut self, object: &K, errors: &ValidationErrors)
+    where
+        K: Resource<DynamicType = ()>,
+    {
+        let meta = object.meta();
+        self.snapshot.invalid.push(InvalidObject {
+            kind: K::kind(&()).into_owned(),
+            namespace: meta.namespace.clone(),
+            name: meta.name.clone().unwrap_or_default(),
+            errors: errors.messages(),
+        });
+    }
+}
+
+/// A node as the planner sees it; `None` without a name.
+///
+/// Ready means its `Ready` condition is `True` (a node that reports no
+/// conditions is not ready). Addresses are its `InternalIP`s in status
+/// order; pod CIDRs come from `spec.podCIDRs`, else `spec.podCIDR`.
+pub fn node(node: &Node) -> Option<model::Node> {
+    let name = node.metadata.name.clone()?;
+    let status = node.status.as_ref();
+    let addresses = status
+        .and_then(|s| s.addresses.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|a| a.type_ == "InternalIP")
+        .filter_map(|a| a.address.parse::<IpAddr>().ok())
+        .collect();
+    let spec = node.spec.as_ref();
+    let pod_cidrs = spec
+        .and_then(|s| s.pod_cidrs.clone())
+        .filter(|cidrs| !cidrs.is_empty())
+        .or_else(|| spec.and_then(|s| s.pod_cidr.clone()).map(|c| vec![c]))
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|c| c.parse::<IpNet>().ok().map(|n| n.trunc()))
+        .collect();
+    let ready = status
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    Some(model::Node {
+        name,
+        labels: labels(&node.metadata),
+        addresses,
+        pod_cidrs,
+        ready,
+    })
+}
+
+/// A namespace as the planner sees it; `None` without a name.
+pub fn namespace(namespace: &Namespace) -> Option<model::Namespace> {
+    Some(model::Namespace {
+        name: namespace.metadata.name.clone()?,
+        labels: labels(&namespace.metadata),
+    })
+}
+
+/// A pod as the planner sees it; `None` for a pod that no longer sends
+/// traffic (phase `Succeeded` or `Failed`, or being deleted) and for one
+/// without a name.
+///
+/// Its IPs come from `status.podIPs`, else `status.podIP`.
+pub fn pod(pod: &Pod) -> Option<model::Pod> {
+    if pod.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let status = pod.status.as_ref();
+    if let Some("Succeeded" | "Failed") = status.and_then(|s| s.phase.as_deref()) {
+        return None;
+    }
+    let ips = status
+        .and_then(|s| s.pod_ips.as_ref())
+        .filter(|ips| !ips.is_empty())
+        .map(|ips| ips.iter().map(|p| p.ip.clone()).collect::<Vec<_>>())
+        .or_else(|| status.and_then(|s| s.pod_ip.clone()).map(|ip| vec![ip]))
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|ip| ip.parse::<IpAddr>().ok())
+        .collect();
+    let spec = pod.spec.as_ref();
+    Some(model::Pod {
+        namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+        name: pod.metadata.name.clone()?,
+        labels: labels(&pod.metadata),
+        ips,
+        node: spec.and_then(|s| s.node_name.clone()),
+        host_network: spec.and_then(|s| s.host_network).unwrap_or(false),
+    })
+}
+
+fn labels(meta: &ObjectMeta) -> model::Labels {
+    meta.labels.clone().unwrap_or_default()
+}
+
+/// Creation order of an object: `creationTimestamp` in seconds, then UID.
+/// An object not yet stored (no timestamp) sorts first.
+pub(crate) fn age(meta: &ObjectMeta) -> Age {
+    Age {
+        created: meta
+            .creation_timestamp
+            .as_ref()
+            .map_or(0, |t| t.0.as_second()),
+        uid: meta.uid.clone().unwrap_or_default(),
+    }
+}
+
+/// `metadata.name`, recording an error when it is missing.
+pub(crate) fn object_name(meta: &ObjectMeta, errors: &mut ValidationErrors) -> String {
+    match non_empty(meta.name.as_ref()) {
+        Some(name) => name.to_owned(),
+        None => {
+            errors.push("metadata.name", "must be set");
+            String::new()
+        }
+    }
+}
