@@ -1,1 +1,76 @@
-fn main() {}
+//! The planner on synthetic clusters of three sizes.
+//!
+//! - `fresh`: a cluster seen for the first time; everything is allocated.
+//! - `steady`: the same cluster after its status was written back; the
+//!   controller's usual case, where nothing moves.
+//! - `node`: the steady cluster planned for one worker node only, as an
+//!   agent does on every reconcile.
+//!
+//! Snapshots are built once per size, outside the measurement, and the
+//! plan's drop is not timed.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
+use egressgw_benches::{next_snapshot, synthetic_cluster};
+use egressgw_core::{plan, plan_node};
+
+/// `(nodes, policies, pods)`.
+type Size = (usize, usize, usize);
+
+const SMALL: Size = (10, 100, 1_000);
+const MEDIUM: Size = (100, 1_000, 10_000);
+const LARGE: Size = (1_000, 10_000, 100_000);
+
+fn label((nodes, policies, pods): Size) -> String {
+    format!("plan/{nodes}n-{policies}p-{pods}pods")
+}
+
+fn bench_size(c: &mut Criterion, size: Size, tune: impl FnOnce(&mut SizeGroup<'_>)) {
+    let (nodes, policies, pods) = size;
+    let fresh = synthetic_cluster(nodes, policies, pods);
+    let steady = next_snapshot(&fresh, &plan(&fresh));
+
+    let mut group = c.benchmark_group(label(size));
+    group.throughput(Throughput::Elements(pods as u64));
+    tune(&mut group);
+    group.bench_function("fresh", |b| {
+        b.iter_with_large_drop(|| plan(black_box(&fresh)));
+    });
+    group.bench_function("steady", |b| {
+        b.iter_with_large_drop(|| plan(black_box(&steady)));
+    });
+    // node-00001: a plain worker (node-00000 is gateway-capable).
+    group.bench_function("node", |b| {
+        b.iter_with_large_drop(|| plan_node(black_box(&steady), black_box("node-00001")));
+    });
+    group.finish();
+}
+
+type SizeGroup<'a> = criterion::BenchmarkGroup<'a, criterion::measurement::WallTime>;
+
+fn small(c: &mut Criterion) {
+    bench_size(c, SMALL, |_| {});
+}
+
+fn medium(c: &mut Criterion) {
+    bench_size(c, MEDIUM, |group| {
+        group.sample_size(20);
+        group.measurement_time(Duration::from_secs(10));
+    });
+}
+
+/// Few samples of flat size: each run may take a good part of a second, and
+/// the whole suite should finish in a few minutes on two cores.
+fn large(c: &mut Criterion) {
+    bench_size(c, LARGE, |group| {
+        group.sample_size(10);
+        group.sampling_mode(SamplingMode::Flat);
+        group.warm_up_time(Duration::from_secs(2));
+        group.measurement_time(Duration::from_secs(30));
+    });
+}
+
+criterion_group!(benches, small, medium, large);
+criterion_main!(benches);

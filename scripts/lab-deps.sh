@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Prepares this machine for the lab (`cargo xtask lab`, docs/lab.md):
+#
+#   1. the Rust toolchain, through scripts/setup.sh (skip with EGRESSGW_SKIP_SETUP=1);
+#   2. the Debian packages the lab runs: iproute2 (ip, ss), iptables, nftables,
+#      procps (sysctl, kill), openssl, iperf3;
+#   3. a check that Go 1.24 or newer is installed (on PATH or /usr/local/go/bin);
+#   4. the control plane (kube-apiserver, kube-controller-manager, kubectl, etcd)
+#      built from xtask/controlplane into the cache, ~4 minutes the first time.
+#
+# Idempotent: every step checks first, and the control-plane build is cached
+# by the hash of its Go module, so a second run takes a few seconds.
+# Runs as root, or as a user with password-less sudo for the packages (the
+# lab itself needs root). Asks nothing.
+#
+# Environment:
+#   EGRESSGW_CACHE       cache directory (default ~/.cache/egressgw)
+#   EGRESSGW_SKIP_SETUP  set to 1 to skip scripts/setup.sh
+
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+APT_PACKAGES=(iproute2 iptables nftables procps openssl iperf3)
+MIN_GO_MINOR=24
+
+log() { printf '==> %s\n' "$*"; }
+detail() { printf '    %s\n' "$*"; }
+die() {
+    printf 'lab-deps: error: %s\n' "$*" >&2
+    exit 1
+}
+
+as_root() {
+    if [[ $EUID -eq 0 ]]; then
+        "$@"
+    elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+        sudo -n "$@"
+    else
+        die "'$*' needs root: run this as root, or with sudo that needs no password"
+    fi
+}
+
+apt_installed() {
+    [[ "$(dpkg-query -W -f='${db:Status-Status}' "$1" 2>/dev/null)" == installed ]]
+}
+
+step_setup() {
+    if [[ "${EGRESSGW_SKIP_SETUP:-0}" == 1 ]]; then
+        return 0
+    fi
+    bash scripts/setup.sh
+    if ! command -v cargo >/dev/null; then
+        export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
+    fi
+}
+
+step_apt() {
+    log "Debian packages for the lab"
+    command -v dpkg-query >/dev/null ||
+        die "not a Debian-like system: install ${APT_PACKAGES[*]} (or equivalents) by hand"
+    local missing=() pkg
+    for pkg in "${APT_PACKAGES[@]}"; do
+        apt_installed "$pkg" || missing+=("$pkg")
+    done
+    if [[ ${#missing[@]} -gt 0 ]]; then
+        detail "installing ${missing[*]}"
+        as_root env DEBIAN_FRONTEND=noninteractive \
+            apt-get -q -o DPkg::Lock::Timeout=300 update </dev/null
+        as_root env DEBIAN_FRONTEND=noninteractive \
+            apt-get -q -o DPkg::Lock::Timeout=300 install -y --no-install-recommends \
+            "${missing[@]}" </dev/null
+    fi
+    detail "ok: ${APT_PACKAGES[*]}"
+}
+
+step_go() {
+    log "Go (1.$MIN_GO_MINOR or newer, to build the control plane)"
+    if ! command -v go >/dev/null && [[ -x /usr/local/go/bin/go ]]; then
+        export PATH="/usr/local/go/bin:$PATH"
+    fi
+    command -v go >/dev/null ||
+        die "Go is not installed: install Go 1.$MIN_GO_MINOR or newer (e.g. in /usr/local/go)"
+    local version minor
+    version="$(go env GOVERSION)"
+    minor="$(sed -E 's/^go1\.([0-9]+).*/\1/' <<<"$version")"
+    [[ "$minor" =~ ^[0-9]+$ && "$minor" -ge $MIN_GO_MINOR ]] ||
+        die "$version is too old: the control plane needs Go 1.$MIN_GO_MINOR or newer"
+    detail "ok: $version"
+}
+
+step_controlplane() {
+    log "Control plane (cached by the hash of xtask/controlplane)"
+    cargo xtask lab build
+}
+
+main() {
+    step_setup
+    step_apt
+    step_go
+    step_controlplane
+    log 'lab dependencies ready: run "cargo xtask lab up" as root'
+}
+
+main "$@"

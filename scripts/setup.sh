@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# Prepares this machine to build and test egressgw.
+#
+# Idempotent and quick when there is nothing to do: every step first checks
+# whether its work is done (by looking at the real state, or, for slow steps
+# whose result is hard to inspect, at a marker file) and skips it if so.
+# Non-interactive: safe with no stdin, as in CI. Works as root on a fresh
+# Debian 12; as another user it uses sudo for system packages.
+#
+# Environment:
+#   EGRESSGW_CACHE  cache and marker directory (default ~/.cache/egressgw)
+#
+# Adding a step: write a `step_<name>` function that checks whether its work
+# is done and returns early if so, then call it from `main` below. Use
+# `need_apt_packages` for Debian packages, and `marker_ok`/`marker_set` with a
+# key that names the version (e.g. "bpf-linker 0.13 llvm-22") for steps whose
+# result cannot be checked cheaply, so a version bump reruns them.
+
+set -euo pipefail
+
+CACHE_DIR="${EGRESSGW_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/egressgw}"
+MARKER_DIR="$CACHE_DIR/markers"
+CARGO_BIN="${CARGO_HOME:-$HOME/.cargo}/bin"
+ORIGINAL_PATH="$PATH"
+
+# The pinned toolchain (rust-toolchain.toml) and the components the test
+# command uses.
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+RUST_TOOLCHAIN="$(sed -n 's/^channel *= *"\(.*\)"/\1/p' "$ROOT/rust-toolchain.toml")"
+[[ -n "$RUST_TOOLCHAIN" ]] || { echo "setup: error: no channel in rust-toolchain.toml" >&2; exit 1; }
+RUST_COMPONENTS=(rustfmt clippy)
+# Debian packages needed right now: a C toolchain for rustc to link with, and
+# what it takes to download rustup.
+APT_PACKAGES=(ca-certificates curl gcc libc6-dev)
+
+log() { printf '==> %s\n' "$*"; }
+detail() { printf '    %s\n' "$*"; }
+die() {
+    printf 'setup: error: %s\n' "$*" >&2
+    exit 1
+}
+
+# marker_ok NAME KEY: true if step NAME last completed with this KEY.
+marker_ok() {
+    [[ -f "$MARKER_DIR/$1" && "$(cat "$MARKER_DIR/$1")" == "$2" ]]
+}
+
+# marker_set NAME KEY: records that step NAME completed with KEY.
+marker_set() {
+    mkdir -p "$MARKER_DIR"
+    printf '%s\n' "$2" >"$MARKER_DIR/$1"
+}
+
+# as_root CMD...: runs CMD as root, through sudo when needed.
+as_root() {
+    if [[ $EUID -eq 0 ]]; then
+        "$@"
+    elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+        sudo -n "$@"
+    else
+        die "'$*' needs root: run this as root, or with sudo that needs no password"
+    fi
+}
+
+apt_installed() {
+    [[ "$(dpkg-query -W -f='${db:Status-Status}' "$1" 2>/dev/null)" == installed ]]
+}
+
+APT_UPDATED=0
+
+# apt_get ARGS...: apt-get as root, never asking anything, waiting for a fresh
+# machine's background apt runs instead of failing on their lock.
+apt_get() {
+    as_root env DEBIAN_FRONTEND=noninteractive \
+        apt-get -q -o DPkg::Lock::Timeout=300 "$@" </dev/null
+}
+
+# need_apt_packages PKG...: installs the packages not installed yet; runs
+# `apt-get update` at most once per setup run, and only if something is missing.
+need_apt_packages() {
+    local missing=() pkg
+    for pkg in "$@"; do
+        apt_installed "$pkg" || missing+=("$pkg")
+    done
+    if [[ ${#missing[@]} -eq 0 ]]; then
+        return 0
+    fi
+    command -v apt-get >/dev/null ||
+        die "missing packages ${missing[*]}, and this is not a Debian-like system; install them by hand"
+    detail "installing ${missing[*]}"
+    if [[ $APT_UPDATED -eq 0 ]]; then
+        apt_get update
+        APT_UPDATED=1
+    fi
+    apt_get install -y --no-install-recommends "${missing[@]}"
+}
+
+step_apt() {
+    log "Debian packages"
+    if ! command -v dpkg-query >/dev/null; then
+        detail "not a Debian-like system: skipped (needs ${APT_PACKAGES[*]} or equivalents)"
+        return 0
+    fi
+    need_apt_packages "${APT_PACKAGES[@]}"
+    detail "ok: ${APT_PACKAGES[*]}"
+}
+
+rustup_target() {
+    case "$(uname -m)" in
+        x86_64) echo x86_64-unknown-linux-gnu ;;
+        aarch64 | arm64) echo aarch64-unknown-linux-gnu ;;
+        *) die "no rustup build known for $(uname -m); install Rust by hand" ;;
+    esac
+}
+
+# Downloads rustup-init, checks it against its published SHA-256, and installs
+# rustup with the pinned toolchain. Runs in a subshell so the download
+# directory goes away however it ends.
+install_rustup() (
+    target="$(rustup_target)"
+    url="https://static.rust-lang.org/rustup/dist/$target/rustup-init"
+    tmp="$(mktemp -d)"
+    trap 'rm -rf "$tmp"' EXIT
+    detail "downloading rustup-init for $target"
+    curl --proto '=https' --tlsv1.2 -fsSL --retry 3 -o "$tmp/rustup-init" "$url"
+    expected="$(curl --proto '=https' --tlsv1.2 -fsSL --retry 3 "$url.sha256" | cut -d' ' -f1)"
+    actual="$(sha256sum "$tmp/rustup-init" | cut -d' ' -f1)"
+    [[ -n "$expected" && "$expected" == "$actual" ]] ||
+        die "rustup-init does not match its published checksum ($actual, expected $expected)"
+    chmod +x "$tmp/rustup-init"
+    "$tmp/rustup-init" -y --no-modify-path --profile minimal --default-toolchain "$RUST_TOOLCHAIN" </dev/null
+)
+
+step_rust() {
+    log "Rust toolchain ($RUST_TOOLCHAIN, with ${RUST_COMPONENTS[*]})"
+    if ! command -v cargo >/dev/null && [[ -x "$CARGO_BIN/cargo" ]]; then
+        export PATH="$CARGO_BIN:$PATH"
+    fi
+    if ! command -v cargo >/dev/null; then
+        install_rustup
+        export PATH="$CARGO_BIN:$PATH"
+    fi
+    if ! command -v rustup >/dev/null; then
+        # A Rust installed without rustup (e.g. from a distribution): it must
+        # already have what the test command uses.
+        if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+            die "cargo has no rustfmt or clippy, and rustup is missing; install Rust with rustup"
+        fi
+        detail "ok: $(rustc --version) (without rustup)"
+        return 0
+    fi
+    if ! grep "^$RUST_TOOLCHAIN-" <<<"$(rustup toolchain list)" >/dev/null; then
+        detail "installing the $RUST_TOOLCHAIN toolchain"
+        rustup toolchain install "$RUST_TOOLCHAIN" --profile minimal </dev/null
+    fi
+    if ! rustup default >/dev/null 2>&1; then
+        detail "making $RUST_TOOLCHAIN the default toolchain"
+        rustup default "$RUST_TOOLCHAIN"
+    fi
+    local installed missing=() component
+    installed="$(rustup component list --installed --toolchain "$RUST_TOOLCHAIN")"
+    for component in "${RUST_COMPONENTS[@]}"; do
+        grep "^$component-" <<<"$installed" >/dev/null || missing+=("$component")
+    done
+    if [[ ${#missing[@]} -gt 0 ]]; then
+        detail "adding ${missing[*]}"
+        rustup component add --toolchain "$RUST_TOOLCHAIN" "${missing[@]}" </dev/null
+    fi
+    detail "ok: $(rustc --version)"
+}
+
+main() {
+    mkdir -p "$CACHE_DIR"
+    step_apt
+    step_rust
+    if ! (PATH="$ORIGINAL_PATH" && command -v cargo >/dev/null); then
+        detail "note: add $CARGO_BIN to your PATH (the other scripts do this themselves)"
+    fi
+    log "setup done"
+}
+
+main "$@"
