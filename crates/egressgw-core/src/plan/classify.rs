@@ -9,7 +9,7 @@ use std::rc::Rc;
 
 use ipnet::IpNet;
 
-use crate::model::{Labels, Pod, PodMatch, Snapshot};
+use crate::model::{Labels, Pod, PodMatch, Policy, Snapshot};
 use crate::net::{Family, net_contains};
 use crate::precedence::{self, Candidate};
 
@@ -55,25 +55,28 @@ pub(super) fn classify<'a>(
     let mut pod_counts = vec![0; works.len()];
     let mut per_pod: Vec<Vec<usize>> = vec![Vec::new(); pods.all.len()];
     for (i, w) in works.iter().enumerate() {
-        let scope: Box<dyn Iterator<Item = &usize>> = match &w.policy.id.namespace {
-            Some(ns) => Box::new(pods.by_namespace.get(ns.as_str()).into_iter().flatten()),
-            None => Box::new(
-                pods.by_namespace
-                    .iter()
-                    .filter_map(|(ns, idxs)| {
-                        let labels = ns_labels.get(ns).copied().unwrap_or(&no_labels);
-                        let selected = w
-                            .policy
-                            .namespace_selector
-                            .as_ref()
-                            .is_none_or(|s| s.matches(labels));
-                        selected.then_some(idxs)
-                    })
-                    .flatten(),
-            ),
+        // A cluster policy's namespaces, decided once rather than per pod.
+        let cluster_scope: Option<HashSet<&str>> =
+            match (&w.policy.id.namespace, &w.policy.namespace_selector) {
+                (None, Some(selector)) => Some(
+                    pods.by_namespace
+                        .keys()
+                        .copied()
+                        .filter(|ns| {
+                            selector.matches(ns_labels.get(ns).copied().unwrap_or(&no_labels))
+                        })
+                        .collect(),
+                ),
+                _ => None,
+            };
+        let in_scope = |ns: &str| match (&w.policy.id.namespace, &cluster_scope) {
+            (Some(own), _) => own == ns,
+            (None, Some(selected)) => selected.contains(ns),
+            (None, None) => true,
         };
-        for &p in scope {
-            if selects(&w.policy.pods, pods.all[p]) {
+        for p in pods.candidates(w.policy, &in_scope) {
+            let pod = pods.all[p];
+            if in_scope(&pod.namespace) && selects(&w.policy.pods, pod) {
                 pod_counts[i] += 1;
                 per_pod[p].push(i);
             }
@@ -153,10 +156,45 @@ fn selects(pods: &PodMatch, pod: &Pod) -> bool {
 }
 
 /// Pods that can be classified: scheduled, with an address, not host-network;
-/// sorted by namespace and name.
+/// sorted by namespace and name, with label indexes so that a selector
+/// looks at the pods carrying one of its labels rather than at every pod.
 struct EligiblePods<'a> {
     all: Vec<&'a Pod>,
     by_namespace: BTreeMap<&'a str, Vec<usize>>,
+    by_ns_label: HashMap<(&'a str, &'a str, &'a str), Vec<usize>>,
+    by_label: HashMap<(&'a str, &'a str), Vec<usize>>,
+}
+
+impl EligiblePods<'_> {
+    /// The pods `policy` may select, ascending: every pod it selects is
+    /// among them (callers still check each one).
+    fn candidates(&self, policy: &Policy, in_scope: &dyn Fn(&str) -> bool) -> Vec<usize> {
+        let own_ns = policy.id.namespace.as_deref();
+        let posting = match &policy.pods {
+            PodMatch::Selector(s) if !s.match_labels.is_empty() => s
+                .match_labels
+                .iter()
+                .map(|(k, v)| {
+                    let list = match own_ns {
+                        Some(ns) => self.by_ns_label.get(&(ns, k.as_str(), v.as_str())),
+                        None => self.by_label.get(&(k.as_str(), v.as_str())),
+                    };
+                    list.map_or(&[][..], Vec::as_slice)
+                })
+                .min_by_key(|l| l.len()),
+            _ => None,
+        };
+        match (posting, own_ns) {
+            (Some(list), _) => list.to_vec(),
+            (None, Some(ns)) => self.by_namespace.get(ns).cloned().unwrap_or_default(),
+            (None, None) => self
+                .by_namespace
+                .iter()
+                .filter(|(ns, _)| in_scope(ns))
+                .flat_map(|(_, idxs)| idxs.iter().copied())
+                .collect(),
+        }
+    }
 }
 
 fn eligible_pods(snapshot: &Snapshot) -> EligiblePods<'_> {
@@ -167,12 +205,28 @@ fn eligible_pods(snapshot: &Snapshot) -> EligiblePods<'_> {
         .collect();
     all.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     all.dedup_by(|a, b| a.namespace == b.namespace && a.name == b.name);
-    let mut by_namespace: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
-    for (i, p) in all.iter().enumerate() {
-        by_namespace
+    let mut pods = EligiblePods {
+        all,
+        by_namespace: BTreeMap::new(),
+        by_ns_label: HashMap::new(),
+        by_label: HashMap::new(),
+    };
+    for (i, p) in pods.all.iter().enumerate() {
+        pods.by_namespace
             .entry(p.namespace.as_str())
             .or_default()
             .push(i);
+        for (k, v) in &p.labels {
+            let ns = p.namespace.as_str();
+            pods.by_ns_label
+                .entry((ns, k.as_str(), v.as_str()))
+                .or_default()
+                .push(i);
+            pods.by_label
+                .entry((k.as_str(), v.as_str()))
+                .or_default()
+                .push(i);
+        }
     }
-    EligiblePods { all, by_namespace }
+    pods
 }

@@ -1,6 +1,6 @@
 //! Stage 6a: the desired dataplane state of each node.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use ipnet::IpNet;
 
@@ -13,6 +13,10 @@ use crate::state::{
 use super::classify::Classified;
 use super::tunnels::Tunnels;
 use super::{Work, fi};
+
+/// Where a policy's traffic of one family goes: the gateway node, its mark,
+/// and the index of its state if it is being built.
+type Via<'a> = (&'a str, u32, Option<usize>);
 
 /// Builds the state of every node, or of `only` that one.
 pub(super) fn build(
@@ -27,38 +31,58 @@ pub(super) fn build(
     let peers = peers(tunnels);
     let routes = routes(cfg, tunnels);
 
-    let mut nodes: BTreeMap<String, NodeState> = snapshot
+    // States in a vector, found by index: the loops below touch them once
+    // per classification entry.
+    let mut names: Vec<&str> = snapshot
         .nodes
         .iter()
-        .filter(|n| only.is_none_or(|o| o == n.name))
-        .map(|n| {
-            let state = NodeState {
-                node: n.name.clone(),
-                vxlan: vxlan(cfg, tunnels, &n.name),
-                peers: peers.iter().filter(|p| p.node != n.name).cloned().collect(),
-                routes: routes
-                    .iter()
-                    .filter(|(r, _)| r.gateway != n.name)
-                    .map(|(r, _)| r.clone())
-                    .collect(),
-                rules: routes
-                    .iter()
-                    .filter(|(r, _)| r.gateway != n.name)
-                    .map(|(_, r)| r.clone())
-                    .collect(),
-                cluster_cidrs: cluster_cidrs.to_vec(),
-                ..NodeState::default()
-            };
-            (n.name.clone(), state)
+        .map(|n| n.name.as_str())
+        .filter(|n| only.is_none_or(|o| o == *n))
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    let index: HashMap<&str, usize> = names.iter().enumerate().map(|(i, n)| (*n, i)).collect();
+    let mut states: Vec<NodeState> = names
+        .iter()
+        .map(|name| NodeState {
+            node: (*name).to_owned(),
+            vxlan: vxlan(cfg, tunnels, name),
+            peers: peers.iter().filter(|p| p.node != *name).cloned().collect(),
+            routes: routes
+                .iter()
+                .filter(|(r, _)| r.gateway != *name)
+                .map(|(r, _)| r.clone())
+                .collect(),
+            rules: routes
+                .iter()
+                .filter(|(r, _)| r.gateway != *name)
+                .map(|(_, r)| r.clone())
+                .collect(),
+            cluster_cidrs: cluster_cidrs.to_vec(),
+            ..NodeState::default()
+        })
+        .collect();
+
+    let gateways: Vec<[Option<Via<'_>>; 2]> = works
+        .iter()
+        .map(|w| {
+            Family::ALL.map(|family| {
+                let node = w.nodes[fi(family)].as_deref()?;
+                let mark = tunnels
+                    .mark(node)
+                    .expect("eligible gateway nodes have a mark");
+                Some((node, mark, index.get(node).copied()))
+            })
         })
         .collect();
 
     for source in &classified.sources {
         let family = Family::of(source.src);
+        let here = index.get(source.node).copied();
         for (dst, decided) in source.table.iter() {
-            let Some(w) = decided else {
-                if let Some(state) = nodes.get_mut(source.node) {
-                    state.classify.push(ClassifyEntry {
+            let Some(w) = *decided else {
+                if let Some(i) = here {
+                    states[i].classify.push(ClassifyEntry {
                         src: source.src,
                         dst: *dst,
                         action: Action::Bypass,
@@ -67,32 +91,28 @@ pub(super) fn build(
                 }
                 continue;
             };
-            let work = &works[*w];
-            let gateway = work.nodes[fi(family)]
-                .as_deref()
-                .expect("active policies are placed");
-            if let Some(state) = nodes.get_mut(source.node) {
+            let work = &works[w];
+            let (gateway, mark, there) =
+                gateways[w][fi(family)].expect("active policies are placed");
+            if let Some(i) = here {
                 let action = if gateway == source.node {
                     Action::Local
                 } else {
-                    let mark = tunnels
-                        .mark(gateway)
-                        .expect("eligible gateway nodes have a mark");
                     Action::Tunnel {
                         gateway: gateway.to_owned(),
                         mark,
                     }
                 };
-                state.classify.push(ClassifyEntry {
+                states[i].classify.push(ClassifyEntry {
                     src: source.src,
                     dst: *dst,
                     action,
                     policy: Some(work.policy.id.clone()),
                 });
             }
-            if let Some(state) = nodes.get_mut(gateway) {
+            if let Some(i) = there {
                 let to = work.eips[fi(family)].map_or(SnatTo::NodeIp, SnatTo::Eip);
-                state.snat.push(SnatEntry {
+                states[i].snat.push(SnatEntry {
                     src: source.src,
                     dst: *dst,
                     to,
@@ -105,9 +125,9 @@ pub(super) fn build(
     for work in works.iter().filter(|w| w.failure.is_none()) {
         for family in Family::ALL {
             if let (Some(ip), Some(node)) = (work.eips[fi(family)], &work.nodes[fi(family)])
-                && let Some(state) = nodes.get_mut(node)
+                && let Some(i) = index.get(node.as_str())
             {
-                state.eips.push(OwnedEip {
+                states[*i].eips.push(OwnedEip {
                     ip,
                     gateway: work.gateway.expect("allocated").to_owned(),
                 });
@@ -115,7 +135,7 @@ pub(super) fn build(
         }
     }
 
-    for state in nodes.values_mut() {
+    for state in &mut states {
         state.peers.sort();
         state.routes.sort();
         state.rules.sort();
@@ -124,7 +144,7 @@ pub(super) fn build(
         state.eips.sort();
         state.eips.dedup();
     }
-    nodes
+    states.into_iter().map(|s| (s.node.clone(), s)).collect()
 }
 
 fn vxlan(cfg: &Config, tunnels: &Tunnels, node: &str) -> Option<Vxlan> {

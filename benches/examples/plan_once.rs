@@ -1,0 +1,24 @@
+//! Plans one synthetic cluster once and prints how long it took and how big
+//! the plan is: `cargo run --release -p egressgw-benches --example plan_once -- 1000 10000 100000`.
+
+use std::time::Instant;
+
+fn main() {
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .map(|a| a.parse().expect("three numbers: nodes policies pods"))
+        .collect();
+    let [nodes, policies, pods] = args[..] else {
+        eprintln!("usage: plan_once NODES POLICIES PODS");
+        std::process::exit(2);
+    };
+    let snapshot = egressgw_benches::synthetic_cluster(nodes, policies, pods);
+    let start = Instant::now();
+    let plan = egressgw_core::plan(&snapshot);
+    let took = start.elapsed();
+    let classify: usize = plan.nodes.values().map(|n| n.classify.len()).sum();
+    let snat: usize = plan.nodes.values().map(|n| n.snat.len()).sum();
+    println!(
+        "{nodes} nodes, {policies} policies, {pods} pods: plan in {took:.2?}; {classify} classify, {snat} snat entries"
+    );
+}
