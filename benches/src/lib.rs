@@ -15,7 +15,7 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use egressgw_core::model::{
     Age, Allocator, Config, EgressIpSpec, Gateway, Labels, Namespace, Node, Pod, PodMatch, Policy,
-    PolicyRef, Tunnel,
+    PolicyRef,
 };
 use egressgw_core::net::{IpPool, IpRange};
 use egressgw_core::selector::{LabelSelector, Requirement};
@@ -104,46 +104,7 @@ pub fn synthetic_cluster(nodes: usize, policies: usize, pods: usize) -> Snapshot
 /// steady state, where nothing moves.
 pub fn next_snapshot(snapshot: &Snapshot, plan: &Plan) -> Snapshot {
     let mut next = snapshot.clone();
-    next.tunnels = plan
-        .status
-        .tunnels
-        .iter()
-        .map(|t| Tunnel {
-            node: t.node.clone(),
-            ipv4: t.ipv4,
-            ipv6: t.ipv6,
-            mac: Some(t.mac),
-            mark: t.mark,
-        })
-        .collect();
-
-    let statuses: BTreeMap<&PolicyRef, _> = plan
-        .status
-        .policies
-        .iter()
-        .map(|s| (&s.policy, s))
-        .collect();
-    for policy in &mut next.policies {
-        if let Some(status) = statuses.get(&policy.id) {
-            policy.previous_eips = status
-                .eip_ipv4
-                .map(IpAddr::V4)
-                .into_iter()
-                .chain(status.eip_ipv6.map(IpAddr::V6))
-                .collect();
-            policy.previous_node.clone_from(&status.node);
-        }
-    }
-
-    for gateway in &mut next.gateways {
-        gateway.previous_nodes = plan
-            .status
-            .eip_nodes
-            .iter()
-            .filter(|(ip, _)| gateway.ipv4_pool.contains(**ip) || gateway.ipv6_pool.contains(**ip))
-            .map(|(ip, node)| (*ip, node.clone()))
-            .collect();
-    }
+    egressgw_core::remember(&mut next, &plan.status);
     next
 }
 

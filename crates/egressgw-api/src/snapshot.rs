@@ -85,48 +85,52 @@ impl SnapshotBuilder {
     }
 
     /// Adds gateways; invalid ones go to [`Snapshot::invalid`].
-    pub fn gateways<I>(mut self, gateways: I) -> Self
+    pub fn gateways<I>(self, gateways: I) -> Self
     where
         I: IntoIterator,
         I::Item: Borrow<EgressGateway>,
     {
-        for gateway in gateways {
-            let gateway = gateway.borrow();
-            match gateway.to_model() {
-                Ok(converted) => self.snapshot.gateways.push(converted),
-                Err(errors) => self.invalid(gateway, &errors),
-            }
-        }
-        self
+        self.convert_all(gateways, EgressGateway::to_model, |s, g| s.gateways.push(g))
     }
 
     /// Adds namespaced policies; invalid ones go to [`Snapshot::invalid`].
-    pub fn policies<I>(mut self, policies: I) -> Self
+    pub fn policies<I>(self, policies: I) -> Self
     where
         I: IntoIterator,
         I::Item: Borrow<EgressPolicy>,
     {
-        for policy in policies {
-            let policy = policy.borrow();
-            match policy.to_model() {
-                Ok(converted) => self.snapshot.policies.push(converted),
-                Err(errors) => self.invalid(policy, &errors),
-            }
-        }
-        self
+        self.convert_all(policies, EgressPolicy::to_model, |s, p| s.policies.push(p))
     }
 
     /// Adds cluster policies; invalid ones go to [`Snapshot::invalid`].
-    pub fn cluster_policies<I>(mut self, policies: I) -> Self
+    pub fn cluster_policies<I>(self, policies: I) -> Self
     where
         I: IntoIterator,
         I::Item: Borrow<EgressClusterPolicy>,
     {
-        for policy in policies {
-            let policy = policy.borrow();
-            match policy.to_model() {
-                Ok(converted) => self.snapshot.policies.push(converted),
-                Err(errors) => self.invalid(policy, &errors),
+        self.convert_all(policies, EgressClusterPolicy::to_model, |s, p| {
+            s.policies.push(p)
+        })
+    }
+
+    /// Converts each object with `convert`, adding what converts with `add`
+    /// and recording what does not as invalid.
+    fn convert_all<K, M, I>(
+        mut self,
+        objects: I,
+        convert: impl Fn(&K) -> Result<M, ValidationErrors>,
+        add: impl Fn(&mut Snapshot, M),
+    ) -> Self
+    where
+        K: Resource<DynamicType = ()>,
+        I: IntoIterator,
+        I::Item: Borrow<K>,
+    {
+        for object in objects {
+            let object = object.borrow();
+            match convert(object) {
+                Ok(converted) => add(&mut self.snapshot, converted),
+                Err(errors) => self.invalid(object, &errors),
             }
         }
         self
