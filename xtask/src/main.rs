@@ -7,6 +7,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 mod gen_crds;
+mod lab;
 
 /// egressgw's development tasks.
 #[derive(Debug, Parser)]
@@ -24,10 +25,14 @@ enum Task {
         #[arg(long)]
         check: bool,
     },
+    /// A Kubernetes cluster on this machine, in network namespaces (see docs/lab.md).
+    #[command(subcommand)]
+    Lab(lab::LabCommand),
 }
 
 fn main() -> anyhow::Result<ExitCode> {
     match Cli::parse().task {
+        Task::Lab(command) => lab::run(command),
         Task::GenCrds { check } => {
             let dir = workspace_root().join(gen_crds::CRD_DIR);
             if check {

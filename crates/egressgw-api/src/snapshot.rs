@@ -109,7 +109,7 @@ impl SnapshotBuilder {
         I::Item: Borrow<EgressClusterPolicy>,
     {
         self.convert_all(policies, EgressClusterPolicy::to_model, |s, p| {
-            s.policies.push(p)
+            s.policies.push(p);
         })
     }
 

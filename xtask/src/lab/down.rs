@@ -1,0 +1,66 @@
+//! `lab down`: removes every lab namespace, process and file, whatever state
+//! a lab is in (up, half made by a failed `up`, or half removed).
+//!
+//! What it removes is found, not remembered: the network namespaces named
+//! `egl-*`, every process living in one of them, the processes of the pid
+//! files (if they are still the programs the lab started), and the lab
+//! directory's entries. Running it again finds nothing and does nothing.
+
+use std::collections::BTreeSet;
+
+use anyhow::{Context, anyhow};
+
+use super::state::Paths;
+use super::{net, preflight, process};
+
+pub fn down(paths: &Paths) -> anyhow::Result<()> {
+    preflight::require_root()?;
+    teardown(paths)
+}
+
+/// Stops the processes, deletes the namespaces, removes the files. Keeps
+/// going past failures and reports them all at the end.
+pub fn teardown(paths: &Paths) -> anyhow::Result<()> {
+    let namespaces = net::lab_netns().context("listing network namespaces")?;
+    let mut errors = Vec::new();
+    let mut pids: BTreeSet<u32> = process::recorded_pids(paths).into_iter().collect();
+    for ns in &namespaces {
+        match net::netns_pids(ns) {
+            Ok(found) => pids.extend(found),
+            Err(e) => errors.push(e.context(format!("listing the processes in {ns}"))),
+        }
+    }
+    let pids: Vec<u32> = pids.into_iter().collect();
+    let survivors = process::stop_all(&pids);
+    if !survivors.is_empty() {
+        errors.push(anyhow!("processes {survivors:?} survived SIGKILL"));
+    }
+    for ns in &namespaces {
+        if let Err(e) = net::delete_netns(ns) {
+            errors.push(e.context(format!("deleting {ns}")));
+        }
+    }
+    let had_files = paths.any_present();
+    errors.extend(paths.remove_all());
+    println!(
+        "lab down: stopped {} processes, deleted {} network namespaces, {}",
+        pids.len() - survivors.len(),
+        namespaces.len(),
+        if had_files {
+            format!("removed the state in {}", paths.lab.display())
+        } else {
+            "no state files".to_owned()
+        }
+    );
+    match errors.len() {
+        0 => Ok(()),
+        n => {
+            for e in &errors {
+                eprintln!("lab down: {e:#}");
+            }
+            Err(anyhow!(
+                "lab down: {n} problems (above); run it again once they are fixed"
+            ))
+        }
+    }
+}

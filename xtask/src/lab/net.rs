@@ -1,0 +1,131 @@
+//! Thin wrappers over `ip`, `sysctl` and `iptables`, each run inside one lab
+//! namespace.
+//!
+//! Every function takes the [`Netns`] it acts in, and there is none for the
+//! host namespace: the lab never adds a link, address or route there. Veth
+//! pairs are created in one lab namespace with their peer placed straight
+//! into another, so neither end ever exists in the host namespace.
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use anyhow::Context;
+
+use super::cmd;
+use super::topology::Netns;
+
+fn ip(ns: &Netns, args: &[&str]) -> anyhow::Result<()> {
+    let mut all = vec!["-n", ns.as_str()];
+    all.extend_from_slice(args);
+    cmd::run("ip", &all).map(drop)
+}
+
+/// Runs `program args...` inside `ns` and returns its stdout.
+pub fn exec(ns: &Netns, program: &str, args: &[&str]) -> anyhow::Result<String> {
+    exec_with_input(ns, program, args, None)
+}
+
+/// Like [`exec`], feeding `input` to the program's stdin.
+pub fn exec_with_input(
+    ns: &Netns,
+    program: &str,
+    args: &[&str],
+    input: Option<&str>,
+) -> anyhow::Result<String> {
+    let mut all = vec!["netns", "exec", ns.as_str(), program];
+    all.extend_from_slice(args);
+    cmd::run_with_input("ip", &all, input)
+}
+
+/// Creates `ns` with its loopback up.
+pub fn add_netns(ns: &Netns) -> anyhow::Result<()> {
+    cmd::run("ip", &["netns", "add", ns.as_str()])?;
+    ip(ns, &["link", "set", "lo", "up"])
+}
+
+/// Deletes `ns`; its interfaces go with it.
+pub fn delete_netns(ns: &Netns) -> anyhow::Result<()> {
+    cmd::run("ip", &["netns", "delete", ns.as_str()]).map(drop)
+}
+
+/// The lab namespaces that exist now (from `ip netns list`).
+pub fn lab_netns() -> anyhow::Result<Vec<Netns>> {
+    let list = cmd::run("ip", &["netns", "list"])?;
+    Ok(list
+        .lines()
+        .filter_map(|line| line.split_whitespace().next())
+        .filter_map(Netns::existing)
+        .collect())
+}
+
+/// Whether `ns` exists.
+pub fn netns_exists(ns: &Netns) -> bool {
+    Path::new("/run/netns").join(ns.as_str()).exists()
+}
+
+/// The pids of the processes whose network namespace is `ns`.
+pub fn netns_pids(ns: &Netns) -> anyhow::Result<HashSet<u32>> {
+    let out = cmd::run("ip", &["netns", "pids", ns.as_str()])?;
+    out.split_whitespace()
+        .map(|pid| {
+            pid.parse()
+                .with_context(|| format!("`ip netns pids` printed {pid:?}"))
+        })
+        .collect()
+}
+
+/// Creates bridge `name` in `ns`, up.
+pub fn add_bridge(ns: &Netns, name: &str) -> anyhow::Result<()> {
+    ip(ns, &["link", "add", name, "type", "bridge"])?;
+    link_up(ns, name)
+}
+
+/// Creates a veth pair: `name` in `ns`, `peer` in `peer_ns`; both up.
+pub fn add_veth(ns: &Netns, name: &str, peer_ns: &Netns, peer: &str) -> anyhow::Result<()> {
+    ip(
+        ns,
+        &[
+            "link",
+            "add",
+            name,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            peer,
+            "netns",
+            peer_ns.as_str(),
+        ],
+    )?;
+    link_up(ns, name)?;
+    link_up(peer_ns, peer)
+}
+
+/// Attaches `link` to `bridge`, both in `ns`.
+pub fn set_master(ns: &Netns, link: &str, bridge: &str) -> anyhow::Result<()> {
+    ip(ns, &["link", "set", link, "master", bridge])
+}
+
+pub fn link_up(ns: &Netns, link: &str) -> anyhow::Result<()> {
+    ip(ns, &["link", "set", link, "up"])
+}
+
+/// Adds `addr` (`a.b.c.d/len`) to `link`.
+pub fn add_addr(ns: &Netns, link: &str, addr: &str) -> anyhow::Result<()> {
+    ip(ns, &["addr", "add", addr, "dev", link])
+}
+
+/// Adds a route to `dst` (a CIDR or `default`) via `gateway`.
+pub fn add_route(ns: &Netns, dst: &str, gateway: &str) -> anyhow::Result<()> {
+    ip(ns, &["route", "add", dst, "via", gateway])
+}
+
+/// Sets a sysctl inside `ns` (`net.*` keys are per namespace).
+pub fn sysctl(ns: &Netns, key: &str, value: &str) -> anyhow::Result<()> {
+    exec(ns, "sysctl", &["-q", "-w", &format!("{key}={value}")]).map(drop)
+}
+
+/// Runs `iptables args...` inside `ns`.
+pub fn iptables(ns: &Netns, args: &[&str]) -> anyhow::Result<()> {
+    exec(ns, "iptables", args).map(drop)
+}

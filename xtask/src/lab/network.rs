@@ -1,0 +1,117 @@
+//! Builds the lab's network from a [`Topology`]: namespaces, the underlay
+//! bridge, node and pod plumbing, host-gw routes, the CNI-like masquerade and
+//! the external segment.
+
+use anyhow::Context;
+
+use super::net;
+use super::topology::{self, CLUSTER_CIDR, Netns, Node, Pod, Topology, with_len};
+
+/// Creates every namespace and link of the lab.
+pub fn create(topo: &Topology) -> anyhow::Result<()> {
+    for ns in topo.all_netns() {
+        net::add_netns(ns).with_context(|| format!("creating network namespace {ns}"))?;
+    }
+    net::add_bridge(&topo.underlay.netns, &topo.underlay.bridge)
+        .context("creating the underlay bridge")?;
+    net::add_bridge(&topo.target.netns, &topo.target.bridge)
+        .context("creating the external segment's bridge")?;
+    control_plane(topo).context("wiring the control plane to the underlay")?;
+    target(topo).context("addressing the target")?;
+    for node in &topo.nodes {
+        node_links(topo, node).with_context(|| format!("wiring {}", node.name))?;
+        node_routes(topo, node).with_context(|| format!("routing on {}", node.name))?;
+        masquerade(node).with_context(|| format!("adding the CNI masquerade on {}", node.name))?;
+        for pod in topo.pods_on(node) {
+            pod_links(node, pod).with_context(|| format!("wiring pod {}", pod.name))?;
+        }
+    }
+    Ok(())
+}
+
+/// The control plane reaches pods the way a node does (host-gw routes), so
+/// kube-apiserver could call webhooks or aggregated APIs served by pods.
+fn control_plane(topo: &Topology) -> anyhow::Result<()> {
+    let cp = &topo.control_plane;
+    uplink(topo, &cp.underlay_port, &cp.netns, cp.interface)?;
+    net::add_addr(&cp.netns, cp.interface, &topology::underlay_addr(cp.ip))?;
+    for node in &topo.nodes {
+        net::add_route(&cp.netns, &node.pod_cidr, &node.ip.to_string())?;
+    }
+    Ok(())
+}
+
+/// A veth from the underlay bridge (port `port`) to `interface` in `ns`.
+fn uplink(topo: &Topology, port: &str, ns: &Netns, interface: &str) -> anyhow::Result<()> {
+    let underlay = &topo.underlay;
+    net::add_veth(&underlay.netns, port, ns, interface)?;
+    net::set_master(&underlay.netns, port, &underlay.bridge)
+}
+
+fn target(topo: &Topology) -> anyhow::Result<()> {
+    let target = &topo.target;
+    net::add_addr(
+        &target.netns,
+        &target.bridge,
+        &topology::external_addr(target.ip),
+    )
+}
+
+fn node_links(topo: &Topology, node: &Node) -> anyhow::Result<()> {
+    uplink(topo, &node.underlay_port, &node.netns, node.interface)?;
+    net::add_addr(
+        &node.netns,
+        node.interface,
+        &topology::underlay_addr(node.ip),
+    )?;
+    net::add_bridge(&node.netns, node.pod_bridge)?;
+    let pod_len = prefix_len(&node.pod_cidr);
+    net::add_addr(
+        &node.netns,
+        node.pod_bridge,
+        &with_len(node.pod_gateway, pod_len),
+    )?;
+    net::sysctl(&node.netns, "net.ipv4.ip_forward", "1")?;
+    if let Some(ext) = &node.external {
+        let target = &topo.target;
+        net::add_veth(&target.netns, &ext.target_port, &node.netns, ext.interface)?;
+        net::set_master(&target.netns, &ext.target_port, &target.bridge)?;
+        net::add_addr(&node.netns, ext.interface, &topology::external_addr(ext.ip))?;
+    }
+    Ok(())
+}
+
+/// host-gw: every other node's pod CIDR via that node's underlay address.
+fn node_routes(topo: &Topology, node: &Node) -> anyhow::Result<()> {
+    for other in topo.nodes.iter().filter(|o| o.name != node.name) {
+        net::add_route(&node.netns, &other.pod_cidr, &other.ip.to_string())?;
+    }
+    Ok(())
+}
+
+/// What CNIs such as flannel do: pod traffic leaving the pod network is
+/// masqueraded to the node's address.
+fn masquerade(node: &Node) -> anyhow::Result<()> {
+    #[rustfmt::skip]
+    let rule = [
+        "-t", "nat", "-A", "POSTROUTING",
+        "-s", CLUSTER_CIDR, "!", "-d", CLUSTER_CIDR,
+        "-m", "comment", "--comment", "egressgw lab: CNI masquerade",
+        "-j", "MASQUERADE",
+    ];
+    net::iptables(&node.netns, &rule)
+}
+
+fn pod_links(node: &Node, pod: &Pod) -> anyhow::Result<()> {
+    net::add_veth(&node.netns, &pod.node_veth, &pod.netns, pod.interface)?;
+    net::set_master(&node.netns, &pod.node_veth, node.pod_bridge)?;
+    let addr = with_len(pod.ip, prefix_len(&node.pod_cidr));
+    net::add_addr(&pod.netns, pod.interface, &addr)?;
+    net::add_route(&pod.netns, "default", &node.pod_gateway.to_string())
+}
+
+fn prefix_len(cidr: &str) -> u8 {
+    cidr.rsplit_once('/')
+        .and_then(|(_, len)| len.parse().ok())
+        .unwrap_or(32)
+}

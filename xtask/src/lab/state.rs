@@ -1,0 +1,183 @@
+//! Where the lab keeps its files, and `lab.json`, the machine-readable
+//! description of a running lab.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+
+use super::topology::Topology;
+
+/// Bumped when the shape of `lab.json` changes incompatibly.
+pub const LAB_JSON_VERSION: u32 = 1;
+
+/// The lab's directories.
+#[derive(Debug, Clone)]
+pub struct Paths {
+    /// egressgw's cache: `$EGRESSGW_CACHE`, else `$XDG_CACHE_HOME/egressgw`, else `~/.cache/egressgw`.
+    pub cache: PathBuf,
+    /// The lab's state: `$EGRESSGW_LAB_DIR`, else `<cache>/lab`.
+    pub lab: PathBuf,
+}
+
+/// Entries of the lab directory that `lab up` creates and `lab down` removes.
+const LAB_ENTRIES: [&str; 7] = [
+    "lab.json",
+    "kubeconfig",
+    "kubectl",
+    "pki",
+    "etcd",
+    "logs",
+    "run",
+];
+
+impl Paths {
+    pub fn from_env() -> anyhow::Result<Self> {
+        let cache = match std::env::var_os("EGRESSGW_CACHE") {
+            Some(dir) => PathBuf::from(dir),
+            None => xdg_cache()?.join("egressgw"),
+        };
+        let lab =
+            std::env::var_os("EGRESSGW_LAB_DIR").map_or_else(|| cache.join("lab"), PathBuf::from);
+        Ok(Self { cache, lab })
+    }
+
+    pub fn lab_json(&self) -> PathBuf {
+        self.lab.join("lab.json")
+    }
+    /// The admin kubeconfig (server: the control plane's underlay address).
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.lab.join("kubeconfig")
+    }
+    /// A script running the lab's kubectl inside the control-plane namespace.
+    pub fn kubectl_wrapper(&self) -> PathBuf {
+        self.lab.join("kubectl")
+    }
+    /// Certificates, keys, the token file and the controller-manager's kubeconfig.
+    pub fn pki(&self) -> PathBuf {
+        self.lab.join("pki")
+    }
+    pub fn etcd_data(&self) -> PathBuf {
+        self.lab.join("etcd")
+    }
+    pub fn logs(&self) -> PathBuf {
+        self.lab.join("logs")
+    }
+    /// Pid files, and a copy of the xtask binary that serves whoami.
+    pub fn run(&self) -> PathBuf {
+        self.lab.join("run")
+    }
+
+    /// Creates the lab directory and its subdirectories; `pki` (keys and
+    /// tokens) is readable by its owner only.
+    pub fn create(&self) -> anyhow::Result<()> {
+        for dir in [self.pki(), self.logs(), self.run()] {
+            fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        let pki = self.pki();
+        fs::set_permissions(&pki, fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("restricting {}", pki.display()))
+    }
+
+    /// Whether anything `lab up` writes is present.
+    pub fn any_present(&self) -> bool {
+        LAB_ENTRIES.iter().any(|e| self.lab.join(e).exists())
+    }
+
+    /// Removes everything `lab up` writes, then the lab directory if that left it empty.
+    /// Returns what could not be removed.
+    pub fn remove_all(&self) -> Vec<anyhow::Error> {
+        let mut errors = Vec::new();
+        for entry in LAB_ENTRIES.map(|e| self.lab.join(e)) {
+            if let Err(e) = remove(&entry) {
+                errors.push(e.context(format!("removing {}", entry.display())));
+            }
+        }
+        // Not empty means someone else's files are there too: leave them.
+        let _ = fs::remove_dir(&self.lab);
+        errors
+    }
+}
+
+fn remove(path: &Path) -> anyhow::Result<()> {
+    match fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e.into()),
+        Ok(meta) if meta.is_dir() => Ok(fs::remove_dir_all(path)?),
+        Ok(_) => Ok(fs::remove_file(path)?),
+    }
+}
+
+fn xdg_cache() -> anyhow::Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
+        return Ok(PathBuf::from(dir));
+    }
+    let home = std::env::var_os("HOME").context("neither HOME nor EGRESSGW_CACHE is set")?;
+    Ok(PathBuf::from(home).join(".cache"))
+}
+
+/// `lab.json`: everything a test or a person needs to use the lab.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct LabState {
+    pub version: u32,
+    pub dir: PathBuf,
+    pub kubernetes_version: String,
+    /// The control-plane binaries (kube-apiserver, kube-controller-manager, kubectl, etcd).
+    pub bin_dir: PathBuf,
+    /// Admin kubeconfig; its server is reachable from the control-plane and node namespaces.
+    pub kubeconfig: PathBuf,
+    /// `kubectl` wrapper usable from the host: runs kubectl inside the control-plane namespace.
+    pub kubectl: PathBuf,
+    pub api_server: String,
+    pub cluster_cidr: String,
+    pub service_cidr: String,
+    /// Every network namespace of the lab.
+    pub netns: Vec<String>,
+    pub processes: Vec<ProcessRecord>,
+    /// The topology (`underlay`, `control_plane`, `namespaces`, `nodes`,
+    /// `pods`, `target`), as [`Topology`] serializes it.
+    #[serde(flatten)]
+    pub topology: serde_json::Map<String, serde_json::Value>,
+}
+
+/// One process the lab started.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ProcessRecord {
+    pub name: String,
+    pub netns: String,
+    pub pid: u32,
+    pub log: PathBuf,
+}
+
+impl LabState {
+    /// `topo` as the map [`LabState::topology`] holds.
+    pub fn topology_map(
+        topo: &Topology,
+    ) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
+        match serde_json::to_value(topo).context("serializing the topology")? {
+            serde_json::Value::Object(map) => Ok(map),
+            other => anyhow::bail!("the topology serialized to {other}, not an object"),
+        }
+    }
+
+    pub fn write(&self, paths: &Paths) -> anyhow::Result<()> {
+        let path = paths.lab_json();
+        let mut text = serde_json::to_string_pretty(self).context("serializing lab.json")?;
+        text.push('\n');
+        fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
+    }
+
+    /// The running lab's state, or `None` when there is no `lab.json`.
+    pub fn read(paths: &Paths) -> anyhow::Result<Option<Self>> {
+        let path = paths.lab_json();
+        let text = match fs::read_to_string(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            other => other.with_context(|| format!("reading {}", path.display()))?,
+        };
+        serde_json::from_str(&text)
+            .map(Some)
+            .with_context(|| format!("parsing {}", path.display()))
+    }
+}

@@ -1,0 +1,84 @@
+//! The target's services: whoami (served by a copy of this binary) and an
+//! iperf3 server, both bound to the target's address only.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+use super::net;
+use super::process::{self, Started};
+use super::state::Paths;
+use super::topology::Topology;
+
+/// How long the target's services get to listen.
+const LISTEN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Starts whoami and `iperf3 -s` in the target namespace.
+pub fn start(topo: &Topology, paths: &Paths) -> anyhow::Result<Vec<Started>> {
+    let target = &topo.target;
+    let whoami = whoami_binary(paths)?;
+    let listen = format!("{}:{}", target.ip, target.whoami_port);
+    let whoami_args = ["lab", "whoami", "--listen", &listen].map(String::from);
+    let iperf3_args = [
+        "-s",
+        "-B",
+        &target.ip.to_string(),
+        "-p",
+        &target.iperf3_port.to_string(),
+    ]
+    .map(String::from);
+    Ok(vec![
+        process::start(paths, &target.netns, "whoami", &whoami, &whoami_args)?,
+        process::start(
+            paths,
+            &target.netns,
+            "iperf3",
+            &PathBuf::from("iperf3"),
+            &iperf3_args,
+        )?,
+    ])
+}
+
+/// A copy of the running xtask binary in the lab directory, so the service
+/// outlives a rebuild or `cargo clean` of the workspace.
+fn whoami_binary(paths: &Paths) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("finding the xtask binary")?;
+    let copy = paths.run().join("xtask-whoami");
+    fs::copy(&exe, &copy)
+        .with_context(|| format!("copying {} to {}", exe.display(), copy.display()))?;
+    fs::set_permissions(&copy, fs::Permissions::from_mode(0o755))
+        .with_context(|| format!("making {} executable", copy.display()))?;
+    Ok(copy)
+}
+
+/// Waits until the target listens on its whoami and iperf3 ports.
+pub fn wait_listening(topo: &Topology, started: &mut [Started]) -> anyhow::Result<()> {
+    let target = &topo.target;
+    let wanted = [target.whoami_port, target.iperf3_port].map(|p| format!("{}:{p}", target.ip));
+    let deadline = Instant::now() + LISTEN_TIMEOUT;
+    loop {
+        for process in started.iter_mut() {
+            process.check_running()?;
+        }
+        let listening = net::exec(&target.netns, "ss", &["-H", "-l", "-t", "-n"])?;
+        let local: Vec<&str> = listening
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(3))
+            .collect();
+        if wanted.iter().all(|w| local.contains(&w.as_str())) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the target does not listen on {} after {}s",
+                wanted.join(" and "),
+                LISTEN_TIMEOUT.as_secs()
+            );
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -1,0 +1,208 @@
+//! `lab up`: builds (or finds) the control plane, then creates the lab step by
+//! step. If a step fails, everything made so far is torn down again (unless
+//! `--keep-on-failure`) and the error names the step.
+
+use std::io::Write;
+use std::time::Instant;
+
+use anyhow::Context;
+
+use super::build::{self, Binaries, KUBERNETES_VERSION};
+use super::kubectl::Kubectl;
+use super::process::{self, Started};
+use super::state::{LAB_JSON_VERSION, LabState, Paths};
+use super::topology::{CLUSTER_CIDR, KUBERNETES_SERVICE_IP, Pod, SERVICE_CIDR, Topology};
+use super::{certs, cluster, controlplane, down, net, network, preflight, target};
+
+/// What `lab up` was asked for.
+#[derive(Debug, Clone, clap::Args)]
+pub struct UpArgs {
+    /// Number of nodes (1-100).
+    #[arg(long, default_value_t = 3)]
+    pub nodes: u8,
+    /// How many of the nodes (the first ones) are gateway-capable: labelled
+    /// `egressgw.io/gateway=true` and attached to the external segment.
+    #[arg(long, default_value_t = 2)]
+    pub gateways: u8,
+    /// On failure, leave what was made for inspection instead of removing it.
+    #[arg(long)]
+    pub keep_on_failure: bool,
+}
+
+pub fn up(args: &UpArgs, paths: &Paths) -> anyhow::Result<()> {
+    preflight::check()?;
+    let topo = Topology::new(args.nodes, args.gateways)?;
+    refuse_leftovers(paths)?;
+    let bins = build::ensure(paths)?;
+    let started = Instant::now();
+    println!("creating the lab in {}", paths.lab.display());
+    let mut processes = Vec::new();
+    match create(&topo, paths, &bins, &mut processes) {
+        Ok(state) => {
+            println!("lab up in {:.1}s\n", started.elapsed().as_secs_f64());
+            print_usage(&state, &topo);
+            Ok(())
+        }
+        Err(e) => {
+            after_failure(args.keep_on_failure, paths, &mut processes);
+            Err(e)
+        }
+    }
+}
+
+/// Shows the end of every log, then removes what was made unless asked to keep it.
+fn after_failure(keep: bool, paths: &Paths, processes: &mut [Started]) {
+    show_logs(processes);
+    if keep {
+        eprintln!("left as it is for inspection; remove it with `cargo xtask lab down`");
+        return;
+    }
+    eprintln!("removing what was made...");
+    if let Err(cleanup) = down::teardown(paths) {
+        eprintln!("cleanup failed too: {cleanup:#}\nrun `cargo xtask lab down`");
+    }
+    processes.iter_mut().for_each(Started::reap);
+}
+
+/// A lab that is up, or the remains of one, must be taken down first: `up`
+/// would otherwise clean up someone else's lab when it fails.
+fn refuse_leftovers(paths: &Paths) -> anyhow::Result<()> {
+    let netns = net::lab_netns().context("listing network namespaces")?;
+    anyhow::ensure!(
+        netns.is_empty() && !paths.any_present(),
+        "a lab is up or left over ({} namespaces named egl-*, state in {}): run `cargo xtask lab down` first",
+        netns.len(),
+        paths.lab.display()
+    );
+    Ok(())
+}
+
+fn create(
+    topo: &Topology,
+    paths: &Paths,
+    bins: &Binaries,
+    processes: &mut Vec<Started>,
+) -> anyhow::Result<LabState> {
+    step("state directory", || paths.create())?;
+    step("network namespaces, links and routes", || {
+        network::create(topo)
+    })?;
+    let cp_ip = topo.control_plane.ip;
+    let pki = step("certificates and tokens", || {
+        certs::create(&paths.pki(), cp_ip, KUBERNETES_SERVICE_IP)
+    })?;
+    let kubectl = Kubectl::new(bins, paths, topo);
+    step("etcd, kube-apiserver, kube-controller-manager", || {
+        let started = controlplane::start(topo, paths, bins, &pki);
+        started.map(|s| processes.extend(s))
+    })?;
+    step("namespaces, nodes and pods in the API", || {
+        cluster::register(&kubectl, topo)
+    })?;
+    step("target services (whoami, iperf3)", || {
+        let mut started = target::start(topo, paths)?;
+        let listening = target::wait_listening(topo, &mut started);
+        processes.extend(started);
+        listening
+    })?;
+    step("lab.json and the kubectl wrapper", || {
+        write_state(topo, paths, bins, &kubectl, processes)
+    })
+}
+
+/// Runs one step, printing its name and how long it took.
+fn step<T>(name: &str, f: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<T> {
+    print!("  {name} ... ");
+    let _ = std::io::stdout().flush();
+    let started = Instant::now();
+    let result = f();
+    match &result {
+        Ok(_) => println!("ok ({:.1}s)", started.elapsed().as_secs_f64()),
+        Err(_) => println!("FAILED"),
+    }
+    result.with_context(|| format!("lab up failed at: {name}"))
+}
+
+fn write_state(
+    topo: &Topology,
+    paths: &Paths,
+    bins: &Binaries,
+    kubectl: &Kubectl,
+    processes: &[Started],
+) -> anyhow::Result<LabState> {
+    let state = LabState {
+        version: LAB_JSON_VERSION,
+        dir: paths.lab.clone(),
+        kubernetes_version: KUBERNETES_VERSION.to_owned(),
+        bin_dir: bins.dir.clone(),
+        kubeconfig: paths.kubeconfig(),
+        kubectl: kubectl.write_wrapper(&paths.kubectl_wrapper())?,
+        api_server: topo.control_plane.api_server.clone(),
+        cluster_cidr: CLUSTER_CIDR.to_owned(),
+        service_cidr: SERVICE_CIDR.to_owned(),
+        netns: topo.all_netns().iter().map(ToString::to_string).collect(),
+        processes: processes.iter().map(|p| p.record.clone()).collect(),
+        topology: LabState::topology_map(topo)?,
+    };
+    state.write(paths)?;
+    Ok(state)
+}
+
+fn show_logs(processes: &[Started]) {
+    for p in processes {
+        let log = &p.record.log;
+        eprintln!("--- the end of {} ({}):", p.record.name, log.display());
+        eprintln!("{}", process::log_tail(log, 10));
+    }
+}
+
+fn print_usage(state: &LabState, topo: &Topology) {
+    print_access(state, topo);
+    print_hosts(topo);
+    println!("status:     cargo xtask lab status");
+    println!("remove:     cargo xtask lab down");
+}
+
+fn print_access(state: &LabState, topo: &Topology) {
+    let (cp, kubeconfig) = (&topo.control_plane, state.kubeconfig.display());
+    println!("state:      {}", state.dir.join("lab.json").display());
+    println!(
+        "api server: {} (Kubernetes {})",
+        state.api_server, state.kubernetes_version
+    );
+    println!("kubeconfig: {kubeconfig}");
+    println!(
+        "kubectl:    {} get nodes,pods -A -o wide",
+        state.kubectl.display()
+    );
+    let bin = state.bin_dir.display();
+    println!(
+        "            (or: ip netns exec {} {bin}/kubectl --kubeconfig {kubeconfig} ...)",
+        cp.netns
+    );
+}
+
+fn print_hosts(topo: &Topology) {
+    println!("\nnodes:");
+    for node in &topo.nodes {
+        let ext = node
+            .external
+            .as_ref()
+            .map(|e| format!(", external {}", e.ip));
+        let (name, ns, ip, pods) = (&node.name, &node.netns, node.ip, &node.pod_cidr);
+        println!(
+            "  {name:<8} netns {ns:<12} {ip}  pods {pods}{}",
+            ext.unwrap_or_default()
+        );
+    }
+    let t = &topo.target;
+    let (ns, ip, whoami, iperf3) = (&t.netns, t.ip, t.whoami_port, t.iperf3_port);
+    println!("\ntarget:     netns {ns} at {ip} (whoami :{whoami}, iperf3 :{iperf3})");
+    let on_gateway = |p: &&Pod| topo.nodes.iter().any(|n| n.name == p.node && n.gateway);
+    if let Some(pod) = topo.pods.iter().find(on_gateway) {
+        let pod_ns = &pod.netns;
+        println!(
+            "try:        ip netns exec {pod_ns} bash -c 'exec 3<>/dev/tcp/{ip}/{whoami}; cat <&3'"
+        );
+    }
+}
