@@ -45,10 +45,21 @@ fi
 
 step "format" cargo fmt --all -- --check
 step "lints" cargo clippy --workspace --all-targets --locked -- -D warnings
-step "tests" cargo test --workspace --locked
+TEST_LOG="$(mktemp)"
+trap 'rm -f "$TEST_LOG"' EXIT
+
+# run_tests: cargo test, its output kept to count the results afterwards.
+run_tests() {
+    cargo test --workspace --locked 2>&1 | tee "$TEST_LOG"
+}
+
+step "tests" run_tests
 step "generated CRDs are up to date" cargo xtask gen-crds --check
 # Bench targets only: compiling every library's unit tests in the bench
 # profile as well would double the time and check nothing new.
 step "benches compile" cargo bench --workspace --locked --bench '*' --no-run
 
 printf '\n=== all %d steps passed (%ds)\n' "$STEPS_RUN" $((SECONDS - STARTED))
+# One closing line over every test binary, so the total is not lost among
+# the per-binary summaries.
+awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, i }' "$TEST_LOG"
