@@ -374,6 +374,7 @@ fn make_gateways(count: usize) -> Vec<Gateway> {
                     uid: format!("00000000-0000-4000-8000-{k:012x}"),
                 },
                 previous_nodes: BTreeMap::new(),
+                errors: Vec::new(),
             }
         })
         .collect()

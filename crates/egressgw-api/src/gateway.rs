@@ -354,6 +354,7 @@ impl EgressGateway {
             cluster_default: self.spec.cluster_default,
             age: age(&self.metadata),
             previous_nodes: self.previous_nodes(),
+            errors: Vec::new(),
         })
     }
 

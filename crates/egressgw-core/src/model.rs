@@ -113,6 +113,11 @@ pub struct Gateway {
     /// Where each EIP was active at the last status write, so a recompute
     /// keeps it there while that node stays eligible.
     pub previous_nodes: BTreeMap<IpAddr, String>,
+    /// Why the spec is invalid, one message per problem, each starting with
+    /// the field path; empty for a valid gateway. An invalid gateway still
+    /// exists for its policies (they are told it is invalid, not missing)
+    /// and keeps its `cluster_default` claim, but carries no traffic.
+    pub errors: Vec<String>,
 }
 
 impl Gateway {

@@ -104,6 +104,7 @@ fn gateway(name: &str, pool: &str, cluster_default: bool, created: i64) -> Gatew
             uid: name.into(),
         },
         previous_nodes: BTreeMap::new(),
+        errors: Vec::new(),
     }
 }
 
