@@ -320,6 +320,7 @@ mod tests {
             } else {
                 SnatTo::Eip(IpAddr::from([198, 51, 100, e]))
             },
+            origin: format!("n{s}"),
             policy: PolicyRef::cluster("p"),
         });
         (

@@ -327,6 +327,9 @@ pub struct InvalidObject {
     pub errors: Vec<String>,
 }
 
+/// kube-proxy's masquerade (0x4000) and drop (0x8000) mark bits.
+pub const KUBE_PROXY_MARKS: u32 = 0x0000_c000;
+
 /// Cluster-wide settings (the agent's and controller's config file).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
@@ -425,15 +428,41 @@ impl Config {
         if !self.enable_ipv4 && !self.enable_ipv6 {
             errors.push("enableIPv4, enableIPv6: at least one family must be enabled".into());
         }
+        let shifted = self
+            .mark_mask
+            .checked_shr(self.mark_mask.trailing_zeros())
+            .unwrap_or(0);
         if self.mark_mask == 0 {
             errors.push("mark.mask: must have at least one bit set".into());
-        } else if !(self.mark_mask >> self.mark_mask.trailing_zeros())
-            .wrapping_add(1)
-            .is_power_of_two()
-        {
+        } else if shifted.checked_add(1).is_some_and(|n| !n.is_power_of_two()) {
             errors.push(format!(
                 "mark.mask: {:#010x} must be one contiguous run of bits",
                 self.mark_mask
+            ));
+        }
+        if self.mark_mask & KUBE_PROXY_MARKS != 0 {
+            errors.push(format!(
+                "mark.mask: {:#010x} overlaps kube-proxy's marks ({KUBE_PROXY_MARKS:#06x}); use higher bits",
+                self.mark_mask
+            ));
+        }
+        let last_table = u64::from(self.route_table_base) + u64::from(self.mark_capacity()) - 1;
+        if self.route_table_base == 0 || last_table > u64::from(u32::MAX) {
+            errors.push(format!(
+                "route.tableBase: {} leaves no room for {} tables (one per possible gateway node)",
+                self.route_table_base,
+                self.mark_capacity()
+            ));
+        } else if u64::from(self.route_table_base) <= 255 && last_table >= 253 {
+            errors.push(format!(
+                "route.tableBase: tables {}..={last_table} would include the kernel's default, main or local table (253-255)",
+                self.route_table_base
+            ));
+        }
+        if !(1..=32765).contains(&self.rule_priority) {
+            errors.push(format!(
+                "route.rulePriority: {} must be between 1 and 32765 (after the local table's rule, before main's)",
+                self.rule_priority
             ));
         }
         if self.tunnel_ipv4_subnet.prefix_len() > 30 {
@@ -469,5 +498,46 @@ impl Config {
     pub fn mark_index(&self, mark: u32) -> Option<u32> {
         let index = (mark & self.mark_mask) >> self.mark_mask.trailing_zeros();
         (mark & !self.mark_mask == 0 && index != 0).then_some(index)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn errors(f: impl FnOnce(&mut Config)) -> String {
+        let mut c = Config::default();
+        f(&mut c);
+        c.validate().err().unwrap_or_default().join("\n")
+    }
+
+    #[test]
+    fn the_defaults_are_valid() {
+        assert_eq!(Config::default().validate(), Ok(()));
+    }
+
+    #[test]
+    fn a_mask_over_kube_proxys_bits_is_rejected() {
+        assert!(errors(|c| c.mark_mask = 0x0000_ff00).contains("overlaps kube-proxy's marks"));
+    }
+
+    #[test]
+    fn a_split_mask_is_rejected_and_a_full_one_is_not_called_split() {
+        assert!(errors(|c| c.mark_mask = 0x0f0f_0000).contains("one contiguous run"));
+        assert!(!errors(|c| c.mark_mask = 0xffff_ffff).contains("contiguous"));
+    }
+
+    #[test]
+    fn route_tables_may_not_reach_the_kernels_own_tables_or_overflow() {
+        assert!(errors(|c| c.route_table_base = 250).contains("253-255"));
+        assert!(errors(|c| c.route_table_base = u32::MAX).contains("leaves no room"));
+        assert!(errors(|c| c.route_table_base = 0).contains("leaves no room"));
+        assert_eq!(errors(|c| c.route_table_base = 256), "");
+    }
+
+    #[test]
+    fn the_rule_priority_must_sit_between_local_and_main() {
+        assert!(errors(|c| c.rule_priority = 0).contains("route.rulePriority"));
+        assert!(errors(|c| c.rule_priority = 32767).contains("route.rulePriority"));
     }
 }

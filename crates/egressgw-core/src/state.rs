@@ -33,7 +33,8 @@ pub struct NodeState {
     /// for pods anywhere in the cluster that leave through this node. Only
     /// `Tunnel` and `Local` decisions for this node appear here, so these
     /// entries apply to packets that came out of the tunnel or were
-    /// classified `Local` on this node, never to other traffic.
+    /// classified `Local` on this node, never to other traffic. Per source
+    /// the longest destination prefix wins, as for `classify`.
     pub snat: Vec<SnatEntry>,
     /// EIPs this node must own and announce.
     pub eips: Vec<OwnedEip>,
@@ -166,6 +167,9 @@ pub struct SnatEntry {
     pub dst: IpNet,
     /// SNAT target.
     pub to: SnatTo,
+    /// The node the pod runs on (this node for `Local` traffic): replies go
+    /// back to it through the tunnel.
+    pub origin: String,
     /// The policy it serves.
     pub policy: PolicyRef,
 }

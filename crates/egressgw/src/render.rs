@@ -91,10 +91,11 @@ fn node(out: &mut String, s: &NodeState) {
                 SnatTo::NodeIp => "masquerade to the node's address".to_owned(),
             };
             format!(
-                "{:<15} -> {:<18} {to}  [{}]",
+                "{:<15} -> {:<18} {to}  [{}, pod on {}]",
                 e.src.to_string(),
                 e.dst.to_string(),
-                e.policy
+                e.policy,
+                e.origin
             )
         }),
     );

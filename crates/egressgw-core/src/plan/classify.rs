@@ -90,10 +90,19 @@ pub(super) fn classify<'a>(
     for (p, pod) in pods.all.iter().enumerate() {
         for src in &pod.ips {
             let family = Family::of(*src);
+            // A podSubnet policy steers only the addresses inside its subnets.
             let active: Vec<usize> = per_pod[p]
                 .iter()
                 .copied()
-                .filter(|i| works[*i].active(family) && !expanded[*i][fi(family)].is_empty())
+                .filter(|i| {
+                    let policy = works[*i].policy;
+                    works[*i].active(family)
+                        && !expanded[*i][fi(family)].is_empty()
+                        && match &policy.pods {
+                            PodMatch::Subnets(nets) => nets.iter().any(|n| n.contains(src)),
+                            PodMatch::Selector(_) => true,
+                        }
+                })
                 .collect();
             // An address claimed by two pods (a stale object) goes to the first.
             if active.is_empty() || !seen.insert(*src) {

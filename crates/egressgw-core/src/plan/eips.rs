@@ -13,7 +13,7 @@
 use std::collections::HashSet;
 use std::net::IpAddr;
 
-use crate::model::{Allocator, Policy, Snapshot};
+use crate::model::{Allocator, Gateway, Policy, Snapshot};
 use crate::net::Family;
 use crate::status::Reason;
 
@@ -23,10 +23,12 @@ use super::{Work, fi};
 /// Resolves gateways and allocates EIPs for every valid policy; the result
 /// is sorted oldest first.
 pub(super) fn allocate<'a>(snapshot: &'a Snapshot, gateways: &Gateways<'a>) -> Vec<Work<'a>> {
-    let mut by_age: Vec<&Policy> = snapshot.policies.iter().collect();
-    by_age.sort_by(|a, b| (&a.age, &a.id).cmp(&(&b.age, &b.id)));
-    by_age.dedup_by(|a, b| a.id == b.id);
-    let mut works: Vec<Work<'a>> = by_age
+    let mut policies: Vec<&Policy> = snapshot.policies.iter().collect();
+    // One policy per identity (the oldest copy), then oldest first.
+    policies.sort_by(|a, b| (&a.id, &a.age).cmp(&(&b.id, &b.age)));
+    policies.dedup_by(|a, b| a.id == b.id);
+    policies.sort_by(|a, b| (&a.age, &a.id).cmp(&(&b.age, &b.id)));
+    let mut works: Vec<Work<'a>> = policies
         .into_iter()
         .map(|p| resolve_gateway(p, gateways))
         .collect();
@@ -41,15 +43,22 @@ pub(super) fn allocate<'a>(snapshot: &'a Snapshot, gateways: &Gateways<'a>) -> V
         w.failure = check_pools(w, gw, &families);
     }
 
-    // `held` tracks, per gateway, the addresses a pinned or rr policy owns.
-    let mut held: HashSet<(&str, IpAddr)> = HashSet::new();
+    // Addresses a pinned or rr policy owns. Usable gateways' pools do not
+    // overlap, so an address names its gateway. A policy that cannot be
+    // served now keeps its previous EIPs reserved, so it gets them back
+    // once it can, instead of finding them handed to another policy.
+    let mut held: HashSet<IpAddr> = HashSet::new();
+    for w in works.iter_mut().filter(|w| w.failure.is_some()) {
+        w.reserved.clone_from(&w.policy.previous_eips);
+        held.extend(w.reserved.iter().copied());
+    }
     for w in works.iter_mut().filter(|w| w.failure.is_none()) {
         let gw = gateways.by_name[w.gateway.expect("resolved")].gateway;
         for family in &families {
             if w.policy.egress_ip.use_node_ip {
                 w.node_ip[fi(*family)] = true;
             } else if let Some(ip) = pinned(w.policy, *family) {
-                held.insert((gw.name.as_str(), ip));
+                held.insert(ip);
                 w.eips[fi(*family)] = Some(ip);
             } else if w.policy.egress_ip.allocator == Allocator::Default {
                 w.eips[fi(*family)] = gw.default_eip(*family);
@@ -58,50 +67,11 @@ pub(super) fn allocate<'a>(snapshot: &'a Snapshot, gateways: &Gateways<'a>) -> V
     }
     for keep_previous in [true, false] {
         for w in works.iter_mut().filter(|w| w.failure.is_none()) {
-            let gw = gateways.by_name[w.gateway.expect("resolved")].gateway;
-            if w.policy.egress_ip.use_node_ip
-                || w.policy.egress_ip.allocator != Allocator::RoundRobin
+            if w.policy.egress_ip.allocator == Allocator::RoundRobin
+                && !w.policy.egress_ip.use_node_ip
             {
-                continue;
-            }
-            for family in &families {
-                let slot = fi(*family);
-                if w.eips[slot].is_some()
-                    || pinned(w.policy, *family).is_some()
-                    || gw.pool(*family).is_empty()
-                {
-                    continue;
-                }
-                let default = gw.default_eip(*family);
-                let free =
-                    |ip: &IpAddr| Some(*ip) != default && !held.contains(&(gw.name.as_str(), *ip));
-                let choice = if keep_previous {
-                    w.policy
-                        .previous_eips
-                        .iter()
-                        .find(|ip| {
-                            Family::of(**ip) == *family
-                                && gw.pool(*family).contains(**ip)
-                                && free(ip)
-                        })
-                        .copied()
-                } else {
-                    gw.pool(*family).iter().find(free)
-                };
-                if let Some(ip) = choice {
-                    held.insert((gw.name.as_str(), ip));
-                    w.eips[slot] = Some(ip);
-                } else if !keep_previous {
-                    w.failure = Some((
-                        Reason::PoolExhausted,
-                        format!(
-                            "spec.egressIP.allocatorPolicy: rr needs an {family} EIP of its own, \
-                             but every address of gateway {}'s pool is taken; add addresses to \
-                             spec.ippools.{family} or use allocatorPolicy default",
-                            gw.name
-                        ),
-                    ));
-                }
+                let gw = gateways.by_name[w.gateway.expect("resolved")].gateway;
+                round_robin(w, gw, &families, &mut held, keep_previous);
             }
         }
     }
@@ -114,6 +84,60 @@ pub(super) fn allocate<'a>(snapshot: &'a Snapshot, gateways: &Gateways<'a>) -> V
     works
 }
 
+/// Gives an rr policy an EIP of its own in each family that still lacks
+/// one: its previous EIP on the first pass, the first free pool address on
+/// the second. A policy that cannot get every family gets none, and frees
+/// what it took.
+fn round_robin(
+    w: &mut Work<'_>,
+    gw: &Gateway,
+    families: &[Family],
+    held: &mut HashSet<IpAddr>,
+    keep_previous: bool,
+) {
+    for family in families {
+        let slot = fi(*family);
+        if w.eips[slot].is_some()
+            || pinned(w.policy, *family).is_some()
+            || gw.pool(*family).is_empty()
+        {
+            continue;
+        }
+        let default = gw.default_eip(*family);
+        let free = |ip: &IpAddr| Some(*ip) != default && !held.contains(ip);
+        let choice = if keep_previous {
+            let mut previous = w.policy.previous_eips.iter();
+            previous
+                .find(|ip| {
+                    Family::of(**ip) == *family && gw.pool(*family).contains(**ip) && free(ip)
+                })
+                .copied()
+        } else {
+            gw.pool(*family).iter().find(free)
+        };
+        if let Some(ip) = choice {
+            held.insert(ip);
+            w.eips[slot] = Some(ip);
+        } else if !keep_previous {
+            for f in families.iter().filter(|f| pinned(w.policy, **f).is_none()) {
+                if let Some(ip) = w.eips[fi(*f)].take() {
+                    held.remove(&ip);
+                }
+            }
+            w.failure = Some((
+                Reason::PoolExhausted,
+                format!(
+                    "spec.egressIP.allocatorPolicy: rr needs an {family} EIP of its own, \
+                     but every address of gateway {}'s pool is taken; add addresses to \
+                     spec.ippools.{family} or use allocatorPolicy default",
+                    gw.name
+                ),
+            ));
+            return;
+        }
+    }
+}
+
 fn resolve_gateway<'a>(policy: &'a Policy, gateways: &Gateways<'a>) -> Work<'a> {
     let mut work = Work {
         policy,
@@ -122,6 +146,7 @@ fn resolve_gateway<'a>(policy: &'a Policy, gateways: &Gateways<'a>) -> Work<'a> 
         eips: [None, None],
         node_ip: [false, false],
         nodes: [None, None],
+        reserved: Vec::new(),
     };
     let name = match (&policy.gateway, gateways.default) {
         (Some(name), _) => name.as_str(),
@@ -157,11 +182,7 @@ fn resolve_gateway<'a>(policy: &'a Policy, gateways: &Gateways<'a>) -> Work<'a> 
 }
 
 /// Checks pinned EIPs against the pools and that the gateway can serve the policy at all.
-fn check_pools(
-    w: &Work<'_>,
-    gw: &crate::model::Gateway,
-    families: &[Family],
-) -> Option<(Reason, String)> {
+fn check_pools(w: &Work<'_>, gw: &Gateway, families: &[Family]) -> Option<(Reason, String)> {
     for family in Family::ALL {
         if let Some(ip) = pinned(w.policy, family)
             && !gw.pool(family).contains(ip)

@@ -2,10 +2,11 @@
 
 use std::collections::BTreeMap;
 
-use crate::model::{Gateway, Snapshot};
+use crate::model::{Gateway, Node, Snapshot};
 use crate::net::Family;
 use crate::status::Reason;
 
+use super::fi;
 use super::tunnels::Tunnels;
 
 /// One gateway with what the planner learned about it.
@@ -16,11 +17,23 @@ pub(super) struct GatewayInfo<'a> {
     pub problem: Option<(Reason, String)>,
     /// Nodes its selector matches, sorted.
     pub selected: Vec<&'a str>,
-    /// Selected nodes that can carry traffic now: ready, with an underlay
-    /// address and a tunnel identity with a mark. Sorted.
-    pub eligible: Vec<&'a str>,
-    /// A note for the status message (e.g. an ignored `clusterDefault`).
-    pub note: Option<String>,
+    /// Per family ([`fi`]): selected nodes that can carry that family's
+    /// traffic now. Sorted.
+    pub eligible: [Vec<&'a str>; 2],
+    /// Notes for the status message (an ignored `clusterDefault`, a missing pool).
+    pub notes: Vec<String>,
+}
+
+impl GatewayInfo<'_> {
+    /// Whether `node` can carry this gateway's traffic of `family`.
+    pub fn eligible(&self, node: &str, family: Family) -> bool {
+        self.eligible[fi(family)].binary_search(&node).is_ok()
+    }
+
+    /// Whether `node` can carry traffic of some family.
+    pub fn eligible_any(&self, node: &str) -> bool {
+        Family::ALL.into_iter().any(|f| self.eligible(node, f))
+    }
 }
 
 /// All gateways by name, and the cluster default.
@@ -31,43 +44,59 @@ pub(super) struct Gateways<'a> {
 }
 
 /// Resolves validity and the default; eligibility comes with [`Gateways::with_eligibility`].
+///
+/// The oldest gateway claiming `clusterDefault` is the default even while it
+/// is invalid: its policies are then told so, rather than silently moving to
+/// a younger default gateway and another EIP.
 pub(super) fn resolve(snapshot: &Snapshot) -> Gateways<'_> {
     let mut by_age: Vec<&Gateway> = snapshot.gateways.iter().collect();
     by_age.sort_by(|a, b| (&a.age, &a.name).cmp(&(&b.age, &b.name)));
+    by_age.dedup_by(|a, b| a.name == b.name);
 
     let mut by_name = BTreeMap::new();
     let mut default = None;
     let mut usable: Vec<&Gateway> = Vec::new();
     for gw in by_age {
-        let problem = pool_overlap(gw, &usable);
-        let mut note = None;
+        let problem = if gw.errors.is_empty() {
+            pool_overlap(gw, &usable)
+        } else {
+            Some((Reason::Invalid, gw.errors.join("; ")))
+        };
         if problem.is_none() {
             usable.push(gw);
-            if gw.cluster_default {
-                match default {
-                    None => default = Some(gw.name.as_str()),
-                    Some(older) => {
-                        note = Some(format!(
-                            "clusterDefault is ignored: {older} is the older cluster default gateway"
-                        ));
-                    }
-                }
+        }
+        let mut notes = Vec::new();
+        if gw.cluster_default {
+            match default {
+                None => default = Some(gw.name.as_str()),
+                Some(older) => notes.push(format!(
+                    "clusterDefault is ignored: {older} is the older cluster default gateway"
+                )),
             }
         }
-        let selected = snapshot
+        let enabled: Vec<Family> = Family::ALL
+            .into_iter()
+            .filter(|f| snapshot.config.family_enabled(*f))
+            .collect();
+        if problem.is_none() && enabled.iter().all(|f| gw.pool(*f).is_empty()) {
+            notes.push("it has no EIP pool for the enabled families, so only useNodeIP policies can use it".into());
+        }
+        let mut selected: Vec<&str> = snapshot
             .nodes
             .iter()
             .filter(|n| gw.node_selector.matches(&n.labels))
             .map(|n| n.name.as_str())
-            .collect::<Vec<_>>();
+            .collect();
+        selected.sort_unstable();
+        selected.dedup();
         by_name.insert(
             gw.name.as_str(),
             GatewayInfo {
                 gateway: gw,
                 problem,
-                selected: sorted(selected),
-                eligible: Vec::new(),
-                note,
+                selected,
+                eligible: [Vec::new(), Vec::new()],
+                notes,
             },
         );
     }
@@ -99,24 +128,57 @@ fn pool_overlap(gw: &Gateway, older: &[&Gateway]) -> Option<(Reason, String)> {
     None
 }
 
+/// Why a node cannot carry `family` traffic now, if it cannot.
+pub(super) fn ineligibility(
+    node: Option<&Node>,
+    tunnels: &Tunnels,
+    family: Family,
+) -> Option<&'static str> {
+    let Some(node) = node else {
+        return Some("no such node");
+    };
+    if !node.ready {
+        return Some("not ready");
+    }
+    if node.addresses.is_empty() {
+        return Some("no InternalIP address");
+    }
+    let Some(tunnel) = tunnels.by_node.get(&node.name) else {
+        return Some("no tunnel identity");
+    };
+    if tunnel.mark.is_none() {
+        return Some("no mark left in the mark mask");
+    }
+    let address = match family {
+        Family::Ipv4 => tunnel.ipv4.is_some(),
+        Family::Ipv6 => tunnel.ipv6.is_some(),
+    };
+    (!address).then_some(match family {
+        Family::Ipv4 => "no tunnel IPv4 address left in the tunnel subnet",
+        Family::Ipv6 => "no tunnel IPv6 address left in the tunnel subnet",
+    })
+}
+
 impl<'a> Gateways<'a> {
-    /// Fills in which selected nodes can carry traffic now.
+    /// Fills in which selected nodes can carry traffic now, per family.
     pub fn with_eligibility(mut self, snapshot: &'a Snapshot, tunnels: &Tunnels) -> Self {
-        let ready: BTreeMap<&str, bool> = snapshot
+        let nodes: BTreeMap<&str, &Node> = snapshot
             .nodes
             .iter()
-            .map(|n| (n.name.as_str(), n.ready && !n.addresses.is_empty()))
+            .map(|n| (n.name.as_str(), n))
             .collect();
         for info in self.by_name.values_mut() {
             if info.problem.is_some() {
                 continue;
             }
-            info.eligible = info
-                .selected
-                .iter()
-                .copied()
-                .filter(|n| ready.get(n).copied().unwrap_or(false) && tunnels.can_carry(n))
-                .collect();
+            for family in Family::ALL {
+                info.eligible[fi(family)] = info
+                    .selected
+                    .iter()
+                    .copied()
+                    .filter(|n| ineligibility(nodes.get(n).copied(), tunnels, family).is_none())
+                    .collect();
+            }
         }
         self
     }
@@ -127,10 +189,4 @@ impl<'a> Gateways<'a> {
             .values()
             .any(|g| g.problem.is_none() && g.selected.binary_search(&node).is_ok())
     }
-}
-
-fn sorted(mut v: Vec<&str>) -> Vec<&str> {
-    v.sort_unstable();
-    v.dedup();
-    v
 }

@@ -57,7 +57,7 @@ fn build(snapshot: &Snapshot, only: Option<&str>) -> Plan {
     let tunnels = tunnels::allocate(snapshot, &gateways);
     let gateways = gateways.with_eligibility(snapshot, &tunnels);
     let mut policies = eips::allocate(snapshot, &gateways);
-    let placed = placement::place(&gateways, &mut policies);
+    let placed = placement::place(snapshot, &gateways, &mut policies);
     let cluster_cidrs = nodes::cluster_cidrs(snapshot);
     let classified = classify::classify(snapshot, &policies, &cluster_cidrs);
     let nodes = nodes::build(
@@ -93,6 +93,8 @@ struct Work<'a> {
     node_ip: [bool; 2],
     /// Active gateway node per family, once placed.
     nodes: [Option<String>; 2],
+    /// EIPs kept for a policy that cannot be served now (its previous ones).
+    reserved: Vec<IpAddr>,
 }
 
 impl Work<'_> {
@@ -130,12 +132,17 @@ pub fn remember(snapshot: &mut Snapshot, status: &ClusterStatus) {
             policy.previous_node.clone_from(&s.node);
         }
     }
+    let gateway_status: BTreeMap<&str, &crate::status::GatewayStatus> = status
+        .gateways
+        .iter()
+        .map(|g| (g.gateway.as_str(), g))
+        .collect();
     for gateway in &mut snapshot.gateways {
-        gateway.previous_nodes = status
-            .eip_nodes
-            .iter()
-            .filter(|(ip, _)| gateway.pool(Family::of(**ip)).contains(**ip))
-            .map(|(ip, node)| (*ip, node.clone()))
+        gateway.previous_nodes = gateway_status
+            .get(gateway.name.as_str())
+            .into_iter()
+            .flat_map(|g| &g.nodes)
+            .flat_map(|n| n.eips.iter().filter_map(|e| Some((e.ip?, n.name.clone()))))
             .collect();
     }
     snapshot.tunnels = status

@@ -79,6 +79,10 @@ pub(super) fn build(
     for source in &classified.sources {
         let family = Family::of(source.src);
         let here = index.get(source.node).copied();
+        // A node without a tunnel of this family cannot send its pods'
+        // traffic to another node: those decisions are left out, so the
+        // traffic leaves the normal way rather than into a missing device.
+        let can_send = tunnels.can_send(source.node, family);
         for (dst, decided) in source.table.iter() {
             let Some(w) = *decided else {
                 if let Some(i) = here {
@@ -94,8 +98,12 @@ pub(super) fn build(
             let work = &works[w];
             let (gateway, mark, there) =
                 gateways[w][fi(family)].expect("active policies are placed");
+            let local = gateway == source.node;
+            if !local && !can_send {
+                continue;
+            }
             if let Some(i) = here {
-                let action = if gateway == source.node {
+                let action = if local {
                     Action::Local
                 } else {
                     Action::Tunnel {
@@ -116,6 +124,7 @@ pub(super) fn build(
                     src: source.src,
                     dst: *dst,
                     to,
+                    origin: source.node.to_owned(),
                     policy: work.policy.id.clone(),
                 });
             }

@@ -10,6 +10,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
+use crate::model::Snapshot;
+
 use crate::net::Family;
 
 use super::gateways::Gateways;
@@ -43,18 +45,38 @@ pub(super) struct Placed<'a> {
 }
 
 /// Places all units and records each policy's node per family.
-pub(super) fn place<'a>(gateways: &Gateways<'a>, works: &mut [Work<'a>]) -> Placed<'a> {
+pub(super) fn place<'a>(
+    snapshot: &Snapshot,
+    gateways: &Gateways<'a>,
+    works: &mut [Work<'a>],
+) -> Placed<'a> {
     let mut users: BTreeMap<Unit<'a>, Vec<usize>> = BTreeMap::new();
     for (i, w) in works.iter().enumerate() {
         for unit in units_of(i, w) {
             users.entry(unit).or_default().push(i);
         }
     }
+    let addresses: HashMap<&str, &[IpAddr]> = snapshot
+        .nodes
+        .iter()
+        .map(|n| (n.name.as_str(), n.addresses.as_slice()))
+        .collect();
+    // An EIP needs a node that carries its family; a node-IP unit needs one
+    // that carries, and has an address of, every family the policy uses.
     let eligible = |unit: &Unit<'_>, node: &str| {
-        gateways.by_name[unit.gateway()]
-            .eligible
-            .binary_search(&node)
-            .is_ok()
+        let info = &gateways.by_name[unit.gateway()];
+        match unit {
+            Unit::Eip(_, ip) => info.eligible(node, Family::of(*ip)),
+            Unit::NodeIp(_, i) => Family::ALL
+                .into_iter()
+                .filter(|f| works[*i].node_ip[fi(*f)])
+                .all(|f| {
+                    info.eligible(node, f)
+                        && addresses
+                            .get(node)
+                            .is_some_and(|a| a.iter().any(|ip| Family::of(*ip) == f))
+                }),
+        }
     };
 
     let mut nodes: BTreeMap<Unit<'a>, String> = BTreeMap::new();
@@ -81,8 +103,9 @@ pub(super) fn place<'a>(gateways: &Gateways<'a>, works: &mut [Work<'a>]) -> Plac
             .cloned();
         let choice = partner.or_else(|| {
             gateways.by_name[unit.gateway()]
-                .eligible
+                .selected
                 .iter()
+                .filter(|n| eligible(unit, n))
                 .min_by_key(|n| (load.get(**n).copied().unwrap_or(0), **n))
                 .map(|n| (*n).to_owned())
         });

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use crate::model::{InvalidObject, PolicyRef, Snapshot};
+use crate::model::{InvalidObject, Node, PolicyRef, Snapshot};
 use crate::net::Family;
 use crate::status::{
     ClusterStatus, Condition, ConditionType, EipStatus, GatewayNodeStatus, GatewayStatus, IpUsage,
@@ -11,7 +11,7 @@ use crate::status::{
 };
 
 use super::classify::Classified;
-use super::gateways::{GatewayInfo, Gateways};
+use super::gateways::{GatewayInfo, Gateways, ineligibility};
 use super::placement::{Placed, Unit};
 use super::tunnels::Tunnels;
 use super::{Work, fi};
@@ -25,10 +25,28 @@ pub(super) fn status(
     placed: &Placed<'_>,
     classified: &Classified<'_>,
 ) -> ClusterStatus {
+    let nodes: BTreeMap<&str, &Node> = snapshot
+        .nodes
+        .iter()
+        .map(|n| (n.name.as_str(), n))
+        .collect();
+    let why = |node: &str| {
+        let mut reasons: Vec<&str> = Family::ALL
+            .into_iter()
+            .filter(|f| snapshot.config.family_enabled(*f))
+            .filter_map(|f| ineligibility(nodes.get(node).copied(), tunnels, f))
+            .collect();
+        reasons.dedup();
+        if reasons.is_empty() {
+            "ready".to_owned()
+        } else {
+            reasons.join(", ")
+        }
+    };
     let mut policies: Vec<PolicyStatus> = works
         .iter()
         .enumerate()
-        .map(|(i, w)| policy_status(w, classified.pod_counts[i], gateways))
+        .map(|(i, w)| policy_status(w, classified.pod_counts[i], gateways, &why))
         .chain(snapshot.invalid.iter().filter_map(invalid_policy))
         .collect();
     policies.sort_by(|a, b| a.policy.cmp(&b.policy));
@@ -36,7 +54,7 @@ pub(super) fn status(
     let mut gateway_statuses: Vec<GatewayStatus> = gateways
         .by_name
         .values()
-        .map(|info| gateway_status(info, works, placed))
+        .map(|info| gateway_status(info, works, placed, &why))
         .chain(
             snapshot
                 .invalid
@@ -78,13 +96,28 @@ fn condition(
     }
 }
 
-fn policy_status(w: &Work<'_>, pods: usize, gateways: &Gateways<'_>) -> PolicyStatus {
+fn policy_status(
+    w: &Work<'_>,
+    pods: usize,
+    gateways: &Gateways<'_>,
+    why: &dyn Fn(&str) -> String,
+) -> PolicyStatus {
     let node = w.nodes[0].clone().or_else(|| w.nodes[1].clone());
     let conditions = match &w.failure {
-        Some((reason, message)) => vec![
-            condition(ConditionType::Allocated, false, *reason, message.clone()),
-            condition(ConditionType::Ready, false, *reason, message.clone()),
-        ],
+        Some((reason, message)) => {
+            let mut message = message.clone();
+            if !w.reserved.is_empty() {
+                let reserved: Vec<String> = w.reserved.iter().map(ToString::to_string).collect();
+                message.push_str(&format!(
+                    "; its EIP {} stays reserved for it",
+                    reserved.join(", ")
+                ));
+            }
+            vec![
+                condition(ConditionType::Allocated, false, *reason, message.clone()),
+                condition(ConditionType::Ready, false, *reason, message),
+            ]
+        }
         None => {
             let gateway = w.gateway.expect("allocated policies have a gateway");
             let how = leaves_with(w);
@@ -102,7 +135,7 @@ fn policy_status(w: &Work<'_>, pods: usize, gateways: &Gateways<'_>) -> PolicySt
                     ConditionType::Ready,
                     false,
                     Reason::NoReadyNode,
-                    no_ready_node(&gateways.by_name[gateway]),
+                    no_ready_node(&gateways.by_name[gateway], why),
                 )
             } else {
                 let nodes = w
@@ -126,13 +159,22 @@ fn policy_status(w: &Work<'_>, pods: usize, gateways: &Gateways<'_>) -> PolicySt
             vec![allocated, ready]
         }
     };
+    // A reserved EIP stays in the status: it is what keeps it reserved.
+    let eip = |slot: usize| {
+        w.eips[slot].or_else(|| {
+            w.reserved
+                .iter()
+                .copied()
+                .find(|ip| fi(Family::of(*ip)) == slot)
+        })
+    };
     PolicyStatus {
         policy: w.policy.id.clone(),
-        eip_ipv4: match w.eips[0] {
+        eip_ipv4: match eip(0) {
             Some(IpAddr::V4(ip)) => Some(ip),
             _ => None,
         },
-        eip_ipv6: match w.eips[1] {
+        eip_ipv6: match eip(1) {
             Some(IpAddr::V6(ip)) => Some(ip),
             _ => None,
         },
@@ -152,27 +194,30 @@ fn leaves_with(w: &Work<'_>) -> String {
     }
 }
 
-fn no_ready_node(info: &GatewayInfo<'_>) -> String {
+fn no_ready_node(info: &GatewayInfo<'_>, why: &dyn Fn(&str) -> String) -> String {
     let name = &info.gateway.name;
     if info.selected.is_empty() {
-        format!(
+        return format!(
             "spec.nodeSelector of EgressGateway {name} matches no node; label the nodes that may carry egress traffic"
-        )
-    } else {
-        let shown: Vec<&str> = info.selected.iter().take(5).copied().collect();
-        let more = info.selected.len().saturating_sub(shown.len());
-        let more = if more > 0 {
-            format!(" and {more} more")
-        } else {
-            String::new()
-        };
-        format!(
-            "none of the {} node(s) selected by EgressGateway {name} is ready ({}{more}): \
-             check the nodes' Ready condition and their egressgw agents",
-            info.selected.len(),
-            shown.join(", ")
-        )
+        );
     }
+    let shown: Vec<String> = info
+        .selected
+        .iter()
+        .take(5)
+        .map(|n| format!("{n}: {}", why(n)))
+        .collect();
+    let more = info.selected.len().saturating_sub(shown.len());
+    let more = if more > 0 {
+        format!("; and {more} more")
+    } else {
+        String::new()
+    };
+    format!(
+        "none of the {} node(s) selected by EgressGateway {name} can carry its traffic ({}{more})",
+        info.selected.len(),
+        shown.join("; ")
+    )
 }
 
 fn invalid_policy(o: &InvalidObject) -> Option<PolicyStatus> {
@@ -219,6 +264,7 @@ fn gateway_status(
     info: &GatewayInfo<'_>,
     works: &[Work<'_>],
     placed: &Placed<'_>,
+    why: &dyn Fn(&str) -> String,
 ) -> GatewayStatus {
     let name = info.gateway.name.as_str();
     let mut on_node: BTreeMap<&str, BTreeMap<Option<IpAddr>, Vec<PolicyRef>>> = BTreeMap::new();
@@ -240,12 +286,30 @@ fn gateway_status(
             .or_default()
             .extend(users);
     }
-    let nodes = info
+    // A gateway that cannot be used keeps its last placement on record, every
+    // node shown not ready, so its EIPs return to the same nodes once it is fixed.
+    if info.problem.is_some() {
+        for (ip, node) in &info.gateway.previous_nodes {
+            on_node
+                .entry(node.as_str())
+                .or_default()
+                .entry(Some(*ip))
+                .or_default();
+        }
+    }
+    let mut names: Vec<&str> = info
         .selected
         .iter()
+        .copied()
+        .chain(on_node.keys().copied())
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    let nodes = names
+        .into_iter()
         .map(|n| GatewayNodeStatus {
-            name: (*n).to_owned(),
-            ready: info.eligible.binary_search(n).is_ok(),
+            name: n.to_owned(),
+            ready: info.eligible_any(n),
             eips: on_node
                 .get(n)
                 .into_iter()
@@ -260,21 +324,25 @@ fn gateway_status(
         })
         .collect();
 
+    let ready_nodes = info
+        .selected
+        .iter()
+        .filter(|n| info.eligible_any(n))
+        .count();
     let ready = match &info.problem {
         Some((reason, message)) => condition(ConditionType::Ready, false, *reason, message.clone()),
-        None if info.eligible.is_empty() => condition(
+        None if ready_nodes == 0 => condition(
             ConditionType::Ready,
             false,
             Reason::NoReadyNode,
-            no_ready_node(info),
+            no_ready_node(info, why),
         ),
         None => {
             let mut message = format!(
-                "{} of {} selected node(s) ready",
-                info.eligible.len(),
+                "{ready_nodes} of {} selected node(s) ready",
                 info.selected.len()
             );
-            if let Some(note) = &info.note {
+            for note in &info.notes {
                 message.push_str("; ");
                 message.push_str(note);
             }

@@ -987,3 +987,221 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn an_invalid_gateway_is_reported_as_invalid_and_keeps_its_default_claim() {
+    let mut c = Cluster::new().policy(policy("a", "p", "web"));
+    c.0.gateways[0].errors =
+        vec!["spec.ippools.ipv6[0]: range \"fd00::9-fd00::1\" is reversed".into()];
+    c.0.gateways
+        .push(gateway("younger", "198.51.100.40", true, 9));
+    let plan = c.plan();
+    let (ok, reason, message) = condition(
+        &plan,
+        &PolicyRef::namespaced("a", "p"),
+        ConditionType::Ready,
+    );
+    assert_eq!((ok, reason), (false, Reason::GatewayInvalid));
+    assert!(message.contains("spec.ippools.ipv6[0]"), "{message}");
+    let gw = plan
+        .status
+        .gateways
+        .iter()
+        .find(|g| g.gateway == "gw")
+        .unwrap();
+    assert_eq!(
+        (gw.conditions[0].status, gw.conditions[0].reason),
+        (false, Reason::Invalid)
+    );
+    assert!(
+        plan.nodes.values().all(|n| n.eips.is_empty()),
+        "the younger default does not take over"
+    );
+}
+
+#[test]
+fn a_policy_that_fails_for_a_while_gets_its_rr_eip_back() {
+    let rr = |name: &str, created: i64| {
+        with(policy("a", name, "web"), |p| {
+            p.egress_ip.allocator = Allocator::RoundRobin;
+            p.age.created = created;
+        })
+    };
+    let mut c = Cluster::new()
+        .policy(rr("r1", 1))
+        .policy(rr("r2", 2))
+        .policy(rr("r3", 3));
+    let first = c.plan();
+    let r2 = status(&first, &PolicyRef::namespaced("a", "r2")).eip_ipv4;
+    // r1 goes away and r2's gateway breaks for a while: r3 must not take r2's EIP.
+    c.0.policies.retain(|p| p.id.name != "r1");
+    remember(&mut c.0, &first.status);
+    c.0.gateways.push(with_selector(
+        gateway("other", "198.51.100.50", false, 5),
+        "g1",
+    ));
+    c.0.policies
+        .iter_mut()
+        .find(|p| p.id.name == "r2")
+        .unwrap()
+        .gateway = Some("missing".into());
+    let broken = c.plan();
+    let st = status(&broken, &PolicyRef::namespaced("a", "r2"));
+    assert_eq!(
+        st.eip_ipv4, r2,
+        "the EIP stays on record while the policy fails"
+    );
+    assert!(
+        st.conditions[0].message.contains("stays reserved"),
+        "{}",
+        st.conditions[0].message
+    );
+    remember(&mut c.0, &broken.status);
+    c.0.policies
+        .iter_mut()
+        .find(|p| p.id.name == "r2")
+        .unwrap()
+        .gateway = None;
+    let fixed = c.plan();
+    assert_eq!(
+        status(&fixed, &PolicyRef::namespaced("a", "r2")).eip_ipv4,
+        r2
+    );
+    assert_ne!(
+        status(&fixed, &PolicyRef::namespaced("a", "r3")).eip_ipv4,
+        r2
+    );
+}
+
+#[test]
+fn an_rr_policy_that_cannot_get_every_family_frees_what_it_took() {
+    let mut c = Cluster::new();
+    c.0.config.enable_ipv6 = true;
+    c.0.gateways[0].ipv4_pool = IpPool::new(vec!["10.0.0.1-10.0.0.2".parse().unwrap()]);
+    c.0.gateways[0].ipv6_pool = IpPool::new(vec!["fd00::1-fd00::2".parse().unwrap()]);
+    let older = with(policy("a", "older", "web"), |p| {
+        p.egress_ip.allocator = Allocator::RoundRobin;
+        p.age.created = 1;
+    });
+    let pinned = with(policy("a", "pinned", "web"), |p| {
+        p.egress_ip.allocator = Allocator::RoundRobin;
+        p.egress_ip.ipv4 = Some("10.0.0.2".parse().unwrap());
+        p.age.created = 2;
+    });
+    let plan = c.policy(older).policy(pinned).plan();
+    assert_eq!(
+        condition(
+            &plan,
+            &PolicyRef::namespaced("a", "older"),
+            ConditionType::Allocated
+        )
+        .1,
+        Reason::PoolExhausted
+    );
+    let st = status(&plan, &PolicyRef::namespaced("a", "pinned"));
+    assert_eq!(st.eip_ipv6.map(|v| v.to_string()), Some("fd00::2".into()));
+}
+
+#[test]
+fn a_node_without_a_tunnel_address_of_a_family_is_not_its_gateway() {
+    let mut c = Cluster::new().policy(policy("a", "p", "web"));
+    c.0.config.enable_ipv6 = true;
+    // Two usable IPv6 tunnel addresses for three nodes: n1 (last by name) gets none.
+    c.0.config.tunnel_ipv6_subnet = "fd11::/126".parse().unwrap();
+    c.0.gateways[0].ipv4_pool = IpPool::default();
+    c.0.gateways[0].ipv6_pool = IpPool::new(vec!["2001:db8::10-2001:db8::11".parse().unwrap()]);
+    c.0.gateways[0].node_selector = LabelSelector::eq("kubernetes.io/hostname", "n1");
+    c.0.nodes[0]
+        .labels
+        .insert("kubernetes.io/hostname".into(), "n1".into());
+    let plan = c.plan();
+    let (ok, reason, message) = condition(
+        &plan,
+        &PolicyRef::namespaced("a", "p"),
+        ConditionType::Ready,
+    );
+    assert_eq!((ok, reason), (false, Reason::NoReadyNode));
+    assert!(
+        message.contains("n1: no tunnel IPv6 address left"),
+        "{message}"
+    );
+}
+
+#[test]
+fn pods_on_a_node_without_a_tunnel_are_not_steered_into_it() {
+    let mut c = Cluster::new()
+        .pod("a", "web-0", "n1", "10.244.1.5", "web")
+        .pod("a", "web-1", "g1", "10.244.2.5", "web")
+        .policy(policy("a", "p", "web"));
+    c.0.nodes[0].addresses.clear();
+    let plan = c.plan();
+    assert!(plan.nodes["n1"].vxlan.is_none());
+    assert!(entries(&plan, "n1", "10.244.1.5").is_empty());
+    assert!(
+        plan.nodes
+            .values()
+            .flat_map(|n| &n.snat)
+            .all(|e| e.src != ip("10.244.1.5"))
+    );
+}
+
+#[test]
+fn snat_entries_name_the_node_replies_go_back_to() {
+    let c = Cluster::new()
+        .pod("a", "web-0", "n1", "10.244.1.5", "web")
+        .policy(policy("a", "p", "web"));
+    let plan = c.plan();
+    let node = status(&plan, &PolicyRef::namespaced("a", "p"))
+        .node
+        .clone()
+        .unwrap();
+    assert_eq!(plan.nodes[&node].snat[0].origin, "n1");
+}
+
+#[test]
+fn a_pod_subnet_policy_steers_only_the_addresses_in_its_subnets() {
+    let mut c = Cluster::new().policy(with(policy("a", "p", "-"), |p| {
+        p.pods = PodMatch::Subnets(vec![net("10.244.1.0/24")]);
+    }));
+    c.0.config.enable_ipv6 = true;
+    c.0.gateways[0].ipv6_pool = IpPool::new(vec!["2001:db8::10".parse().unwrap()]);
+    c.0.pods.push(Pod {
+        namespace: "a".into(),
+        name: "dual".into(),
+        labels: Labels::new(),
+        ips: vec![ip("10.244.1.5"), ip("fd00:244:1::5")],
+        node: Some("n1".into()),
+        host_network: false,
+    });
+    let plan = c.plan();
+    assert!(!entries(&plan, "n1", "10.244.1.5").is_empty());
+    assert!(entries(&plan, "n1", "fd00:244:1::5").is_empty());
+}
+
+#[test]
+fn a_node_without_a_mark_says_so() {
+    let mut c = Cluster::new().policy(policy("a", "p", "web"));
+    c.0.config.mark_mask = 0x0100_0000; // one mark: g1 takes it
+    c.0.gateways[0].node_selector = LabelSelector::eq("kubernetes.io/hostname", "g2");
+    c.0.nodes[2]
+        .labels
+        .insert("kubernetes.io/hostname".into(), "g2".into());
+    c.0.gateways.push(with_selector(
+        gateway("first", "198.51.100.60", false, 0),
+        "g1",
+    ));
+    c.0.nodes[1]
+        .labels
+        .insert("kubernetes.io/hostname".into(), "g1".into());
+    let plan = c.plan();
+    let message = condition(
+        &plan,
+        &PolicyRef::namespaced("a", "p"),
+        ConditionType::Ready,
+    )
+    .2;
+    assert!(
+        message.contains("g2: no mark left in the mark mask"),
+        "{message}"
+    );
+}

@@ -27,6 +27,18 @@ impl Tunnels {
         })
     }
 
+    /// Whether pods on `node` can send `family` traffic through the tunnel:
+    /// the node has an underlay address and a tunnel address of that family.
+    pub fn can_send(&self, node: &str, family: Family) -> bool {
+        self.by_node.get(node).is_some_and(|t| {
+            t.underlay.is_some()
+                && match family {
+                    Family::Ipv4 => t.ipv4.is_some(),
+                    Family::Ipv6 => t.ipv6.is_some(),
+                }
+        })
+    }
+
     /// The mark of `node`, if it has one.
     pub fn mark(&self, node: &str) -> Option<u32> {
         self.by_node.get(node).and_then(|t| t.mark)
