@@ -233,10 +233,11 @@ pub struct IpUsage {
     pub ipv6_free: i64,
 }
 
-/// A validated gateway spec, in the planner's terms.
-#[derive(Debug)]
+/// A gateway spec in the planner's terms, as far as it converts.
+#[derive(Debug, Default)]
 pub(crate) struct GatewayParts {
-    node_selector: egressgw_core::selector::LabelSelector,
+    /// `None` when the selector has an invalid requirement.
+    node_selector: Option<egressgw_core::selector::LabelSelector>,
     ipv4_pool: IpPool,
     ipv6_pool: IpPool,
     ipv4_default: Option<Ipv4Addr>,
@@ -256,11 +257,13 @@ impl EgressGatewaySpec {
     /// The spec in the planner's terms; complete only if `errors` stays empty.
     pub(crate) fn parts(&self, errors: &mut ValidationErrors) -> GatewayParts {
         let spec = FieldPath::root("spec");
+        let errors_before = errors.len();
         let node_selector = crate::selector::convert(
             &self.node_selector.selector,
             &spec.field("nodeSelector").field("selector"),
             errors,
         );
+        let node_selector = (errors.len() == errors_before).then_some(node_selector);
         let pools = spec.field("ippools");
         let ipv4_pool = pool(
             &self.ippools.ipv4,
@@ -339,14 +342,29 @@ fn default_eip(
 }
 
 impl EgressGateway {
-    /// The gateway in the planner's terms, or every problem with its spec.
-    pub fn to_model(&self) -> Result<model::Gateway, ValidationErrors> {
+    /// The gateway in the planner's terms.
+    ///
+    /// An invalid gateway converts too, because it still exists for its
+    /// policies and keeps its `clusterDefault` claim: it has its name,
+    /// `clusterDefault` as written, age, previous nodes and node selector
+    /// (the empty selector when that does not convert), no pools and no
+    /// default EIPs, and [`model::Gateway::errors`] holds every problem as
+    /// `path: message`. Such a gateway carries no traffic. The planner
+    /// reports its status from those errors, so it never belongs in
+    /// [`model::Snapshot::invalid`] as well.
+    pub fn to_model(&self) -> model::Gateway {
         let mut errors = ValidationErrors::new();
         let name = object_name(&self.metadata, &mut errors);
-        let parts = self.spec.parts(&mut errors);
-        errors.into_result().map(|()| model::Gateway {
+        let mut parts = self.spec.parts(&mut errors);
+        if !errors.is_empty() {
+            parts = GatewayParts {
+                node_selector: parts.node_selector,
+                ..GatewayParts::default()
+            };
+        }
+        model::Gateway {
             name,
-            node_selector: parts.node_selector,
+            node_selector: parts.node_selector.unwrap_or_default(),
             ipv4_pool: parts.ipv4_pool,
             ipv6_pool: parts.ipv6_pool,
             ipv4_default: parts.ipv4_default,
@@ -354,8 +372,8 @@ impl EgressGateway {
             cluster_default: self.spec.cluster_default,
             age: age(&self.metadata),
             previous_nodes: self.previous_nodes(),
-            errors: Vec::new(),
-        })
+            errors: errors.messages(),
+        }
     }
 
     /// Where each EIP was active at the last status write. Entries that do

@@ -7,7 +7,11 @@
 //! spec's `validate()`.
 //!
 //! The rules use Kubernetes' CEL IP and CIDR libraries (`isIP`, `ip`,
-//! `isCIDR`, `cidr`, 1.31+) and the strings extension (`split`, `trim`).
+//! `isCIDR`, `cidr`, 1.31+) and the strings extension (`split`). No rule
+//! trims a value: every address, CIDR and half of a range is checked as
+//! written, and `isIP` / `isCIDR` refuse whitespace, so a value with
+//! whitespace anywhere (around the dash of a range too) is refused, as the
+//! Rust parsers in `validation` refuse it.
 //! Lists and strings that rules walk carry `maxItems` / `maxLength`, which
 //! keeps the apiserver's cost estimate within its budget.
 
@@ -15,7 +19,7 @@ use egressgw_core::net::Family;
 use schemars::Schema;
 use serde_json::{Value, json};
 
-/// Longest pool entry: two full IPv6 addresses, a dash and some spaces.
+/// Longest pool entry: two full IPv6 addresses and a dash, with room to spare.
 pub(crate) const MAX_POOL_ENTRY_LEN: u64 = 100;
 /// Longest IP address text (an IPv6 address with an embedded IPv4 tail).
 pub(crate) const MAX_IP_LEN: u64 = 45;
@@ -94,13 +98,13 @@ fn ipv4_value(s: &str) -> String {
     )
 }
 
-/// CEL: the first / second address of the range text `s`.
+/// CEL: the first / second address of the range text `s`, as written.
 fn range_start(s: &str) -> String {
-    format!("{s}.split('-')[0].trim()")
+    format!("{s}.split('-')[0]")
 }
 
 fn range_end(s: &str) -> String {
-    format!("{s}.split('-')[1].trim()")
+    format!("{s}.split('-')[1]")
 }
 
 /// CEL: the range text `s` has exactly two addresses of `family`.
@@ -166,7 +170,7 @@ pub(crate) fn pool(family: Family, path: &'static str) -> impl FnMut(&mut Schema
             rule(
                 &is_pool_entry_of("self", family),
                 &format!(
-                    "{path}: each entry must be an {name} address, a range a-b of {name} addresses or an {name} CIDR"
+                    "{path}: each entry must be an {name} address, a range a-b of {name} addresses or an {name} CIDR, without spaces"
                 ),
             ),
             rule(

@@ -1,9 +1,14 @@
 //! Watched objects in, the planner's [`Snapshot`] out.
 //!
-//! Each egressgw object is validated on the way: an invalid one lands in
-//! [`Snapshot::invalid`] with every problem, and never disturbs the valid
-//! ones. Kubernetes' own objects are taken as the apiserver stored them;
-//! values in them that do not parse (an odd address in a node's status) are
+//! Each egressgw object is validated on the way. An invalid policy or
+//! tunnel lands in [`Snapshot::invalid`] with every problem, and never
+//! disturbs the valid ones. An invalid gateway stays in
+//! [`Snapshot::gateways`] with its problems in [`model::Gateway::errors`]:
+//! its policies must learn that it is invalid rather than missing, and its
+//! `clusterDefault` claim must hold (see [`EgressGateway::to_model`]).
+//!
+//! Kubernetes' own objects are taken as the apiserver stored them; values
+//! in them that do not parse (an odd address in a node's status) are
 //! skipped.
 
 use std::borrow::Borrow;
@@ -84,13 +89,16 @@ impl SnapshotBuilder {
         self
     }
 
-    /// Adds gateways; invalid ones go to [`Snapshot::invalid`].
-    pub fn gateways<I>(self, gateways: I) -> Self
+    /// Adds gateways, invalid ones included: they carry their problems in
+    /// [`model::Gateway::errors`] and never go to [`Snapshot::invalid`].
+    pub fn gateways<I>(mut self, gateways: I) -> Self
     where
         I: IntoIterator,
         I::Item: Borrow<EgressGateway>,
     {
-        self.convert_all(gateways, EgressGateway::to_model, |s, g| s.gateways.push(g))
+        let converted = gateways.into_iter().map(|g| g.borrow().to_model());
+        self.snapshot.gateways.extend(converted);
+        self
     }
 
     /// Adds namespaced policies; invalid ones go to [`Snapshot::invalid`].

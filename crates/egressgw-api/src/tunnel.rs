@@ -152,7 +152,9 @@ pub struct TunnelParent {
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum TunnelPhase {
     /// The controller cannot allocate the identity yet (no free tunnel
-    /// address, or the node has no InternalIP). Written by the controller.
+    /// address). A node without an InternalIP is not pending: it gets an
+    /// identity, but no tunnel until it has an underlay address. Written by
+    /// the controller.
     Pending,
     /// The agent has the identity and is setting the tunnel up.
     Init,
@@ -178,10 +180,12 @@ pub fn format_mark(mark: u32) -> String {
     format!("{mark:#010x}")
 }
 
-/// Parses `status.mark`.
+/// Parses `status.mark`, accepting exactly what the CRD's pattern
+/// `^0x[0-9a-f]{1,8}$` accepts: no sign, no uppercase, no whitespace.
 pub fn parse_mark(s: &str) -> Option<u32> {
     let digits = s.strip_prefix("0x")?;
-    if digits.is_empty() || digits.len() > 8 || digits.chars().any(|c| c.is_ascii_uppercase()) {
+    let lower_hex = |c: char| c.is_ascii_digit() || ('a'..='f').contains(&c);
+    if digits.is_empty() || digits.len() > 8 || !digits.chars().all(lower_hex) {
         return None;
     }
     u32::from_str_radix(digits, 16).ok()
@@ -265,6 +269,13 @@ mod tests {
     fn a_mark_without_0x_or_in_uppercase_is_not_a_mark() {
         for s in ["16777216", "0x", "0X01", "0x0100000000", "0xABC", "0xzz"] {
             assert_eq!(parse_mark(s), None, "{s}");
+        }
+    }
+
+    #[test]
+    fn a_mark_with_a_sign_or_whitespace_is_not_a_mark() {
+        for s in ["0x+1", "0x-1", "+0x1", "0x 1", " 0x1", "0x1 ", "0x_1"] {
+            assert_eq!(parse_mark(s), None, "{s:?}");
         }
     }
 }

@@ -2,8 +2,9 @@
 //!
 //! The parsers wrap [`egressgw_core::net`] (the one definition of address
 //! syntax) and add what Kubernetes' CEL IP library also rejects, so a value
-//! the apiserver admits passes here and the other way round: surrounding
-//! whitespace and IPv4-mapped IPv6 addresses (`::ffff:10.0.0.1`).
+//! the apiserver admits passes here and the other way round: whitespace
+//! anywhere (around a value, inside it, around the dash of a range) and
+//! IPv4-mapped IPv6 addresses (`::ffff:10.0.0.1`).
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -161,9 +162,7 @@ pub(crate) fn non_empty(value: Option<&String>) -> Option<&str> {
 
 /// Parses an IP address strictly (see the module docs).
 pub(crate) fn ip(s: &str) -> Result<IpAddr, String> {
-    if s.trim() != s {
-        return Err(AddrError::BadIp(s.to_owned()).to_string());
-    }
+    reject_whitespace(s)?;
     let ip = net::parse_ip(s).map_err(|e| e.to_string())?;
     reject_mapped(s, ip)?;
     Ok(ip)
@@ -178,20 +177,17 @@ pub(crate) fn ip_of(s: &str, family: Family) -> Result<IpAddr, String> {
 
 /// Parses a CIDR strictly: no host bits, no whitespace, no IPv4-mapped prefix.
 pub(crate) fn cidr(s: &str) -> Result<IpNet, String> {
-    if s.trim() != s {
-        return Err(AddrError::BadCidr(s.to_owned()).to_string());
-    }
+    reject_whitespace(s)?;
     let net = net::parse_cidr(s).map_err(|e| e.to_string())?;
     reject_mapped(s, net.network())?;
     Ok(net)
 }
 
-/// Parses a pool entry (`a`, `a-b` or `a/len`) of `family` strictly. Spaces
-/// are allowed around the dash of a range only.
+/// Parses a pool entry (`a`, `a-b` or `a/len`) of `family` strictly: no
+/// whitespace anywhere, not even around the dash of a range, as admission
+/// checks each half of a range with `isIP` as written.
 pub(crate) fn range_of(s: &str, family: Family) -> Result<IpRange, String> {
-    if s.trim() != s {
-        return Err(AddrError::BadRange(s.to_owned()).to_string());
-    }
+    reject_whitespace(s)?;
     let range: IpRange = s.parse().map_err(|e: AddrError| e.to_string())?;
     reject_mapped(s, range.first())?;
     reject_mapped(s, range.last())?;
@@ -224,6 +220,18 @@ fn expect_family(s: &str, found: Family, expected: Family) -> Result<(), String>
             expected,
         }
         .to_string())
+    }
+}
+
+/// Kubernetes' CEL `isIP` and `isCIDR` refuse any whitespace; so do we,
+/// with a message that says so.
+fn reject_whitespace(s: &str) -> Result<(), String> {
+    if s.contains(char::is_whitespace) {
+        Err(format!(
+            "{s:?} contains whitespace; write it without spaces"
+        ))
+    } else {
+        Ok(())
     }
 }
 
@@ -262,11 +270,18 @@ mod tests {
     }
 
     #[test]
-    fn surrounding_whitespace_is_not_an_ip() {
-        assert_eq!(
-            ip(" 10.0.0.1"),
-            Err("\" 10.0.0.1\" is not an IP address".into())
-        );
+    fn whitespace_anywhere_is_not_an_ip_or_a_cidr() {
+        for s in [" 10.0.0.1", "10.0.0.1\n", "fd00:: 1"] {
+            assert_eq!(
+                ip(s),
+                Err(format!(
+                    "{s:?} contains whitespace; write it without spaces"
+                )),
+            );
+        }
+        for s in ["10.0.0.0/8 ", "10.0.0.0 /8", "\t10.0.0.0/8"] {
+            assert!(cidr(s).unwrap_err().contains("whitespace"), "{s:?}");
+        }
     }
 
     #[test]
@@ -276,9 +291,25 @@ mod tests {
     }
 
     #[test]
-    fn spaces_around_the_dash_of_a_range_are_fine() {
-        let r = range_of("10.0.0.1 - 10.0.0.3", Family::Ipv4).unwrap();
-        assert_eq!(r.len(), 3);
+    fn a_pool_entry_with_whitespace_anywhere_is_rejected() {
+        for s in [
+            "10.0.0.1 - 10.0.0.3",
+            "10.0.0.1-10.0.0.3 ",
+            " 10.6.1.60-10.6.1.65",
+            "10.0.0.0/ 24",
+            "\u{a0}10.0.0.1",
+        ] {
+            assert!(
+                range_of(s, Family::Ipv4)
+                    .unwrap_err()
+                    .contains("whitespace"),
+                "{s:?}"
+            );
+        }
+        assert_eq!(
+            range_of("10.0.0.1-10.0.0.3", Family::Ipv4).unwrap().len(),
+            3
+        );
     }
 
     #[test]

@@ -98,6 +98,13 @@ fn plan(args: &PlanArgs) -> anyhow::Result<()> {
             invalid.errors.join("; ")
         );
     }
+    for gateway in snapshot.gateways.iter().filter(|g| !g.errors.is_empty()) {
+        eprintln!(
+            "warning: EgressGateway {} is invalid and carries no traffic: {}",
+            gateway.name,
+            gateway.errors.join("; ")
+        );
+    }
     let plan = match &args.node {
         Some(node) => {
             if !snapshot.nodes.iter().any(|n| &n.name == node) {

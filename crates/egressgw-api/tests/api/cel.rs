@@ -1,6 +1,7 @@
 //! The CRDs' CEL rules, evaluated client-side with Kubernetes' CEL
 //! libraries: every admission rule on a passing and a failing object.
 
+use egressgw_api::tunnel::parse_mark;
 use egressgw_api::{EgressClusterPolicy, EgressGateway, EgressPolicy, EgressTunnel};
 use kube::CustomResourceExt;
 use kube::core::cel::{ErrorKind, Validator};
@@ -60,14 +61,14 @@ fn policy_failures(spec: Value) -> Vec<String> {
     failures::<EgressPolicy>(&policy(spec), None)
 }
 
-const ENTRY_V4: &str = "spec.ippools.ipv4: each entry must be an IPv4 address, a range a-b of IPv4 addresses or an IPv4 CIDR";
-const ENTRY_V6: &str = "spec.ippools.ipv6: each entry must be an IPv6 address, a range a-b of IPv6 addresses or an IPv6 CIDR";
+const ENTRY_V4: &str = "spec.ippools.ipv4: each entry must be an IPv4 address, a range a-b of IPv4 addresses or an IPv4 CIDR, without spaces";
+const ENTRY_V6: &str = "spec.ippools.ipv6: each entry must be an IPv6 address, a range a-b of IPv6 addresses or an IPv6 CIDR, without spaces";
 
 #[test]
 fn addresses_ranges_and_cidrs_of_the_right_family_are_admitted() {
     assert_eq!(
         gateway_failures(json!({
-            "ipv4": ["10.6.1.55", "10.6.1.60-10.6.1.65", "10.6.1.70 - 10.6.1.80", "10.6.2.0/28"],
+            "ipv4": ["10.6.1.55", "10.6.1.60-10.6.1.65", "10.6.1.70-10.6.1.80", "10.6.2.0/28"],
             "ipv6": ["fd00::1", "fd00::10-fd00::20", "fd01::/120"],
             "ipv4DefaultEIP": "10.6.1.75",
             "ipv6DefaultEIP": "fd01::5",
@@ -87,6 +88,107 @@ fn malformed_and_wrong_family_pool_entries_are_refused_at_admission() {
         .chain((0..2).map(|i| format!("spec.ippools.ipv6[{i}]: {ENTRY_V6}")))
         .collect();
     assert_eq!(sorted(failures), sorted(expected));
+}
+
+#[test]
+fn whitespace_anywhere_in_a_pool_entry_is_refused_at_admission() {
+    let failures = gateway_failures(json!({
+        "ipv4": [" 10.6.1.60-10.6.1.65", "10.6.1.60 - 10.6.1.65", "10.6.1.60-10.6.1.65 ", "10.6.2.0/28 ", "10.6.1.55\t"],
+        "ipv6": ["fd00::1 -fd00::2", " fd01::/120"],
+    }));
+    let expected: Vec<String> = (0..5)
+        .map(|i| format!("spec.ippools.ipv4[{i}]: {ENTRY_V4}"))
+        .chain((0..2).map(|i| format!("spec.ippools.ipv6[{i}]: {ENTRY_V6}")))
+        .collect();
+    assert_eq!(sorted(failures), sorted(expected));
+}
+
+#[test]
+fn whitespace_in_a_default_eip_egress_ip_subnet_or_tunnel_address_is_refused_at_admission() {
+    assert_eq!(
+        sorted(gateway_failures(json!({
+            "ipv4": ["10.0.0.1"], "ipv4DefaultEIP": "10.0.0.1 ",
+            "ipv6": ["fd00::1"], "ipv6DefaultEIP": " fd00::1",
+        }))),
+        vec![
+            "spec.ippools.ipv4DefaultEIP: spec.ippools.ipv4DefaultEIP: must be an IPv4 address",
+            "spec.ippools.ipv6DefaultEIP: spec.ippools.ipv6DefaultEIP: must be an IPv6 address",
+        ]
+    );
+    assert_eq!(
+        sorted(policy_failures(json!({
+            "egressIP": {"ipv4": " 10.0.0.1", "ipv6": "fd00:: 1"},
+            "appliedTo": {"podSubnet": ["10.244.0.0/16 "]},
+            "destSubnet": [" 0.0.0.0/0"],
+            "excludeSubnet": ["10.0.0.0 /8"],
+        }))),
+        vec![
+            "spec.appliedTo.podSubnet[0]: spec.appliedTo.podSubnet: each entry must be a CIDR (address/length)",
+            "spec.destSubnet[0]: spec.destSubnet: each entry must be a CIDR (address/length)",
+            "spec.egressIP.ipv4: spec.egressIP.ipv4: must be an IPv4 address",
+            "spec.egressIP.ipv6: spec.egressIP.ipv6: must be an IPv6 address",
+            "spec.excludeSubnet[0]: spec.excludeSubnet: each entry must be a CIDR (address/length)",
+        ]
+    );
+    let mut tunnel = object("EgressTunnel", json!({}));
+    tunnel["status"] = json!({
+        "tunnel": {"ipv4": "172.31.0.1 ", "parent": {"name": "eth0", "ipv4": " 192.168.1.10"}},
+    });
+    assert_eq!(
+        failures::<EgressTunnel>(&tunnel, None),
+        vec![
+            "status.tunnel.ipv4: status.tunnel.ipv4: must be an IPv4 address",
+            "status.tunnel.parent.ipv4: status.tunnel.parent.ipv4: must be an IPv4 address",
+        ]
+    );
+}
+
+/// Whether admission and `validate()` both admit (`true`) or both refuse
+/// (`false`) a gateway with `ipv4` as its only pool entry; panics when they
+/// disagree.
+fn pool_entry_verdict(entry: &str) -> bool {
+    let spec = json!({"nodeSelector": {"selector": {}}, "ippools": {"ipv4": [entry]}});
+    let admitted =
+        failures::<EgressGateway>(&object("EgressGateway", spec.clone()), None).is_empty();
+    let parsed: egressgw_api::EgressGatewaySpec =
+        serde_json::from_value(spec).expect("the spec decodes");
+    let valid = parsed.validate().is_ok();
+    assert_eq!(
+        admitted, valid,
+        "admission and validate() disagree on {entry:?}"
+    );
+    admitted
+}
+
+#[test]
+fn admission_and_validate_agree_on_pool_entries_with_and_without_whitespace() {
+    for entry in [
+        "10.6.1.55",
+        "10.6.1.60-10.6.1.65",
+        "10.6.1.64/28",
+        "10.6.1.60-10.6.1.60",
+    ] {
+        assert!(pool_entry_verdict(entry), "{entry:?}");
+    }
+    for entry in [
+        " 10.6.1.60-10.6.1.65",
+        "10.6.1.60-10.6.1.65 ",
+        "10.6.1.60 -10.6.1.65",
+        "10.6.1.60- 10.6.1.65",
+        "10.6.1.60 - 10.6.1.65",
+        "\t10.6.1.55",
+        "10.6.1.55\n",
+        "10.6.1.64 /28",
+        "10.6.1.64/ 28",
+        " 10.6.1.64/28",
+        "10.6.1.65-10.6.1.60",
+        "10.6.1.60-10.6.1.65-10.6.1.70",
+        "10.6.1.1/24",
+        "fd00::1",
+        "",
+    ] {
+        assert!(!pool_entry_verdict(entry), "{entry:?}");
+    }
 }
 
 #[test]
@@ -326,6 +428,46 @@ fn a_tunnel_status_with_addresses_of_the_wrong_family_is_refused() {
             "status.tunnel.parent.ipv6: status.tunnel.parent.ipv6: must be an IPv6 address",
         ]
     );
+}
+
+/// The `pattern` of `status.mark` in the EgressTunnel CRD.
+fn mark_pattern() -> String {
+    schema::<EgressTunnel>()["properties"]["status"]["properties"]["mark"]["pattern"]
+        .as_str()
+        .expect("status.mark has a pattern")
+        .to_owned()
+}
+
+#[test]
+fn parse_mark_accepts_exactly_what_the_crd_pattern_accepts() {
+    let pattern = mark_pattern();
+    let matcher = json!({
+        "type": "string",
+        "x-kubernetes-validations": [{"rule": format!("self.matches('{pattern}')"), "message": "no match"}],
+    });
+    let alphabet = ["0", "9", "a", "f", "g", "A", "F", "+", "-", " ", "x"];
+    let mut tails = vec![String::new()];
+    let mut checked = 0;
+    for _ in 0..3 {
+        tails = tails
+            .iter()
+            .flat_map(|t| alphabet.iter().map(move |a| format!("{t}{a}")))
+            .collect();
+        for tail in &tails {
+            for s in [
+                format!("0x{tail}"),
+                format!("0x0100000{tail}"),
+                format!("+0x{tail}"),
+            ] {
+                let matches = Validator::new().validate(&matcher, &json!(s), None).is_ok();
+                assert_eq!(parse_mark(&s).is_some(), matches, "{s:?} against {pattern}");
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 4000, "{checked}");
+    assert_eq!(parse_mark("0x+1"), None);
+    assert_eq!(parse_mark("0xffffffff"), Some(u32::MAX));
 }
 
 fn sorted(mut v: Vec<String>) -> Vec<String> {

@@ -143,7 +143,8 @@ status:
 
 #[test]
 fn a_gateway_converts_with_its_pools_defaults_age_and_previous_nodes() {
-    let g = gateway(GATEWAY_OBJECT).to_model().unwrap();
+    let g = gateway(GATEWAY_OBJECT).to_model();
+    assert_eq!(g.errors, Vec::<String>::new());
     assert_eq!(g.name, "gw1");
     assert!(g.cluster_default);
     assert_eq!(g.node_selector, LabelSelector::eq("egress", "true"));
@@ -264,18 +265,83 @@ fn an_invalid_policy_lands_in_invalid_and_leaves_the_valid_ones_alone() {
     );
 }
 
+const INVALID_GATEWAY: &str = r#"
+apiVersion: egressgw.io/v1alpha1
+kind: EgressGateway
+metadata: {name: gwbad, uid: u-9, creationTimestamp: "2026-01-01T00:00:20Z"}
+spec:
+  nodeSelector: {selector: {matchLabels: {egress: "true"}}}
+  ippools: {ipv4: [10.6.1.1-10.6.1.9, 10.0.0.9-10.0.0.1], ipv4DefaultEIP: 10.6.1.5}
+  clusterDefault: true
+status:
+  nodeList:
+  - name: n1
+    status: Ready
+    eips:
+    - {ipv4: 10.6.1.5, policies: [{name: p1, namespace: default}]}
+"#;
+
 #[test]
-fn an_invalid_gateway_lands_in_invalid_with_its_kind() {
-    let bad = gateway(
-        "apiVersion: egressgw.io/v1alpha1\nkind: EgressGateway\nmetadata: {name: gwbad}\n\
-         spec: {nodeSelector: {selector: {}}, ippools: {ipv4: [10.0.0.9-10.0.0.1]}}\n",
-    );
+fn an_invalid_gateway_lands_in_gateways_with_its_errors_and_keeps_cluster_default() {
     let snapshot = SnapshotBuilder::new(Config::default())
-        .gateways([bad])
+        .gateways([gateway(INVALID_GATEWAY), gateway(GATEWAY_OBJECT)])
         .build();
-    assert!(snapshot.gateways.is_empty());
-    assert_eq!(snapshot.invalid[0].kind, "EgressGateway");
-    assert_eq!(snapshot.invalid[0].namespace, None);
+    assert!(snapshot.invalid.is_empty(), "{:?}", snapshot.invalid);
+    assert_eq!(snapshot.gateways.len(), 2);
+    let bad = &snapshot.gateways[0];
+    assert_eq!(bad.name, "gwbad");
+    assert_eq!(
+        bad.errors,
+        vec![
+            r#"spec.ippools.ipv4[1]: range "10.0.0.9-10.0.0.1" is reversed: its end is lower than its start"#
+        ]
+    );
+    assert!(bad.cluster_default);
+    assert_eq!(
+        bad.age,
+        Age {
+            created: 1_767_225_620,
+            uid: "u-9".into()
+        }
+    );
+    assert_eq!(bad.node_selector, LabelSelector::eq("egress", "true"));
+    assert_eq!(
+        bad.previous_nodes,
+        [(ip("10.6.1.5"), "n1".to_owned())].into()
+    );
+    assert!(bad.ipv4_pool.is_empty() && bad.ipv6_pool.is_empty());
+    assert_eq!((bad.ipv4_default, bad.ipv6_default), (None, None));
+    assert_eq!(snapshot.gateways[1].errors, Vec::<String>::new());
+}
+
+#[test]
+fn an_invalid_gateway_whose_selector_does_not_convert_gets_the_empty_selector() {
+    let g = gateway(
+        "apiVersion: egressgw.io/v1alpha1\nkind: EgressGateway\nmetadata: {name: gwsel}\n\
+         spec: {nodeSelector: {selector: {matchLabels: {a: b}, matchExpressions: [{key: zone, operator: In}]}}, ippools: {ipv4: [10.0.0.1]}}\n",
+    )
+    .to_model();
+    assert_eq!(g.name, "gwsel");
+    assert!(!g.cluster_default);
+    assert_eq!(g.node_selector, LabelSelector::default());
+    assert_eq!(
+        g.errors,
+        vec![
+            "spec.nodeSelector.selector.matchExpressions[0].values: operator In needs at least one value"
+        ]
+    );
+    assert!(g.ipv4_pool.is_empty());
+}
+
+#[test]
+fn a_gateway_without_a_name_converts_with_an_error_for_it() {
+    let g = gateway(
+        "apiVersion: egressgw.io/v1alpha1\nkind: EgressGateway\nmetadata: {}\n\
+         spec: {nodeSelector: {selector: {}}, ippools: {ipv4: [10.0.0.1]}}\n",
+    )
+    .to_model();
+    assert_eq!(g.errors, vec!["metadata.name: must be set"]);
+    assert!(g.ipv4_pool.is_empty());
 }
 
 const TUNNEL: &str = r#"

@@ -85,10 +85,45 @@ fn an_ipv4_mapped_ipv6_address_is_rejected_as_admission_does() {
 }
 
 #[test]
-fn a_pool_entry_with_surrounding_spaces_is_rejected_but_spaces_around_the_dash_are_fine() {
+fn a_pool_entry_with_whitespace_anywhere_is_rejected_as_admission_does() {
     assert_eq!(
-        gateway_errors(&pools(r#"[" 10.0.0.1", "10.0.0.5 - 10.0.0.7"]"#, "[]")),
-        vec![r#"spec.ippools.ipv4[0]: " 10.0.0.1" is not an IP, a range (a-b) or a CIDR"#]
+        gateway_errors(&pools(
+            r#"[" 10.6.1.60-10.6.1.65", "10.0.0.5 - 10.0.0.7", "10.0.1.0/28 "]"#,
+            r#"["fd00::1 -fd00::2"]"#
+        )),
+        vec![
+            r#"spec.ippools.ipv4[0]: " 10.6.1.60-10.6.1.65" contains whitespace; write it without spaces"#,
+            r#"spec.ippools.ipv4[1]: "10.0.0.5 - 10.0.0.7" contains whitespace; write it without spaces"#,
+            r#"spec.ippools.ipv4[2]: "10.0.1.0/28 " contains whitespace; write it without spaces"#,
+            r#"spec.ippools.ipv6[0]: "fd00::1 -fd00::2" contains whitespace; write it without spaces"#,
+        ]
+    );
+}
+
+#[test]
+fn whitespace_in_a_default_eip_egress_ip_or_subnet_is_rejected_as_admission_does() {
+    assert_eq!(
+        gateway_errors(
+            "nodeSelector: {selector: {}}\nippools: {ipv4: ['10.0.0.1'], ipv4DefaultEIP: ' 10.0.0.1'}\n"
+        ),
+        vec![
+            r#"spec.ippools.ipv4DefaultEIP: " 10.0.0.1" contains whitespace; write it without spaces"#
+        ]
+    );
+    assert_eq!(
+        policy_errors(
+            "egressIP: {ipv4: '10.0.0.1 ', ipv6: 'fd00:: 1'}\n\
+             appliedTo: {podSubnet: ['10.244.0.0/16 ']}\n\
+             destSubnet: [' 0.0.0.0/0']\n\
+             excludeSubnet: ['10.0.0.0 /8']\n"
+        ),
+        vec![
+            r#"spec.egressIP.ipv4: "10.0.0.1 " contains whitespace; write it without spaces"#,
+            r#"spec.egressIP.ipv6: "fd00:: 1" contains whitespace; write it without spaces"#,
+            r#"spec.appliedTo.podSubnet[0]: "10.244.0.0/16 " contains whitespace; write it without spaces"#,
+            r#"spec.destSubnet[0]: " 0.0.0.0/0" contains whitespace; write it without spaces"#,
+            r#"spec.excludeSubnet[0]: "10.0.0.0 /8" contains whitespace; write it without spaces"#,
+        ]
     );
 }
 
