@@ -25,26 +25,9 @@ cd "$ROOT"
 APT_PACKAGES=(iproute2 iptables nftables procps openssl iperf3)
 MIN_GO_MINOR=24
 
-log() { printf '==> %s\n' "$*"; }
-detail() { printf '    %s\n' "$*"; }
-die() {
-    printf 'lab-deps: error: %s\n' "$*" >&2
-    exit 1
-}
-
-as_root() {
-    if [[ $EUID -eq 0 ]]; then
-        "$@"
-    elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
-        sudo -n "$@"
-    else
-        die "'$*' needs root: run this as root, or with sudo that needs no password"
-    fi
-}
-
-apt_installed() {
-    [[ "$(dpkg-query -W -f='${db:Status-Status}' "$1" 2>/dev/null)" == installed ]]
-}
+SCRIPT_NAME=lab-deps
+# shellcheck source=scripts/lib.sh
+source "$ROOT/scripts/lib.sh"
 
 step_setup() {
     if [[ "${EGRESSGW_SKIP_SETUP:-0}" == 1 ]]; then
@@ -60,18 +43,7 @@ step_apt() {
     log "Debian packages for the lab"
     command -v dpkg-query >/dev/null ||
         die "not a Debian-like system: install ${APT_PACKAGES[*]} (or equivalents) by hand"
-    local missing=() pkg
-    for pkg in "${APT_PACKAGES[@]}"; do
-        apt_installed "$pkg" || missing+=("$pkg")
-    done
-    if [[ ${#missing[@]} -gt 0 ]]; then
-        detail "installing ${missing[*]}"
-        as_root env DEBIAN_FRONTEND=noninteractive \
-            apt-get -q -o DPkg::Lock::Timeout=300 update </dev/null
-        as_root env DEBIAN_FRONTEND=noninteractive \
-            apt-get -q -o DPkg::Lock::Timeout=300 install -y --no-install-recommends \
-            "${missing[@]}" </dev/null
-    fi
+    need_apt_packages "${APT_PACKAGES[@]}"
     detail "ok: ${APT_PACKAGES[*]}"
 }
 
