@@ -3,7 +3,7 @@
 //! randomness: the same snapshot in any order gives the same plan.
 //!
 //! - [`model`]: the snapshot types.
-//! - [`plan`]: allocation (EIPs, tunnel identities, gateway nodes) and
+//! - [`mod@plan`]: allocation (EIPs, tunnel identities, gateway nodes) and
 //!   per-node state, with the precedence rules in `docs/precedence.md`.
 //! - [`diff`]: desired vs. observed dataplane state -> operations.
 

@@ -32,7 +32,8 @@ pub struct Snapshot {
     pub policies: Vec<Policy>,
     /// Tunnel identities allocated earlier (from `EgressTunnel` objects).
     pub tunnels: Vec<Tunnel>,
-    /// Objects that failed validation; they get a status and nothing else.
+    /// Policies and tunnels that failed validation; they get a status and
+    /// nothing else. (An invalid gateway is a [`Gateway`] with `errors`.)
     pub invalid: Vec<InvalidObject>,
 }
 

@@ -54,8 +54,6 @@ pub enum Reason {
     NoPool,
     /// No ready node matches the gateway's node selector.
     NoReadyNode,
-    /// Waiting for an allocation.
-    NotAllocated,
     /// A pool overlaps an older gateway's pool.
     PoolOverlap,
 }

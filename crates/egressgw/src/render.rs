@@ -192,12 +192,10 @@ fn status(out: &mut String, s: &ClusterStatus, invalid: &[InvalidObject]) {
         );
         conditions(out, &p.conditions);
     }
-    for o in invalid.iter().filter(|o| {
-        !matches!(
-            o.kind.as_str(),
-            "EgressPolicy" | "EgressClusterPolicy" | "EgressGateway"
-        )
-    }) {
+    for o in invalid
+        .iter()
+        .filter(|o| !matches!(o.kind.as_str(), "EgressPolicy" | "EgressClusterPolicy"))
+    {
         let name = o
             .namespace
             .as_ref()

@@ -2,14 +2,14 @@
 //!
 //! The stages run in a fixed order, each a pure function of the snapshot and
 //! the stages before it:
-//! 1. [`gateways`]: which gateways are usable, which one is the cluster
+//! 1. `gateways`: which gateways are usable, which one is the cluster
 //!    default, which nodes each selects;
-//! 2. [`tunnels`]: tunnel IP / MAC / mark per node, stable across runs;
-//! 3. [`eips`]: EIPs per policy from its gateway's pools;
-//! 4. [`placement`]: the active gateway node of every EIP;
-//! 5. [`classify`]: which pods each policy selects, and per source the
+//! 2. `tunnels`: tunnel IP / MAC / mark per node, stable across runs;
+//! 3. `eips`: EIPs per policy from its gateway's pools;
+//! 4. `placement`: the active gateway node of every EIP;
+//! 5. `classify`: which pods each policy selects, and per source the
 //!    longest-prefix table that encodes the precedence rules;
-//! 6. [`nodes`] and [`report`]: the per-node state and the objects' status.
+//! 6. `nodes` and `report`: the per-node state and the objects' status.
 //!
 //! Everything iterates in a sorted order, so the plan does not depend on the
 //! order of the snapshot's lists.

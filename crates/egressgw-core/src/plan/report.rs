@@ -55,13 +55,6 @@ pub(super) fn status(
         .by_name
         .values()
         .map(|info| gateway_status(info, works, placed, &why))
-        .chain(
-            snapshot
-                .invalid
-                .iter()
-                .filter(|o| o.kind == "EgressGateway")
-                .map(invalid_gateway),
-        )
         .collect();
     gateway_statuses.sort_by(|a, b| a.gateway.cmp(&b.gateway));
 
@@ -244,20 +237,6 @@ fn invalid_policy(o: &InvalidObject) -> Option<PolicyStatus> {
             condition(ConditionType::Ready, false, Reason::Invalid, message),
         ],
     })
-}
-
-fn invalid_gateway(o: &InvalidObject) -> GatewayStatus {
-    GatewayStatus {
-        gateway: o.name.clone(),
-        nodes: Vec::new(),
-        ip_usage: IpUsage::default(),
-        conditions: vec![condition(
-            ConditionType::Ready,
-            false,
-            Reason::Invalid,
-            o.errors.join("; "),
-        )],
-    }
 }
 
 fn gateway_status(
