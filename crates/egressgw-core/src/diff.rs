@@ -14,7 +14,9 @@
 use ipnet::IpNet;
 use serde::Serialize;
 
-use crate::state::{ClassifyEntry, NodeState, OwnedEip, Peer, Route, Rule, SnatEntry, Vxlan};
+use crate::state::{
+    ClassifyEntry, NodeState, OwnedEip, Peer, ReplyRoute, Route, Rule, SnatEntry, Vxlan,
+};
 
 /// One piece of dataplane state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -34,6 +36,8 @@ pub enum Item {
     Classify(ClassifyEntry),
     /// A SNAT entry.
     Snat(SnatEntry),
+    /// A route back to a pod's node.
+    Reply(ReplyRoute),
     /// An owned EIP.
     Eip(OwnedEip),
 }
@@ -115,6 +119,14 @@ pub fn diff(desired: &NodeState, observed: &NodeState) -> Vec<Op> {
         &observed.snat,
         |e| (e.src, e.dst),
         Item::Snat,
+        &mut adds,
+        &mut removes,
+    );
+    keyed(
+        &desired.replies,
+        &observed.replies,
+        |r| r.dst,
+        Item::Reply,
         &mut adds,
         &mut removes,
     );
@@ -202,6 +214,7 @@ fn put(state: &mut NodeState, item: Item) {
         Item::ClusterCidr(n) => upsert(&mut state.cluster_cidrs, n, |n| *n),
         Item::Classify(e) => upsert(&mut state.classify, e, |e| (e.src, e.dst)),
         Item::Snat(e) => upsert(&mut state.snat, e, |e| (e.src, e.dst)),
+        Item::Reply(r) => upsert(&mut state.replies, r, |r| r.dst),
         Item::Eip(e) => upsert(&mut state.eips, e, |e| e.ip),
     }
 }
@@ -215,6 +228,7 @@ fn take(state: &mut NodeState, item: &Item) {
         Item::ClusterCidr(n) => remove(&mut state.cluster_cidrs, n, |n| *n),
         Item::Classify(e) => remove(&mut state.classify, &(e.src, e.dst), |e| (e.src, e.dst)),
         Item::Snat(e) => remove(&mut state.snat, &(e.src, e.dst), |e| (e.src, e.dst)),
+        Item::Reply(r) => remove(&mut state.replies, &r.dst, |r| r.dst),
         Item::Eip(e) => remove(&mut state.eips, &e.ip, |e| e.ip),
     }
 }

@@ -433,8 +433,11 @@ impl Config {
             .mark_mask
             .checked_shr(self.mark_mask.trailing_zeros())
             .unwrap_or(0);
-        if self.mark_mask == 0 {
-            errors.push("mark.mask: must have at least one bit set".into());
+        if self.mark_mask.count_ones() < 2 {
+            errors.push(format!(
+                "mark.mask: {:#010x} needs at least two bits (gateway marks plus a reply and a local mark)",
+                self.mark_mask
+            ));
         } else if shifted.checked_add(1).is_some_and(|n| !n.is_power_of_two()) {
             errors.push(format!(
                 "mark.mask: {:#010x} must be one contiguous run of bits",
@@ -447,7 +450,8 @@ impl Config {
                 self.mark_mask
             ));
         }
-        let last_table = u64::from(self.route_table_base) + u64::from(self.mark_capacity()) - 1;
+        let last_table =
+            (u64::from(self.route_table_base) + u64::from(self.mark_values())).saturating_sub(1);
         if self.route_table_base == 0 || last_table > u64::from(u32::MAX) {
             errors.push(format!(
                 "route.tableBase: {} leaves no room for {} tables (one per possible gateway node)",
@@ -485,9 +489,38 @@ impl Config {
         }
     }
 
+    /// How many mark values the mask holds (its bits shifted down: 255 for
+    /// `0xff000000`). The two highest are reserved: see [`Config::reply_mark`]
+    /// and [`Config::local_mark`].
+    fn mark_values(&self) -> u32 {
+        self.mark_mask.checked_shr(self.mark_mask.trailing_zeros()).unwrap_or(0)
+    }
+
     /// How many distinct gateway-node marks fit in the mask.
     pub fn mark_capacity(&self) -> u32 {
-        self.mark_mask >> self.mark_mask.trailing_zeros()
+        self.mark_values().saturating_sub(2)
+    }
+
+    /// The mark a gateway node puts on replies of connections that came out of
+    /// the tunnel, so that they go back through it (every bit of the mask).
+    pub fn reply_mark(&self) -> u32 {
+        self.mark_mask
+    }
+
+    /// The mark of traffic classified `Local` on a gateway node: it is SNATed
+    /// there without entering the tunnel.
+    pub fn local_mark(&self) -> u32 {
+        self.mark(self.mark_values().saturating_sub(1))
+    }
+
+    /// The table holding the routes back to the pods' nodes for replies.
+    pub fn reply_table(&self) -> u32 {
+        (self.route_table_base + self.mark_values()).saturating_sub(1)
+    }
+
+    /// egressgw's routing tables: one per gateway mark, then the reply table.
+    pub fn tables(&self) -> std::ops::RangeInclusive<u32> {
+        self.route_table_base..=self.reply_table()
     }
 
     /// The mark of the gateway node with index `index` (1-based).

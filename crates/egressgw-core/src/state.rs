@@ -22,8 +22,13 @@ pub struct NodeState {
     pub peers: Vec<Peer>,
     /// One routing table per gateway node this node may send through.
     pub routes: Vec<Route>,
-    /// `ip rule fwmark <mark>/<mask> lookup <table>`, one per route.
+    /// `ip rule fwmark <mark>/<mask> lookup <table>`: one per route, plus one
+    /// for the reply table when `replies` is not empty.
     pub rules: Vec<Rule>,
+    /// On a gateway node: the way back through the tunnel for each pod of
+    /// another node that leaves through this one. Replies of connections that
+    /// came out of the tunnel carry the reply mark and look these up.
+    pub replies: Vec<ReplyRoute>,
     /// In-cluster prefixes: traffic to them is never classified.
     pub cluster_cidrs: Vec<IpNet>,
     /// (local pod source, destination prefix) -> what to do; longest
@@ -102,6 +107,19 @@ pub struct Route {
     pub via_ipv4: Option<Ipv4Addr>,
     /// `default via <ipv6> dev egress.vxlan onlink`.
     pub via_ipv6: Option<Ipv6Addr>,
+}
+
+/// `<dst> via <via> dev egress.vxlan onlink` in the reply table.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct ReplyRoute {
+    /// The pod address (a host route).
+    pub dst: IpAddr,
+    /// The tunnel IP of the pod's node, in the pod's family.
+    pub via: IpAddr,
+    /// The pod's node.
+    pub origin: String,
+    /// Table number (the reply table).
+    pub table: u32,
 }
 
 /// `ip rule fwmark <mark>/<mask> lookup <table> priority <priority>`.

@@ -7,7 +7,8 @@ use ipnet::IpNet;
 use crate::model::{Config, Snapshot};
 use crate::net::Family;
 use crate::state::{
-    Action, ClassifyEntry, NodeState, OwnedEip, Peer, Route, Rule, SnatEntry, SnatTo, Vxlan,
+    Action, ClassifyEntry, NodeState, OwnedEip, Peer, ReplyRoute, Route, Rule, SnatEntry, SnatTo,
+    Vxlan,
 };
 
 use super::classify::Classified;
@@ -119,6 +120,14 @@ pub(super) fn build(
                 });
             }
             if let Some(i) = there {
+                if !local && let Some(via) = tunnels.address(source.node, family) {
+                    states[i].replies.push(ReplyRoute {
+                        dst: source.src,
+                        via,
+                        origin: source.node.to_owned(),
+                        table: cfg.reply_table(),
+                    });
+                }
                 let to = work.eips[fi(family)].map_or(SnatTo::NodeIp, SnatTo::Eip);
                 states[i].snat.push(SnatEntry {
                     src: source.src,
@@ -150,6 +159,17 @@ pub(super) fn build(
         state.rules.sort();
         state.classify.sort();
         state.snat.sort();
+        state.replies.sort();
+        state.replies.dedup();
+        if !state.replies.is_empty() {
+            state.rules.push(Rule {
+                priority: cfg.rule_priority,
+                mark: cfg.reply_mark(),
+                mask: cfg.mark_mask,
+                table: cfg.reply_table(),
+            });
+            state.rules.sort();
+        }
         state.eips.sort();
         state.eips.dedup();
     }

@@ -1181,7 +1181,7 @@ fn a_pod_subnet_policy_steers_only_the_addresses_in_its_subnets() {
 #[test]
 fn a_node_without_a_mark_says_so() {
     let mut c = Cluster::new().policy(policy("a", "p", "web"));
-    c.0.config.mark_mask = 0x0100_0000; // one mark: g1 takes it
+    c.0.config.mark_mask = 0x0300_0000; // one gateway mark: g1 takes it
     c.0.gateways[0].node_selector = LabelSelector::eq("kubernetes.io/hostname", "g2");
     c.0.nodes[2]
         .labels

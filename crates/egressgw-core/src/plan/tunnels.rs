@@ -39,6 +39,15 @@ impl Tunnels {
         })
     }
 
+    /// The tunnel address of `node` in `family`, if it has one.
+    pub fn address(&self, node: &str, family: Family) -> Option<IpAddr> {
+        let t = self.by_node.get(node)?;
+        match family {
+            Family::Ipv4 => t.ipv4.map(IpAddr::V4),
+            Family::Ipv6 => t.ipv6.map(IpAddr::V6),
+        }
+    }
+
     /// The mark of `node`, if it has one.
     pub fn mark(&self, node: &str) -> Option<u32> {
         self.by_node.get(node).and_then(|t| t.mark)

@@ -1,0 +1,27 @@
+//! Linux side of egressgw: turns one node's desired state
+//! ([`egressgw_core::NodeState`]) into kernel state and reads the kernel back
+//! to know what to change.
+//!
+//! Everything goes through netlink (rtnetlink for links, addresses, routes,
+//! rules, neighbours and FDB entries; the ethtool generic-netlink family for
+//! offloads) and one nftables table of egressgw's own. Each kind of kernel
+//! object sits behind a narrow trait with an in-memory fake beside the real
+//! implementation, so the reconcile loop is tested without root and the real
+//! backends are tested in network namespaces.
+//!
+//! A reconcile observes, plans add/change/remove operations and applies them;
+//! a failed operation is reported with its object and the others still run.
+//! Nothing is flushed on start: a restart with the same desired state plans
+//! no operation at all.
+
+pub mod announce;
+mod error;
+pub mod ethtool;
+pub mod nft;
+pub mod ops;
+pub mod ranges;
+#[cfg(test)]
+mod testns;
+
+pub use error::{Error, Result};
+pub use ops::{Failure, Report};
