@@ -1,1 +1,499 @@
-//! (in progress)
+//! Telling the neighbours that an EIP has moved to this node.
+//!
+//! When a gateway node takes an EIP, the routers and hosts of the segment
+//! still map it to the previous node's MAC. A gratuitous ARP (IPv4) or an
+//! unsolicited Neighbour Advertisement with the override flag (IPv6), sent
+//! on every interface whose subnet contains the EIP, updates those entries at
+//! once instead of after they time out. Receivers only update entries they
+//! already have (Linux needs `arp_accept` / `accept_untracked_na` to create
+//! new ones), which is what a failover needs.
+//!
+//! The frames are built here byte by byte and sent through a packet socket
+//! (`pnet_datalink`).
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use ipnet::IpNet;
+use pnet_datalink::{Channel, Config, NetworkInterface};
+
+use crate::kernel::EIP_DEVICE;
+use crate::{Error, Result};
+
+
+const ETHERTYPE_ARP: u16 = 0x0806;
+const ETHERTYPE_IPV6: u16 = 0x86dd;
+const ARP_REQUEST: u16 = 1;
+const ARP_REPLY: u16 = 2;
+const IPPROTO_ICMPV6: u8 = 58;
+const ICMPV6_NEIGHBOUR_ADVERTISEMENT: u8 = 136;
+const NA_FLAG_OVERRIDE: u8 = 0x20;
+const ND_OPT_TARGET_LINK_LAYER_ADDRESS: u8 = 2;
+/// Shortest Ethernet frame without its FCS; shorter ARP frames are padded.
+const MIN_FRAME_LEN: usize = 60;
+const BROADCAST_MAC: [u8; 6] = [0xff; 6];
+/// ff02::1, all nodes on the link.
+const ALL_NODES: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
+
+/// Announces `ip` on every interface that is up, not loopback, not
+/// [`EIP_DEVICE`](crate::kernel::EIP_DEVICE), has a MAC, and has an address whose prefix
+/// (shorter than a host prefix) contains `ip`: a gratuitous ARP request and
+/// reply for IPv4, an unsolicited Neighbour Advertisement to ff02::1 for IPv6.
+///
+/// Returns the names of the interfaces it sent on, empty when no interface's
+/// subnet contains `ip`. Every eligible interface is tried; when sending
+/// fails on some, each failure is logged and the first is returned.
+pub fn announce(ip: IpAddr) -> Result<Vec<String>> {
+    let mut sent = Vec::new();
+    let mut first_error = None;
+    for iface in pnet_datalink::interfaces() {
+        let candidate = Candidate::of(&iface);
+        let Some(mac) = candidate.announcing_mac(ip) else {
+            continue;
+        };
+        match send(&iface, &frames(ip, mac)) {
+            Ok(()) => sent.push(iface.name),
+            Err(message) => {
+                let error = Error::Announce {
+                    ip,
+                    ifname: iface.name,
+                    message,
+                };
+                tracing::warn!(egress_ip = %ip, "{error}");
+                first_error.get_or_insert(error);
+            }
+        }
+    }
+    match first_error {
+        Some(error) => Err(error),
+        None => Ok(sent),
+    }
+}
+
+/// What [`announce`] looks at in an interface.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Candidate {
+    name: String,
+    up: bool,
+    loopback: bool,
+    mac: Option<[u8; 6]>,
+    nets: Vec<IpNet>,
+}
+
+impl Candidate {
+    fn of(iface: &NetworkInterface) -> Self {
+        Self {
+            name: iface.name.clone(),
+            up: iface.is_up(),
+            loopback: iface.is_loopback(),
+            mac: iface.mac.map(|m| m.octets()),
+            nets: iface
+                .ips
+                .iter()
+                .filter_map(|n| IpNet::new(n.ip(), n.prefix()).ok())
+                .collect(),
+        }
+    }
+
+    /// The MAC to announce `ip` with on this interface, if it is one to
+    /// announce on.
+    fn announcing_mac(&self, ip: IpAddr) -> Option<[u8; 6]> {
+        let contains = |net: &IpNet| net.prefix_len() < net.max_prefix_len() && net.contains(&ip);
+        let eligible = self.up
+            && !self.loopback
+            && self.name != EIP_DEVICE
+            && self.nets.iter().any(contains);
+        self.mac.filter(|mac| eligible && *mac != [0; 6])
+    }
+}
+
+fn frames(ip: IpAddr, mac: [u8; 6]) -> Vec<Vec<u8>> {
+    match ip {
+        IpAddr::V4(ip) => vec![
+            gratuitous_arp(mac, ip, ARP_REQUEST),
+            gratuitous_arp(mac, ip, ARP_REPLY),
+        ],
+        IpAddr::V6(ip) => vec![unsolicited_na(mac, ip)],
+    }
+}
+
+fn send(iface: &NetworkInterface, frames: &[Vec<u8>]) -> Result<(), String> {
+    let mut tx = match pnet_datalink::channel(iface, Config::default()) {
+        Ok(Channel::Ethernet(tx, _)) => tx,
+        Ok(_) => return Err("no Ethernet channel".to_owned()),
+        Err(e) => return Err(format!("open packet socket: {e}")),
+    };
+    for frame in frames {
+        match tx.send_to(frame, None) {
+            Some(Ok(())) => {}
+            Some(Err(e)) => return Err(format!("send: {e}")),
+            None => return Err("send: nothing sent".to_owned()),
+        }
+    }
+    Ok(())
+}
+
+fn ethernet_header(dst: [u8; 6], src: [u8; 6], ethertype: u16) -> Vec<u8> {
+    [&dst[..], &src[..], &ethertype.to_be_bytes()[..]].concat()
+}
+
+/// An Ethernet broadcast ARP frame with sender = target = `ip` and sender
+/// MAC `mac`; a request carries a zero target MAC (RFC 5227), a reply the
+/// sender's (RFC 2002, 4.6). Padded to the shortest Ethernet frame.
+fn gratuitous_arp(mac: [u8; 6], ip: Ipv4Addr, op: u16) -> Vec<u8> {
+    let target_mac = if op == ARP_REQUEST { [0; 6] } else { mac };
+    let mut frame = ethernet_header(BROADCAST_MAC, mac, ETHERTYPE_ARP);
+    frame.extend_from_slice(&[0, 1, 0x08, 0x00, 6, 4]); // Ethernet, IPv4, lengths
+    frame.extend_from_slice(&op.to_be_bytes());
+    frame.extend_from_slice(&mac);
+    frame.extend_from_slice(&ip.octets());
+    frame.extend_from_slice(&target_mac);
+    frame.extend_from_slice(&ip.octets());
+    frame.resize(MIN_FRAME_LEN, 0);
+    frame
+}
+
+/// An unsolicited Neighbour Advertisement (RFC 4861, 4.4) for `ip` from
+/// `ip` to ff02::1: override flag, not solicited, not router, hop limit 255,
+/// target link-layer address option `mac`.
+fn unsolicited_na(mac: [u8; 6], ip: Ipv6Addr) -> Vec<u8> {
+    let mut icmp = vec![
+        ICMPV6_NEIGHBOUR_ADVERTISEMENT,
+        0,
+        0,
+        0,
+        NA_FLAG_OVERRIDE,
+        0,
+        0,
+        0,
+    ];
+    icmp.extend_from_slice(&ip.octets());
+    icmp.extend_from_slice(&[ND_OPT_TARGET_LINK_LAYER_ADDRESS, 1]);
+    icmp.extend_from_slice(&mac);
+    let checksum = icmpv6_checksum(ip, ALL_NODES, &icmp);
+    icmp[2..4].copy_from_slice(&checksum.to_be_bytes());
+
+    let mut frame = ethernet_header(multicast_mac(ALL_NODES), mac, ETHERTYPE_IPV6);
+    frame.extend_from_slice(&[0x60, 0, 0, 0]); // version 6, class 0, flow 0
+    frame.extend_from_slice(&u16::try_from(icmp.len()).unwrap_or(u16::MAX).to_be_bytes());
+    frame.extend_from_slice(&[IPPROTO_ICMPV6, 255]);
+    frame.extend_from_slice(&ip.octets());
+    frame.extend_from_slice(&ALL_NODES.octets());
+    frame.extend_from_slice(&icmp);
+    frame
+}
+
+/// 33:33 and the low 32 bits of an IPv6 multicast group (RFC 2464, 7).
+fn multicast_mac(group: Ipv6Addr) -> [u8; 6] {
+    let o = group.octets();
+    [0x33, 0x33, o[12], o[13], o[14], o[15]]
+}
+
+/// The ICMPv6 checksum of `message` (its checksum field zero) with the
+/// IPv6 pseudo-header (RFC 8200, 8.1).
+fn icmpv6_checksum(src: Ipv6Addr, dst: Ipv6Addr, message: &[u8]) -> u16 {
+    let len = u32::try_from(message.len()).unwrap_or(u32::MAX);
+    let pseudo = [
+        &src.octets()[..],
+        &dst.octets()[..],
+        &len.to_be_bytes()[..],
+        &[0, 0, 0, IPPROTO_ICMPV6][..],
+    ]
+    .concat();
+    let sum = ones_complement_sum(&pseudo) + ones_complement_sum(message);
+    !fold(sum)
+}
+
+/// Sum of big-endian 16-bit words, an odd last byte padded with zero.
+fn ones_complement_sum(bytes: &[u8]) -> u32 {
+    bytes
+        .chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], c.get(1).copied().unwrap_or(0)])))
+        .sum()
+}
+
+fn fold(mut sum: u32) -> u16 {
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    u16::try_from(sum).unwrap_or(u16::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::testns::{in_new_netns, root_or_skip, sh};
+
+    const MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x0a];
+
+    #[test]
+    fn gratuitous_arp_request_has_the_eip_as_sender_and_target() {
+        let frame = gratuitous_arp(MAC, Ipv4Addr::new(198, 51, 100, 200), ARP_REQUEST);
+        #[rustfmt::skip]
+        let expected: Vec<u8> = [
+            &[0xff; 6][..], &MAC, &[0x08, 0x06],
+            &[0, 1, 0x08, 0x00, 6, 4, 0, 1],
+            &MAC, &[198, 51, 100, 200],
+            &[0; 6], &[198, 51, 100, 200],
+            &[0; 18],
+        ]
+        .concat();
+        assert_eq!(frame, expected);
+    }
+
+    #[test]
+    fn gratuitous_arp_reply_carries_the_mac_as_target_too() {
+        let frame = gratuitous_arp(MAC, Ipv4Addr::new(198, 51, 100, 200), ARP_REPLY);
+        assert_eq!(frame.len(), MIN_FRAME_LEN);
+        assert_eq!(frame[20..22], [0, 2]);
+        assert_eq!(frame[32..38], MAC);
+    }
+
+    #[test]
+    fn unsolicited_na_is_an_override_advertisement_to_all_nodes() {
+        let ip: Ipv6Addr = "2001:db8::200".parse().unwrap();
+        let frame = unsolicited_na(MAC, ip);
+        #[rustfmt::skip]
+        let expected: Vec<u8> = [
+            &[0x33, 0x33, 0, 0, 0, 1][..], &MAC, &[0x86, 0xdd],
+            &[0x60, 0, 0, 0, 0, 32, 58, 255],
+            &ip.octets(), &ALL_NODES.octets(),
+            // checksum computed independently of this module
+            &[136, 0, 0xf5, 0x23, 0x20, 0, 0, 0],
+            &ip.octets(),
+            &[2, 1], &MAC,
+        ]
+        .concat();
+        assert_eq!(frame, expected);
+    }
+
+    #[test]
+    fn icmpv6_checksum_verifies_to_zero_over_the_whole_message() {
+        let ip: Ipv6Addr = "fe80::1".parse().unwrap();
+        let frame = unsolicited_na(MAC, ip);
+        let icmp = &frame[54..];
+        assert_eq!(icmpv6_checksum(ip, ALL_NODES, icmp), 0);
+        // an odd length is padded with a zero byte
+        assert_eq!(ones_complement_sum(&[1, 2, 3]), 0x0102 + 0x0300);
+    }
+
+    fn candidate(name: &str, nets: &[&str]) -> Candidate {
+        Candidate {
+            name: name.to_owned(),
+            up: true,
+            loopback: false,
+            mac: Some(MAC),
+            nets: nets.iter().map(|n| n.parse().unwrap()).collect(),
+        }
+    }
+
+    #[test]
+    fn only_up_interfaces_whose_subnet_contains_the_eip_announce_it() {
+        let ip: IpAddr = "198.51.100.200".parse().unwrap();
+        let eth = candidate("eth0", &["198.51.100.11/24", "2001:db8::11/64"]);
+        assert_eq!(eth.announcing_mac(ip), Some(MAC));
+        assert_eq!(eth.announcing_mac("203.0.113.1".parse().unwrap()), None);
+        assert_eq!(
+            eth.announcing_mac("2001:db8::200".parse().unwrap()),
+            Some(MAC)
+        );
+
+        let down = Candidate {
+            up: false,
+            ..eth.clone()
+        };
+        let lo = Candidate {
+            loopback: true,
+            ..eth.clone()
+        };
+        let no_mac = Candidate {
+            mac: None,
+            ..eth.clone()
+        };
+        let zero_mac = Candidate {
+            mac: Some([0; 6]),
+            ..eth.clone()
+        };
+        let holder = candidate(EIP_DEVICE, &["198.51.100.11/24"]);
+        let host_route_only = candidate("dummy0", &["198.51.100.200/32"]);
+        for c in [down, lo, no_mac, zero_mac, holder, host_route_only] {
+            assert_eq!(c.announcing_mac(ip), None, "{c:?}");
+        }
+    }
+
+    #[test]
+    fn ipv4_eips_get_a_request_and_a_reply_ipv6_eips_one_advertisement() {
+        assert_eq!(frames("192.0.2.1".parse().unwrap(), MAC).len(), 2);
+        assert_eq!(frames("2001:db8::1".parse().unwrap(), MAC).len(), 1);
+    }
+
+    fn mac_of(ifname: &str) -> [u8; 6] {
+        let iface = pnet_datalink::interfaces()
+            .into_iter()
+            .find(|i| i.name == ifname);
+        iface.and_then(|i| i.mac).unwrap().octets()
+    }
+
+    /// Announces `ip` and returns the first frame `b` receives that `wanted`
+    /// accepts, waiting at most 2 s.
+    fn announce_and_capture(ip: IpAddr, wanted: impl Fn(&[u8]) -> bool) -> Option<Vec<u8>> {
+        let b = pnet_datalink::interfaces()
+            .into_iter()
+            .find(|i| i.name == "b")
+            .unwrap();
+        let config = Config {
+            read_timeout: Some(Duration::from_millis(200)),
+            ..Config::default()
+        };
+        let Ok(Channel::Ethernet(_, mut rx)) = pnet_datalink::channel(&b, config) else {
+            panic!("no packet socket on b");
+        };
+        assert_eq!(announce(ip).unwrap(), vec!["a".to_owned()]);
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < deadline {
+            if let Ok(frame) = rx.next()
+                && wanted(frame)
+            {
+                return Some(frame.to_vec());
+            }
+        }
+        None
+    }
+
+    fn veth_pair_with(addr: &str) {
+        sh("ip link add name a type veth peer name b");
+        sh(&format!("ip addr add {addr} dev a"));
+        sh("ip link set dev a up && ip link set dev b up");
+    }
+
+    #[test]
+    fn gratuitous_arp_for_the_eip_reaches_the_segment() {
+        if !root_or_skip("gratuitous_arp_for_the_eip_reaches_the_segment") {
+            return;
+        }
+        in_new_netns(|| {
+            veth_pair_with("198.51.100.11/24");
+            let mac = mac_of("a");
+            let eip = [198, 51, 100, 200];
+            let frame = announce_and_capture(IpAddr::from(eip), |f| {
+                f.len() >= 42 && f[12..14] == [0x08, 0x06] && f[20..22] == [0, 1]
+            })
+            .expect("a gratuitous ARP request on b within 2 s");
+            assert_eq!(frame[..6], BROADCAST_MAC);
+            assert_eq!(frame[6..12], mac);
+            assert_eq!(frame[22..28], mac, "sender MAC");
+            assert_eq!(frame[28..32], eip, "sender IP");
+            assert_eq!(frame[38..42], eip, "target IP");
+        });
+    }
+
+    #[test]
+    fn unsolicited_na_for_the_eip_reaches_the_segment() {
+        if !root_or_skip("unsolicited_na_for_the_eip_reaches_the_segment") {
+            return;
+        }
+        in_new_netns(|| {
+            veth_pair_with("2001:db8::11/64 nodad");
+            let mac = mac_of("a");
+            let eip: Ipv6Addr = "2001:db8::200".parse().unwrap();
+            let frame = announce_and_capture(IpAddr::V6(eip), |f| {
+                f.len() >= 86 && f[12..14] == [0x86, 0xdd] && f[20] == 58 && f[54] == 136
+            })
+            .expect("a neighbour advertisement on b within 2 s");
+            assert_eq!(frame[6..12], mac);
+            assert_eq!(frame[21], 255, "hop limit");
+            assert_eq!(frame[38..54], ALL_NODES.octets());
+            assert_eq!(frame[58], NA_FLAG_OVERRIDE, "flags");
+            assert_eq!(frame[62..78], eip.octets(), "target");
+            assert_eq!(frame[80..86], mac, "target link-layer address");
+            assert_eq!(icmpv6_checksum(eip, ALL_NODES, &frame[54..]), 0);
+        });
+    }
+
+    #[test]
+    fn an_eip_outside_every_subnet_is_announced_nowhere() {
+        if !root_or_skip("an_eip_outside_every_subnet_is_announced_nowhere") {
+            return;
+        }
+        in_new_netns(|| {
+            veth_pair_with("198.51.100.11/24");
+            assert_eq!(
+                announce("203.0.113.7".parse().unwrap()).unwrap(),
+                Vec::<String>::new()
+            );
+            assert_eq!(
+                announce("2001:db8:1::7".parse().unwrap()).unwrap(),
+                Vec::<String>::new()
+            );
+        });
+    }
+}
+
+#[cfg(test)]
+mod kernel_tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::testns::{in_new_netns, root_or_skip, sh};
+
+    /// Gives `b` an address and a stale neighbour entry for `eip` pointing to
+    /// a wrong MAC, announces `eip`, and waits up to 2 s for `b`'s kernel to
+    /// point the entry at `a`'s MAC.
+    fn neighbour_of_b_moves_to_a(b_addr: &str, eip: &str) {
+        sh("ip link add name a type veth peer name b");
+        sh(&format!("ip addr add {b_addr} dev b"));
+        sh("ip link set dev a up && ip link set dev b up");
+        let prefix = b_addr.split_once('/').map(|(_, p)| p).unwrap_or_default();
+        let a_addr = if eip.contains(':') {
+            "2001:db8::11"
+        } else {
+            "198.51.100.11"
+        };
+        sh(&format!("ip addr add {a_addr}/{prefix} dev a nodad"));
+        sh(&format!(
+            "ip neigh replace {eip} lladdr 02:00:00:00:00:99 dev b nud stale"
+        ));
+        let a = pnet_datalink::interfaces()
+            .into_iter()
+            .find(|i| i.name == "a");
+        let a_mac = a.and_then(|i| i.mac).unwrap().to_string();
+        // Linux ignores a new link-layer address within locktime (1 s) of
+        // the last update unless the ARP is gratuitous; wait it out anyway.
+        std::thread::sleep(Duration::from_millis(1100));
+        // b's subnet contains the EIP too, so b announces it to a as well.
+        assert!(
+            announce(eip.parse().unwrap())
+                .unwrap()
+                .contains(&"a".to_owned())
+        );
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            let neigh = sh(&format!("ip neigh show {eip} dev b"));
+            if neigh.contains(&a_mac) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "b still has {neigh:?}, wanted {a_mac}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    #[test]
+    fn a_neighbour_with_a_stale_arp_entry_learns_the_new_mac() {
+        if !root_or_skip("a_neighbour_with_a_stale_arp_entry_learns_the_new_mac") {
+            return;
+        }
+        in_new_netns(|| neighbour_of_b_moves_to_a("198.51.100.12/24", "198.51.100.200"));
+    }
+
+    #[test]
+    fn a_neighbour_with_a_stale_ndp_entry_learns_the_new_mac() {
+        if !root_or_skip("a_neighbour_with_a_stale_ndp_entry_learns_the_new_mac") {
+            return;
+        }
+        in_new_netns(|| neighbour_of_b_moves_to_a("2001:db8::12/64 nodad", "2001:db8::200"));
+    }
+}

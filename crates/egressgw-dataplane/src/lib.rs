@@ -17,9 +17,12 @@
 pub mod announce;
 mod error;
 pub mod ethtool;
+pub mod kernel;
+pub mod netlink;
 pub mod nft;
 pub mod ops;
 pub mod ranges;
+pub mod reconcile;
 #[cfg(test)]
 mod testns;
 

@@ -1,6 +1,7 @@
 //! `egressgw`: the egress gateway's command line.
 
 mod config;
+mod dataplane;
 mod render;
 
 use std::io::{Read as _, Write as _};
@@ -32,6 +33,58 @@ enum Command {
     /// device, peers, policy routes, classification and SNAT entries and
     /// owned EIPs, then the status every object would get. No cluster needed.
     Plan(PlanArgs),
+    /// Make this host's kernel match one node's plan, without a cluster.
+    ///
+    /// Plans NODE from the objects in FILE (like `plan`) and reconciles the
+    /// current network namespace to it: `egress.vxlan`, its neighbour and
+    /// FDB entries, policy rules and routes, the `inet egressgw` nftables
+    /// table and, on gateway nodes, the EIPs on `egress.eip`. Reads the
+    /// kernel first and changes only what differs; running it twice changes
+    /// nothing the second time.
+    Apply(ApplyArgs),
+    /// Remove everything egressgw created on this host, and nothing else.
+    ///
+    /// Deletes the `inet egressgw` nftables table, egressgw's policy rules
+    /// (its priority and mark mask) and routes (its tables), and the
+    /// `egress.vxlan` and `egress.eip` devices.
+    Cleanup(CleanupArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct ApplyArgs {
+    /// YAML file with the objects; `-` reads standard input.
+    #[arg(short = 'f', long = "filename", value_name = "FILE")]
+    file: PathBuf,
+    /// The node this host is.
+    #[arg(long, value_name = "NODE", env = "NODE_NAME")]
+    node: String,
+    /// Config file (the Helm chart's `feature` keys); defaults otherwise.
+    #[arg(long, value_name = "FILE", env = "EGRESSGW_CONFIG")]
+    config: Option<PathBuf>,
+    /// Output format of the report.
+    #[arg(short, long, value_enum, default_value_t = ReportOutput::Text)]
+    output: ReportOutput,
+    /// Keep reconciling, every this many seconds, until stopped.
+    #[arg(long, value_name = "SECONDS")]
+    every: Option<u64>,
+}
+
+#[derive(Debug, clap::Args)]
+struct CleanupArgs {
+    /// Config file: device names, rule priority, mark mask and tables to remove.
+    #[arg(long, value_name = "FILE", env = "EGRESSGW_CONFIG")]
+    config: Option<PathBuf>,
+    /// Output format of the report.
+    #[arg(short, long, value_enum, default_value_t = ReportOutput::Text)]
+    output: ReportOutput,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum ReportOutput {
+    /// One line per operation, then a summary.
+    Text,
+    /// One JSON object per reconcile: `{applied, failed, warnings, facts}`.
+    Json,
 }
 
 #[derive(Debug, clap::Args)]
@@ -64,6 +117,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Plan(args) => plan(&args),
+        Command::Apply(args) => dataplane::apply(&args),
+        Command::Cleanup(args) => dataplane::cleanup(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -75,14 +130,33 @@ fn main() -> ExitCode {
 }
 
 fn plan(args: &PlanArgs) -> anyhow::Result<()> {
-    let config = match &args.config {
-        Some(path) => FileConfig::load(path)?,
-        None => FileConfig::default(),
-    }
-    .resolve()?;
-    let text = read_input(&args.file)?;
+    let snapshot = load(&args.file, args.config.as_deref())?;
+    let plan = match &args.node {
+        Some(node) => {
+            known_node(&snapshot, node, &args.file)?;
+            egressgw_core::plan_node(&snapshot, node)
+        }
+        None => egressgw_core::plan(&snapshot),
+    };
+    let out = match args.output {
+        Output::Text => {
+            let nodes: Vec<&NodeState> = plan.nodes.values().collect();
+            render::text(&plan, &nodes, &snapshot.invalid)
+        }
+        Output::Json => serde_json::to_string_pretty(&document(&plan, &snapshot.invalid))? + "\n",
+        Output::Yaml => serde_yaml::to_string(&document(&plan, &snapshot.invalid))?,
+    };
+    std::io::stdout()
+        .write_all(out.as_bytes())
+        .context("writing the plan")
+}
+
+/// Reads the config and the objects, and warns about what is ignored.
+fn load(file: &Path, config: Option<&Path>) -> anyhow::Result<egressgw_core::Snapshot> {
+    let config = load_config(config)?;
+    let text = read_input(file)?;
     let objects = egressgw_api::objects_from_yaml(&text)
-        .with_context(|| format!("reading {}", args.file.display()))?;
+        .with_context(|| format!("reading {}", file.display()))?;
     for skipped in &objects.skipped {
         eprintln!("note: {skipped}");
     }
@@ -105,31 +179,28 @@ fn plan(args: &PlanArgs) -> anyhow::Result<()> {
             gateway.errors.join("; ")
         );
     }
-    let plan = match &args.node {
-        Some(node) => {
-            if !snapshot.nodes.iter().any(|n| &n.name == node) {
-                let known: Vec<&str> = snapshot.nodes.iter().map(|n| n.name.as_str()).collect();
-                bail!(
-                    "--node {node}: no such Node in {} (nodes: {})",
-                    args.file.display(),
-                    known.join(", ")
-                );
-            }
-            egressgw_core::plan_node(&snapshot, node)
-        }
-        None => egressgw_core::plan(&snapshot),
-    };
-    let out = match args.output {
-        Output::Text => {
-            let nodes: Vec<&NodeState> = plan.nodes.values().collect();
-            render::text(&plan, &nodes, &snapshot.invalid)
-        }
-        Output::Json => serde_json::to_string_pretty(&document(&plan, &snapshot.invalid))? + "\n",
-        Output::Yaml => serde_yaml::to_string(&document(&plan, &snapshot.invalid))?,
-    };
-    std::io::stdout()
-        .write_all(out.as_bytes())
-        .context("writing the plan")
+    Ok(snapshot)
+}
+
+fn load_config(path: Option<&Path>) -> anyhow::Result<egressgw_core::model::Config> {
+    match path {
+        Some(path) => FileConfig::load(path)?,
+        None => FileConfig::default(),
+    }
+    .resolve()
+}
+
+/// Checks that `node` is one of the snapshot's nodes.
+fn known_node(snapshot: &egressgw_core::Snapshot, node: &str, file: &Path) -> anyhow::Result<()> {
+    if !snapshot.nodes.iter().any(|n| n.name == node) {
+        let known: Vec<&str> = snapshot.nodes.iter().map(|n| n.name.as_str()).collect();
+        bail!(
+            "--node {node}: no such Node in {} (nodes: {})",
+            file.display(),
+            known.join(", ")
+        );
+    }
+    Ok(())
 }
 
 fn document(plan: &Plan, invalid: &[egressgw_core::model::InvalidObject]) -> serde_json::Value {

@@ -1,0 +1,617 @@
+//! The routing side of a node as kernel objects — `egress.vxlan`, its
+//! addresses, neighbour and FDB entries, policy rules, routes and the EIP
+//! device — desired and observed, and the operations between them.
+//!
+//! [`plan`] is pure: it compares a [`Desired`] with a [`KernelState`] read
+//! back by a [`Netlink`](crate::netlink::Netlink) backend. Only objects inside
+//! egressgw's own range are ever observed, so only those can be removed: the
+//! two devices by name, rules at egressgw's priority whose mask is egressgw's
+//! mark mask, and routes in egressgw's tables.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::IpAddr;
+
+use egressgw_core::model::{Config, Mac};
+use egressgw_core::state::NodeState;
+use ipnet::IpNet;
+use serde::Serialize;
+
+use crate::ops::{Change, diff};
+
+/// The device that holds the EIPs a gateway node owns.
+pub const EIP_DEVICE: &str = "egress.eip";
+
+/// What egressgw may touch: device names, rule priority, mark mask, tables.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scope {
+    /// The tunnel device.
+    pub vxlan: String,
+    /// The EIP device.
+    pub eip_device: String,
+    /// Priority of egressgw's rules.
+    pub rule_priority: u32,
+    /// egressgw's mark bits.
+    pub mark_mask: u32,
+    /// egressgw's routing tables.
+    pub tables: std::ops::RangeInclusive<u32>,
+}
+
+impl Scope {
+    /// The scope `cfg` gives.
+    pub fn new(cfg: &Config) -> Self {
+        Scope {
+            vxlan: cfg.vxlan.name.clone(),
+            eip_device: EIP_DEVICE.to_owned(),
+            rule_priority: cfg.rule_priority,
+            mark_mask: cfg.mark_mask,
+            tables: cfg.tables(),
+        }
+    }
+
+    /// Whether a rule belongs to egressgw.
+    pub fn owns_rule(&self, rule: &Rule) -> bool {
+        rule.priority == self.rule_priority
+            && rule.mask == self.mark_mask
+            && self.tables.contains(&rule.table)
+    }
+}
+
+/// The attributes of `egress.vxlan` that the kernel cannot change in place:
+/// a difference recreates the device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VxlanIdentity {
+    /// VNI.
+    pub vni: u32,
+    /// UDP destination port.
+    pub port: u16,
+    /// Parent interface index.
+    pub parent: u32,
+    /// Local underlay address.
+    pub local: IpAddr,
+    /// Source-address learning (always off when egressgw creates it).
+    pub learning: bool,
+}
+
+/// The attributes of `egress.vxlan` corrected in place.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VxlanSettings {
+    /// Device MAC.
+    pub mac: Mac,
+    /// MTU.
+    pub mtu: u32,
+    /// Administratively up.
+    pub up: bool,
+}
+
+/// `egress.vxlan` as desired or observed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VxlanLink {
+    /// Device name.
+    pub name: String,
+    /// Set at creation only.
+    pub identity: VxlanIdentity,
+    /// Adjustable.
+    pub settings: VxlanSettings,
+}
+
+/// A rule `fwmark <mark>/<mask> lookup <table> priority <priority>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct Rule {
+    /// IPv6 rather than IPv4.
+    pub ipv6: bool,
+    /// Priority.
+    pub priority: u32,
+    /// Mark value.
+    pub mark: u32,
+    /// Mark mask.
+    pub mask: u32,
+    /// Table.
+    pub table: u32,
+}
+
+/// A route `<dst> via <via> dev egress.vxlan onlink table <table>`, keyed by
+/// table and destination.
+pub type RouteKey = (u32, IpNet);
+
+/// What the parent interface looks like, found from the underlay address.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Parent {
+    /// Interface name.
+    pub name: String,
+    /// Interface index.
+    pub index: u32,
+    /// Its MTU.
+    pub mtu: u32,
+}
+
+/// The kernel objects egressgw owns on a node, as read back.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct KernelState {
+    /// `egress.vxlan`, if present.
+    pub vxlan: Option<VxlanLink>,
+    /// Addresses on `egress.vxlan`.
+    pub vxlan_addrs: BTreeSet<IpNet>,
+    /// `rp_filter` of `egress.vxlan` (IPv4).
+    pub rp_filter: Option<u8>,
+    /// Whether tx checksum offload is on on `egress.vxlan`.
+    pub tx_checksum: Option<bool>,
+    /// The device's effective offloads as text (reported, not planned on).
+    pub offloads: Option<String>,
+    /// Permanent neighbour entries on `egress.vxlan`: tunnel IP -> MAC.
+    pub neighbours: BTreeMap<IpAddr, Mac>,
+    /// FDB entries on `egress.vxlan`: MAC -> peer underlay address.
+    pub fdb: BTreeMap<Mac, IpAddr>,
+    /// egressgw's rules.
+    pub rules: BTreeSet<Rule>,
+    /// Routes in egressgw's tables -> gateway.
+    pub routes: BTreeMap<RouteKey, IpAddr>,
+    /// Whether the EIP device exists (and is up).
+    pub eip_device: Option<bool>,
+    /// Addresses on the EIP device.
+    pub eips: BTreeSet<IpAddr>,
+}
+
+/// The kernel objects a node should have.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Desired {
+    /// `egress.vxlan`, unless the node has no tunnel identity yet.
+    pub vxlan: Option<VxlanLink>,
+    /// Tunnel addresses.
+    pub vxlan_addrs: BTreeSet<IpNet>,
+    /// Whether tx checksum offload should be on.
+    pub tx_checksum: bool,
+    /// Neighbour entries.
+    pub neighbours: BTreeMap<IpAddr, Mac>,
+    /// FDB entries.
+    pub fdb: BTreeMap<Mac, IpAddr>,
+    /// Rules.
+    pub rules: BTreeSet<Rule>,
+    /// Routes.
+    pub routes: BTreeMap<RouteKey, IpAddr>,
+    /// EIPs to own.
+    pub eips: BTreeSet<IpAddr>,
+}
+
+/// Loose reverse-path filtering: decapsulated packets carry pod sources the
+/// main table routes elsewhere.
+pub const RP_FILTER_LOOSE: u8 = 2;
+
+impl Desired {
+    /// The kernel objects `state` asks for, with `egress.vxlan` on `parent`
+    /// (the interface holding the underlay address; `None` when none does, in
+    /// which case no device is desired and the caller reports why).
+    pub fn new(state: &NodeState, cfg: &Config, parent: Option<&Parent>) -> Self {
+        let mut d = Desired {
+            tx_checksum: !cfg.vxlan.disable_checksum_offload,
+            ..Desired::default()
+        };
+        if let (Some(v), Some(parent)) = (&state.vxlan, parent) {
+            d.vxlan = Some(VxlanLink {
+                name: v.name.clone(),
+                identity: VxlanIdentity {
+                    vni: v.vni,
+                    port: v.port,
+                    parent: parent.index,
+                    local: v.local,
+                    learning: false,
+                },
+                settings: VxlanSettings {
+                    mac: v.mac,
+                    mtu: parent.mtu.saturating_sub(v.overhead()),
+                    up: true,
+                },
+            });
+            d.tx_checksum = !v.disable_checksum_offload;
+            if let Some(ip) = v.ipv4 {
+                d.vxlan_addrs
+                    .extend(IpNet::new(ip.into(), v.ipv4_prefix_len).ok());
+            }
+            if let Some(ip) = v.ipv6 {
+                d.vxlan_addrs
+                    .extend(IpNet::new(ip.into(), v.ipv6_prefix_len).ok());
+            }
+            for p in &state.peers {
+                for ip in [p.ipv4.map(IpAddr::V4), p.ipv6.map(IpAddr::V6)]
+                    .into_iter()
+                    .flatten()
+                {
+                    d.neighbours.insert(ip, p.mac);
+                }
+                d.fdb.insert(p.mac, p.underlay);
+            }
+            for r in &state.routes {
+                if let Some(via) = r.via_ipv4 {
+                    d.routes.insert((r.table, IpNet::V4(Default::default())), via.into());
+                }
+                if let Some(via) = r.via_ipv6 {
+                    d.routes.insert((r.table, IpNet::V6(Default::default())), via.into());
+                }
+            }
+            for r in &state.replies {
+                d.routes.insert((r.table, host(r.dst)), r.via);
+            }
+            for rule in &state.rules {
+                let families: BTreeSet<bool> = d
+                    .routes
+                    .iter()
+                    .filter(|((table, _), _)| *table == rule.table)
+                    .map(|(_, via)| via.is_ipv6())
+                    .collect();
+                for ipv6 in families {
+                    d.rules.insert(Rule {
+                        ipv6,
+                        priority: rule.priority,
+                        mark: rule.mark,
+                        mask: rule.mask,
+                        table: rule.table,
+                    });
+                }
+            }
+        }
+        d.eips = state.eips.iter().map(|e| e.ip).collect();
+        d
+    }
+}
+
+/// A host prefix (/32 or /128).
+pub fn host(ip: IpAddr) -> IpNet {
+    IpNet::from(ip)
+}
+
+/// One change to the kernel's routing side.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase", tag = "op")]
+pub enum KernelOp {
+    /// Create `egress.vxlan`.
+    CreateVxlan(VxlanLink),
+    /// Delete `egress.vxlan` (before recreating it, or when no longer wanted).
+    DeleteVxlan {
+        /// Device name.
+        name: String,
+    },
+    /// Correct MAC, MTU and up state in place.
+    SetVxlan {
+        /// Device name.
+        name: String,
+        /// Desired settings.
+        settings: VxlanSettings,
+    },
+    /// Set `rp_filter` of the device.
+    SetRpFilter {
+        /// Device name.
+        name: String,
+        /// Value.
+        value: u8,
+    },
+    /// Turn tx checksum offload on or off.
+    SetTxChecksum {
+        /// Device name.
+        name: String,
+        /// On or off.
+        on: bool,
+    },
+    /// Add an address to a device.
+    AddAddr {
+        /// Device name.
+        dev: String,
+        /// Address and prefix.
+        net: IpNet,
+    },
+    /// Remove an address from a device.
+    DelAddr {
+        /// Device name.
+        dev: String,
+        /// Address and prefix.
+        net: IpNet,
+    },
+    /// Add or replace a permanent neighbour entry.
+    SetNeighbour {
+        /// Tunnel IP.
+        ip: IpAddr,
+        /// MAC.
+        mac: Mac,
+    },
+    /// Remove a neighbour entry.
+    DelNeighbour {
+        /// Tunnel IP.
+        ip: IpAddr,
+        /// MAC.
+        mac: Mac,
+    },
+    /// Add or replace an FDB entry.
+    SetFdb {
+        /// MAC.
+        mac: Mac,
+        /// Peer underlay address.
+        dst: IpAddr,
+    },
+    /// Remove an FDB entry.
+    DelFdb {
+        /// MAC.
+        mac: Mac,
+        /// Peer underlay address.
+        dst: IpAddr,
+    },
+    /// Add or replace a route.
+    SetRoute {
+        /// Table.
+        table: u32,
+        /// Destination.
+        dst: IpNet,
+        /// Gateway (a tunnel IP, onlink).
+        via: IpAddr,
+    },
+    /// Remove a route.
+    DelRoute {
+        /// Table.
+        table: u32,
+        /// Destination.
+        dst: IpNet,
+        /// Gateway.
+        via: IpAddr,
+    },
+    /// Add a rule.
+    AddRule(Rule),
+    /// Remove a rule.
+    DelRule(Rule),
+    /// Create the EIP device (a dummy).
+    CreateEipDevice {
+        /// Device name.
+        name: String,
+    },
+    /// Bring the EIP device up.
+    SetEipDeviceUp {
+        /// Device name.
+        name: String,
+    },
+    /// Delete the EIP device.
+    DeleteEipDevice {
+        /// Device name.
+        name: String,
+    },
+    /// Take an EIP: the address on the EIP device, then announced.
+    AddEip {
+        /// Device name.
+        dev: String,
+        /// The EIP.
+        ip: IpAddr,
+    },
+    /// Give an EIP up.
+    DelEip {
+        /// Device name.
+        dev: String,
+        /// The EIP.
+        ip: IpAddr,
+    },
+}
+
+impl KernelOp {
+    /// Whether the op takes something away (run after the firewall changed).
+    pub fn is_removal(&self) -> bool {
+        matches!(
+            self,
+            KernelOp::DeleteVxlan { .. }
+                | KernelOp::DelAddr { .. }
+                | KernelOp::DelNeighbour { .. }
+                | KernelOp::DelFdb { .. }
+                | KernelOp::DelRoute { .. }
+                | KernelOp::DelRule(_)
+                | KernelOp::DeleteEipDevice { .. }
+                | KernelOp::DelEip { .. }
+        )
+    }
+
+    /// Whether the op creates or deletes a device: later ops refer to the
+    /// device by index, so the reconcile observes again after these.
+    pub fn is_device_op(&self) -> bool {
+        matches!(
+            self,
+            KernelOp::CreateVxlan(_)
+                | KernelOp::DeleteVxlan { .. }
+                | KernelOp::CreateEipDevice { .. }
+                | KernelOp::DeleteEipDevice { .. }
+        )
+    }
+}
+
+impl fmt::Display for KernelOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use KernelOp::*;
+        match self {
+            CreateVxlan(l) => write!(
+                f,
+                "create link {} type vxlan id {} dstport {} local {} dev #{} nolearning address {} mtu {}",
+                l.name,
+                l.identity.vni,
+                l.identity.port,
+                l.identity.local,
+                l.identity.parent,
+                l.settings.mac,
+                l.settings.mtu
+            ),
+            DeleteVxlan { name } => write!(f, "delete link {name}"),
+            SetVxlan { name, settings } => write!(
+                f,
+                "set link {name} address {} mtu {}{}",
+                settings.mac,
+                settings.mtu,
+                if settings.up { " up" } else { "" }
+            ),
+            SetRpFilter { name, value } => write!(f, "set sysctl net.ipv4.conf.{name}.rp_filter={value}"),
+            SetTxChecksum { name, on } => {
+                write!(f, "set features {name} tx-checksumming {}", if *on { "on" } else { "off" })
+            }
+            AddAddr { dev, net } => write!(f, "add address {net} dev {dev}"),
+            DelAddr { dev, net } => write!(f, "delete address {net} dev {dev}"),
+            SetNeighbour { ip, mac } => write!(f, "replace neighbour {ip} lladdr {mac} nud permanent"),
+            DelNeighbour { ip, mac } => write!(f, "delete neighbour {ip} lladdr {mac}"),
+            SetFdb { mac, dst } => write!(f, "replace fdb {mac} dst {dst} self permanent"),
+            DelFdb { mac, dst } => write!(f, "delete fdb {mac} dst {dst}"),
+            SetRoute { table, dst, via } => {
+                write!(f, "replace route {dst} via {via} onlink table {table}")
+            }
+            DelRoute { table, dst, via } => write!(f, "delete route {dst} via {via} table {table}"),
+            AddRule(r) => write!(f, "add {r}"),
+            DelRule(r) => write!(f, "delete {r}"),
+            CreateEipDevice { name } => write!(f, "create link {name} type dummy"),
+            SetEipDeviceUp { name } => write!(f, "set link {name} up"),
+            DeleteEipDevice { name } => write!(f, "delete link {name}"),
+            AddEip { dev, ip } => write!(f, "add eip {ip} dev {dev} and announce it"),
+            DelEip { dev, ip } => write!(f, "delete eip {ip} dev {dev}"),
+        }
+    }
+}
+
+impl fmt::Display for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "rule{} priority {} fwmark {:#010x}/{:#010x} lookup {}",
+            if self.ipv6 { " -6" } else { "" },
+            self.priority,
+            self.mark,
+            self.mask,
+            self.table
+        )
+    }
+}
+
+/// The operations that turn `observed` into `desired`, in the order to run
+/// them: device changes, then additions and changes, then removals (rules
+/// before routes, routes before neighbours), and device removals last.
+pub fn plan(desired: &Desired, observed: &KernelState, scope: &Scope) -> Vec<KernelOp> {
+    let mut first = Vec::new();
+    let mut adds = Vec::new();
+    let mut removes = Vec::new();
+    let mut last = Vec::new();
+    let vx = &scope.vxlan;
+
+    // The tunnel device: recreate on identity drift, adjust settings in place.
+    let vxlan_present = match (&desired.vxlan, &observed.vxlan) {
+        (Some(d), None) => {
+            first.push(KernelOp::CreateVxlan(d.clone()));
+            false
+        }
+        (Some(d), Some(o)) if d.identity != o.identity => {
+            first.push(KernelOp::DeleteVxlan { name: vx.clone() });
+            first.push(KernelOp::CreateVxlan(d.clone()));
+            false
+        }
+        (Some(d), Some(o)) => {
+            if d.settings != o.settings {
+                adds.push(KernelOp::SetVxlan {
+                    name: vx.clone(),
+                    settings: d.settings.clone(),
+                });
+            }
+            true
+        }
+        (None, Some(_)) => {
+            last.push(KernelOp::DeleteVxlan { name: vx.clone() });
+            false
+        }
+        (None, None) => false,
+    };
+    // Objects on a device that is about to be (re)created are planned on the
+    // next pass, once it exists.
+    if vxlan_present && desired.vxlan.is_some() {
+        if observed.rp_filter != Some(RP_FILTER_LOOSE) {
+            adds.push(KernelOp::SetRpFilter {
+                name: vx.clone(),
+                value: RP_FILTER_LOOSE,
+            });
+        }
+        if observed.tx_checksum != Some(desired.tx_checksum) {
+            adds.push(KernelOp::SetTxChecksum {
+                name: vx.clone(),
+                on: desired.tx_checksum,
+            });
+        }
+        let as_map = |s: &BTreeSet<IpNet>| s.iter().map(|n| (*n, ())).collect::<BTreeMap<_, _>>();
+        for c in diff(&as_map(&desired.vxlan_addrs), &as_map(&observed.vxlan_addrs)) {
+            match c {
+                Change::Add(net, ()) => adds.push(KernelOp::AddAddr { dev: vx.clone(), net }),
+                Change::Remove(net, ()) => removes.push(KernelOp::DelAddr { dev: vx.clone(), net }),
+                Change::Change(..) => {}
+            }
+        }
+        for c in diff(&desired.neighbours, &observed.neighbours) {
+            match c {
+                Change::Add(ip, mac) | Change::Change(ip, _, mac) => {
+                    adds.push(KernelOp::SetNeighbour { ip, mac });
+                }
+                Change::Remove(ip, mac) => removes.push(KernelOp::DelNeighbour { ip, mac }),
+            }
+        }
+        for c in diff(&desired.fdb, &observed.fdb) {
+            match c {
+                Change::Add(mac, dst) => adds.push(KernelOp::SetFdb { mac, dst }),
+                Change::Change(mac, old, dst) => {
+                    adds.push(KernelOp::SetFdb { mac, dst });
+                    removes.push(KernelOp::DelFdb { mac, dst: old });
+                }
+                Change::Remove(mac, dst) => removes.push(KernelOp::DelFdb { mac, dst }),
+            }
+        }
+        for c in diff(&desired.routes, &observed.routes) {
+            match c {
+                Change::Add((table, dst), via) | Change::Change((table, dst), _, via) => {
+                    adds.push(KernelOp::SetRoute { table, dst, via });
+                }
+                Change::Remove((table, dst), via) => {
+                    removes.push(KernelOp::DelRoute { table, dst, via });
+                }
+            }
+        }
+    } else {
+        // Without the device its routes are gone with it; stale ones in our
+        // tables (on another device) are still ours to remove.
+        for ((table, dst), via) in &observed.routes {
+            removes.push(KernelOp::DelRoute {
+                table: *table,
+                dst: *dst,
+                via: *via,
+            });
+        }
+    }
+    // Rules go in after their routes and out before them.
+    let rules_wanted = if vxlan_present { &desired.rules } else { &BTreeSet::new() };
+    for r in rules_wanted.difference(&observed.rules) {
+        adds.push(KernelOp::AddRule(*r));
+    }
+    let mut rule_removes: Vec<KernelOp> = observed
+        .rules
+        .difference(&desired.rules)
+        .map(|r| KernelOp::DelRule(*r))
+        .collect();
+    rule_removes.append(&mut removes);
+    let mut removes = rule_removes;
+
+    // EIPs: the device exists while there is something to hold.
+    let dev = &scope.eip_device;
+    match (desired.eips.is_empty(), observed.eip_device) {
+        (false, None) => first.push(KernelOp::CreateEipDevice { name: dev.clone() }),
+        (false, Some(up)) => {
+            if !up {
+                adds.push(KernelOp::SetEipDeviceUp { name: dev.clone() });
+            }
+            for ip in desired.eips.difference(&observed.eips) {
+                adds.push(KernelOp::AddEip {
+                    dev: dev.clone(),
+                    ip: *ip,
+                });
+            }
+            for ip in observed.eips.difference(&desired.eips) {
+                removes.push(KernelOp::DelEip {
+                    dev: dev.clone(),
+                    ip: *ip,
+                });
+            }
+        }
+        (true, Some(_)) => last.push(KernelOp::DeleteEipDevice { name: dev.clone() }),
+        (true, None) => {}
+    }
+
+    first.into_iter().chain(adds).chain(removes).chain(last).collect()
+}

@@ -1,0 +1,746 @@
+//! The routing side through rtnetlink: [`Netlink`] and its real backend
+//! [`Rtnetlink`]. Requests are built from netlink-packet-route messages so
+//! that adding and deleting an object use the very same description of it.
+
+use std::net::IpAddr;
+
+use egressgw_core::model::Mac;
+use futures_util::{StreamExt, TryStreamExt};
+use ipnet::IpNet;
+use netlink_packet_core::{
+    NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST, NetlinkMessage,
+    NetlinkPayload,
+};
+use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage};
+use netlink_packet_route::link::{
+    InfoData, InfoVxlan, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
+};
+use netlink_packet_route::neighbour::{
+    NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
+};
+use netlink_packet_route::route::{
+    RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteProtocol, RouteScope, RouteType,
+};
+use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
+use rtnetlink::{Handle, LinkDummy, LinkIfb, LinkUnspec, LinkVxlan};
+
+use crate::kernel::{
+    KernelOp, KernelState, Parent, Rule, Scope, VxlanIdentity, VxlanLink, VxlanSettings,
+};
+use crate::{Error, Report, Result};
+
+/// Links, addresses, neighbours, FDB entries, rules and routes.
+#[expect(
+    async_fn_in_trait,
+    reason = "used through generics; the concrete future's Send-ness is visible to callers"
+)]
+pub trait Netlink {
+    /// The interface holding `local` (the node's underlay address).
+    async fn parent(&mut self, local: IpAddr) -> Result<Option<Parent>>;
+    /// Reads back every object inside `scope`.
+    async fn observe(&mut self, scope: &Scope) -> Result<KernelState>;
+    /// Carries out one operation; announcements and other side notes go to
+    /// `report`.
+    async fn apply(&mut self, op: &KernelOp, report: &mut Report) -> Result<()>;
+}
+
+/// The real backend: one rtnetlink socket in the caller's network namespace.
+#[derive(Debug, Clone)]
+pub struct Rtnetlink {
+    handle: Handle,
+    /// The tunnel device's name, from the last observed scope.
+    vxlan_name: Option<String>,
+}
+
+fn nl(what: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> Error {
+    let what = what.into();
+    move |source| Error::Netlink { what, source }
+}
+
+/// Whether a netlink error is `errno` (positive, e.g. `libc`'s ENODEV = 19).
+fn is_errno(e: &rtnetlink::Error, errno: i32) -> bool {
+    matches!(e, rtnetlink::Error::NetlinkError(m) if m.raw_code() == -errno)
+}
+
+const ENOENT: i32 = 2;
+const ESRCH: i32 = 3;
+const ENODEV: i32 = 19;
+const EEXIST: i32 = 17;
+const EADDRNOTAVAIL: i32 = 99;
+const EOPNOTSUPP: i32 = 95;
+
+impl Rtnetlink {
+    /// Opens a socket; must run inside a tokio runtime, which drives it.
+    pub fn connect() -> Result<Self> {
+        let (conn, handle, _) = rtnetlink::new_connection().map_err(|e| Error::Netlink {
+            what: "open rtnetlink socket".into(),
+            source: rtnetlink::Error::NamespaceError(e.to_string()),
+        })?;
+        tokio::spawn(conn);
+        Ok(Rtnetlink {
+            handle,
+            vxlan_name: None,
+        })
+    }
+
+    /// Sends one request and waits for its acknowledgement.
+    async fn ack(&self, msg: RouteNetlinkMessage, flags: u16) -> Result<(), rtnetlink::Error> {
+        let mut req = NetlinkMessage::from(msg);
+        req.header.flags = NLM_F_REQUEST | NLM_F_ACK | flags;
+        let mut response = self.handle.clone().request(req)?;
+        while let Some(m) = response.next().await {
+            if let NetlinkPayload::Error(e) = m.payload {
+                return Err(rtnetlink::Error::NetlinkError(e));
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends a dump request and collects the answers.
+    async fn dump(&self, msg: RouteNetlinkMessage) -> Result<Vec<RouteNetlinkMessage>, rtnetlink::Error> {
+        let mut req = NetlinkMessage::from(msg);
+        req.header.flags = NLM_F_REQUEST | NLM_F_DUMP;
+        let mut response = self.handle.clone().request(req)?;
+        let mut out = Vec::new();
+        while let Some(m) = response.next().await {
+            match m.payload {
+                NetlinkPayload::InnerMessage(inner) => out.push(inner),
+                NetlinkPayload::Error(e) => return Err(rtnetlink::Error::NetlinkError(e)),
+                _ => {}
+            }
+        }
+        Ok(out)
+    }
+
+    /// A link by name, `None` when there is none.
+    async fn link(&self, name: &str) -> Result<Option<LinkMessage>> {
+        let mut links = self.handle.link().get().match_name(name.to_owned()).execute();
+        match links.try_next().await {
+            Ok(link) => Ok(link),
+            Err(e) if is_errno(&e, ENODEV) => Ok(None),
+            Err(e) => Err(nl(format!("link {name}: get"))(e)),
+        }
+    }
+
+    async fn index(&self, name: &str) -> Result<u32> {
+        self.link(name)
+            .await?
+            .map(|l| l.header.index)
+            .ok_or_else(|| Error::Host(format!("link {name}: does not exist")))
+    }
+
+    async fn addresses(&self, index: u32) -> Result<Vec<IpNet>> {
+        let mut out = Vec::new();
+        let mut addrs = self
+            .handle
+            .address()
+            .get()
+            .set_link_index_filter(index)
+            .execute();
+        while let Some(a) = addrs
+            .try_next()
+            .await
+            .map_err(nl(format!("addresses of link #{index}: get")))?
+        {
+            if let Some(ip) = address_of(&a)
+                && let Ok(net) = IpNet::new(ip, a.header.prefix_len)
+            {
+                out.push(net);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn observe_vxlan(&self, scope: &Scope, state: &mut KernelState) -> Result<Option<u32>> {
+        let Some(link) = self.link(&scope.vxlan).await? else {
+            return Ok(None);
+        };
+        let index = link.header.index;
+        state.vxlan = vxlan_of(&scope.vxlan, &link);
+        state.vxlan_addrs = self
+            .addresses(index)
+            .await?
+            .into_iter()
+            .filter(|n| !is_link_local(n.addr()))
+            .collect();
+        state.rp_filter = read_rp_filter(&scope.vxlan).ok();
+        if let Ok(offloads) = crate::ethtool::read_offloads(&scope.vxlan).await {
+            state.tx_checksum = Some(offloads.tx_checksum);
+            state.offloads = Some(offloads.summary());
+        }
+        Ok(Some(index))
+    }
+
+    async fn observe_neighbours(&self, vx: u32, state: &mut KernelState) -> Result<()> {
+        for family in [AddressFamily::Inet, AddressFamily::Inet6, AddressFamily::Bridge] {
+            let mut msg = NeighbourMessage::default();
+            msg.header.family = family;
+            msg.header.ifindex = vx;
+            let dump = self
+                .dump(RouteNetlinkMessage::GetNeighbour(msg))
+                .await
+                .map_err(nl("neighbours: dump"))?;
+            for m in dump {
+                let RouteNetlinkMessage::NewNeighbour(n) = m else {
+                    continue;
+                };
+                if n.header.ifindex != vx {
+                    continue;
+                }
+                let (ip, mac) = neighbour_of(&n);
+                match (family, ip, mac) {
+                    (AddressFamily::Bridge, Some(ip), Some(mac)) => {
+                        state.fdb.insert(mac, ip);
+                    }
+                    (AddressFamily::Inet | AddressFamily::Inet6, Some(ip), Some(mac))
+                        if n.header.state == NeighbourState::Permanent =>
+                    {
+                        state.neighbours.insert(ip, mac);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn observe_rules(&self, scope: &Scope, state: &mut KernelState) -> Result<()> {
+        for family in [AddressFamily::Inet, AddressFamily::Inet6] {
+            let mut msg = RuleMessage::default();
+            msg.header.family = family;
+            let dump = self
+                .dump(RouteNetlinkMessage::GetRule(msg))
+                .await
+                .map_err(nl("rules: dump"))?;
+            for m in dump {
+                if let RouteNetlinkMessage::NewRule(r) = m
+                    && let Some(rule) = rule_of(&r)
+                    && scope.owns_rule(&rule)
+                {
+                    state.rules.insert(rule);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn observe_routes(&self, scope: &Scope, state: &mut KernelState) -> Result<()> {
+        for family in [AddressFamily::Inet, AddressFamily::Inet6] {
+            let mut msg = RouteMessage::default();
+            msg.header.address_family = family;
+            let dump = self
+                .dump(RouteNetlinkMessage::GetRoute(msg))
+                .await
+                .map_err(nl("routes: dump"))?;
+            for m in dump {
+                let RouteNetlinkMessage::NewRoute(r) = m else {
+                    continue;
+                };
+                let table = table_of(&r);
+                if !scope.tables.contains(&table) {
+                    continue;
+                }
+                if let Some((dst, via)) = route_of(&r) {
+                    state.routes.insert((table, dst), via);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn apply_op(&self, op: &KernelOp, report: &mut Report) -> Result<()> {
+        use KernelOp::*;
+        let what = op.to_string();
+        match op {
+            CreateVxlan(l) => {
+                let mut b = LinkVxlan::new(&l.name, l.identity.vni)
+                    .dev(l.identity.parent)
+                    .port(l.identity.port)
+                    .learning(false)
+                    .address(l.settings.mac.0.to_vec())
+                    .mtu(l.settings.mtu);
+                b = match l.identity.local {
+                    IpAddr::V4(ip) => b.local(ip),
+                    IpAddr::V6(ip) => b.local6(ip),
+                };
+                if l.settings.up {
+                    b = b.up();
+                }
+                self.handle.link().add(b.build()).execute().await.map_err(nl(what))
+            }
+            DeleteVxlan { name } | DeleteEipDevice { name } => {
+                let index = self.index(name).await?;
+                self.handle.link().del(index).execute().await.map_err(nl(what))
+            }
+            SetVxlan { name, settings } => {
+                let mut b = LinkUnspec::new_with_name(name)
+                    .address(settings.mac.0.to_vec())
+                    .mtu(settings.mtu);
+                b = if settings.up { b.up() } else { b.down() };
+                self.handle.link().set(b.build()).execute().await.map_err(nl(what))
+            }
+            SetRpFilter { name, value } => write_rp_filter(name, *value),
+            SetTxChecksum { name, on } => {
+                let offloads = crate::ethtool::set_tx_checksum(name, *on).await?;
+                report
+                    .facts
+                    .insert(format!("{name} offloads"), offloads.summary());
+                Ok(())
+            }
+            AddAddr { dev, net } => {
+                let msg = address_msg(self.index(dev).await?, *net);
+                self.ack(RouteNetlinkMessage::NewAddress(msg), NLM_F_CREATE | NLM_F_EXCL)
+                    .await
+                    .map_err(nl(what))
+            }
+            DelAddr { dev, net } => {
+                let msg = address_msg(self.index(dev).await?, *net);
+                self.ack(RouteNetlinkMessage::DelAddress(msg), 0)
+                    .await
+                    .or_else(|e| ignore(e, EADDRNOTAVAIL))
+                    .map_err(nl(what))
+            }
+            SetNeighbour { ip, mac } => {
+                let msg = neighbour_msg(self.vxlan_index().await?, Some(*ip), *mac);
+                self.ack(RouteNetlinkMessage::NewNeighbour(msg), NLM_F_CREATE | NLM_F_REPLACE)
+                    .await
+                    .map_err(nl(what))
+            }
+            DelNeighbour { ip, mac } => {
+                let msg = neighbour_msg(self.vxlan_index().await?, Some(*ip), *mac);
+                self.ack(RouteNetlinkMessage::DelNeighbour(msg), 0)
+                    .await
+                    .or_else(|e| ignore(e, ENOENT))
+                    .map_err(nl(what))
+            }
+            SetFdb { mac, dst } => {
+                let msg = fdb_msg(self.vxlan_index().await?, *mac, *dst);
+                self.ack(RouteNetlinkMessage::NewNeighbour(msg), NLM_F_CREATE | NLM_F_REPLACE)
+                    .await
+                    .map_err(nl(what))
+            }
+            DelFdb { mac, dst } => {
+                let msg = fdb_msg(self.vxlan_index().await?, *mac, *dst);
+                self.ack(RouteNetlinkMessage::DelNeighbour(msg), 0)
+                    .await
+                    .or_else(|e| ignore(e, ENOENT))
+                    .map_err(nl(what))
+            }
+            SetRoute { table, dst, via } => {
+                let msg = route_msg(*table, *dst, *via, Some(self.vxlan_index().await?));
+                self.ack(RouteNetlinkMessage::NewRoute(msg), NLM_F_CREATE | NLM_F_REPLACE)
+                    .await
+                    .map_err(nl(what))
+            }
+            DelRoute { table, dst, via } => {
+                let msg = route_msg(*table, *dst, *via, None);
+                self.ack(RouteNetlinkMessage::DelRoute(msg), 0)
+                    .await
+                    .or_else(|e| ignore(e, ESRCH))
+                    .map_err(nl(what))
+            }
+            AddRule(r) => self
+                .ack(RouteNetlinkMessage::NewRule(rule_msg(r)), NLM_F_CREATE | NLM_F_EXCL)
+                .await
+                .or_else(|e| ignore(e, EEXIST))
+                .map_err(nl(what)),
+            DelRule(r) => self
+                .ack(RouteNetlinkMessage::DelRule(rule_msg(r)), 0)
+                .await
+                .or_else(|e| ignore(e, ENOENT))
+                .map_err(nl(what)),
+            CreateEipDevice { name } => {
+                let dummy = LinkDummy::new(name).up().build();
+                match self.handle.link().add(dummy).execute().await {
+                    // Kernels built without the dummy driver: an IFB device
+                    // is just as inert an address holder.
+                    Err(e) if is_errno(&e, EOPNOTSUPP) => {
+                        let ifb = LinkIfb::new(name).up().build();
+                        self.handle.link().add(ifb).execute().await.map_err(nl(what))?;
+                        report.facts.insert(
+                            format!("{name} kind"),
+                            "ifb (this kernel has no dummy driver)".into(),
+                        );
+                        Ok(())
+                    }
+                    other => other.map_err(nl(what)),
+                }
+            }
+            SetEipDeviceUp { name } => {
+                let msg = LinkUnspec::new_with_name(name).up().build();
+                self.handle.link().set(msg).execute().await.map_err(nl(what))
+            }
+            AddEip { dev, ip } => {
+                let msg = address_msg(self.index(dev).await?, IpNet::from(*ip));
+                self.ack(RouteNetlinkMessage::NewAddress(msg), NLM_F_CREATE | NLM_F_REPLACE)
+                    .await
+                    .map_err(nl(what))?;
+                announce(*ip, report);
+                Ok(())
+            }
+            DelEip { dev, ip } => {
+                let msg = address_msg(self.index(dev).await?, IpNet::from(*ip));
+                self.ack(RouteNetlinkMessage::DelAddress(msg), 0)
+                    .await
+                    .or_else(|e| ignore(e, EADDRNOTAVAIL))
+                    .map_err(nl(what))
+            }
+        }
+    }
+
+    /// `egress.vxlan`'s index; ops on its neighbours and routes name it by
+    /// the kernel's device, which the scope names.
+    async fn vxlan_index(&self) -> Result<u32> {
+        let name = self
+            .vxlan_name
+            .clone()
+            .ok_or_else(|| Error::Host("tunnel device not observed yet".into()))?;
+        self.index(&name).await
+    }
+}
+
+/// Tells the segment the EIP is here now; a missing interface is a warning,
+/// not a failure: the address is owned either way.
+fn announce(ip: IpAddr, report: &mut Report) {
+    match crate::announce::announce(ip) {
+        Ok(ifaces) if ifaces.is_empty() => report.warn(format!(
+            "eip {ip}: no interface has a prefix containing it; not announced"
+        )),
+        Ok(ifaces) => {
+            report
+                .facts
+                .insert(format!("eip {ip} announced on"), ifaces.join(", "));
+        }
+        Err(e) => report.warn(format!("eip {ip}: {e}")),
+    }
+}
+
+fn ignore(e: rtnetlink::Error, errno: i32) -> Result<(), rtnetlink::Error> {
+    if is_errno(&e, errno) { Ok(()) } else { Err(e) }
+}
+
+fn family(ip: IpAddr) -> AddressFamily {
+    match ip {
+        IpAddr::V4(_) => AddressFamily::Inet,
+        IpAddr::V6(_) => AddressFamily::Inet6,
+    }
+}
+
+fn is_link_local(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_link_local(),
+        IpAddr::V6(v6) => v6.segments()[0] & 0xffc0 == 0xfe80,
+    }
+}
+
+fn address_of(a: &AddressMessage) -> Option<IpAddr> {
+    let local = a.attributes.iter().find_map(|x| match x {
+        AddressAttribute::Local(ip) => Some(*ip),
+        _ => None,
+    });
+    local.or_else(|| {
+        a.attributes.iter().find_map(|x| match x {
+            AddressAttribute::Address(ip) => Some(*ip),
+            _ => None,
+        })
+    })
+}
+
+fn address_msg(index: u32, net: IpNet) -> AddressMessage {
+    let mut m = AddressMessage::default();
+    m.header.family = family(net.addr());
+    m.header.prefix_len = net.prefix_len();
+    m.header.index = index;
+    m.attributes.push(AddressAttribute::Local(net.addr()));
+    m.attributes.push(AddressAttribute::Address(net.addr()));
+    if net.addr().is_ipv6() {
+        // No duplicate address detection: the address is usable at once.
+        m.attributes.push(AddressAttribute::Flags(AddressFlags::Nodad));
+    }
+    m
+}
+
+fn mac_of(bytes: &[u8]) -> Option<Mac> {
+    <[u8; 6]>::try_from(bytes).ok().map(Mac)
+}
+
+fn neighbour_of(n: &NeighbourMessage) -> (Option<IpAddr>, Option<Mac>) {
+    let mut ip = None;
+    let mut mac = None;
+    for a in &n.attributes {
+        match a {
+            NeighbourAttribute::Destination(NeighbourAddress::Inet(v4)) => ip = Some((*v4).into()),
+            NeighbourAttribute::Destination(NeighbourAddress::Inet6(v6)) => {
+                ip = Some((*v6).into());
+            }
+            // FDB entries carry their destination as raw bytes.
+            NeighbourAttribute::Destination(NeighbourAddress::Other(b)) => {
+                ip = <[u8; 4]>::try_from(b.as_slice())
+                    .map(IpAddr::from)
+                    .or_else(|_| <[u8; 16]>::try_from(b.as_slice()).map(IpAddr::from))
+                    .ok();
+            }
+            NeighbourAttribute::LinkLayerAddress(b) => mac = mac_of(b),
+            _ => {}
+        }
+    }
+    (ip, mac)
+}
+
+fn neighbour_msg(index: u32, ip: Option<IpAddr>, mac: Mac) -> NeighbourMessage {
+    let mut m = NeighbourMessage::default();
+    m.header.ifindex = index;
+    m.header.state = NeighbourState::Permanent;
+    if let Some(ip) = ip {
+        m.header.family = family(ip);
+        m.attributes.push(NeighbourAttribute::Destination(match ip {
+            IpAddr::V4(v4) => NeighbourAddress::Inet(v4),
+            IpAddr::V6(v6) => NeighbourAddress::Inet6(v6),
+        }));
+    }
+    m.attributes
+        .push(NeighbourAttribute::LinkLayerAddress(mac.0.to_vec()));
+    m
+}
+
+/// `bridge fdb replace <mac> dev egress.vxlan dst <ip> self permanent`.
+fn fdb_msg(index: u32, mac: Mac, dst: IpAddr) -> NeighbourMessage {
+    let mut m = neighbour_msg(index, None, mac);
+    m.header.family = AddressFamily::Bridge;
+    m.header.flags = NeighbourFlags::Own;
+    m.attributes.push(NeighbourAttribute::Destination(match dst {
+        IpAddr::V4(v4) => NeighbourAddress::Inet(v4),
+        IpAddr::V6(v6) => NeighbourAddress::Inet6(v6),
+    }));
+    m
+}
+
+fn rule_of(r: &RuleMessage) -> Option<Rule> {
+    let mut rule = Rule {
+        ipv6: r.header.family == AddressFamily::Inet6,
+        priority: 0,
+        mark: 0,
+        mask: u32::MAX,
+        table: u32::from(r.header.table),
+    };
+    let mut has_mark = false;
+    for a in &r.attributes {
+        match a {
+            RuleAttribute::Priority(p) => rule.priority = *p,
+            RuleAttribute::FwMark(m) => {
+                rule.mark = *m;
+                has_mark = true;
+            }
+            RuleAttribute::FwMask(m) => rule.mask = *m,
+            RuleAttribute::Table(t) => rule.table = *t,
+            _ => {}
+        }
+    }
+    (has_mark && r.header.action == RuleAction::ToTable).then_some(rule)
+}
+
+fn rule_msg(r: &Rule) -> RuleMessage {
+    let mut m = RuleMessage::default();
+    m.header.family = if r.ipv6 { AddressFamily::Inet6 } else { AddressFamily::Inet };
+    m.header.action = RuleAction::ToTable;
+    m.header.table = u8::try_from(r.table).unwrap_or(0);
+    m.attributes.push(RuleAttribute::Priority(r.priority));
+    m.attributes.push(RuleAttribute::FwMark(r.mark));
+    m.attributes.push(RuleAttribute::FwMask(r.mask));
+    m.attributes.push(RuleAttribute::Table(r.table));
+    m
+}
+
+fn table_of(r: &RouteMessage) -> u32 {
+    r.attributes
+        .iter()
+        .find_map(|a| match a {
+            RouteAttribute::Table(t) => Some(*t),
+            _ => None,
+        })
+        .unwrap_or(u32::from(r.header.table))
+}
+
+fn route_addr(a: &RouteAddress) -> Option<IpAddr> {
+    match a {
+        RouteAddress::Inet(v4) => Some((*v4).into()),
+        RouteAddress::Inet6(v6) => Some((*v6).into()),
+        _ => None,
+    }
+}
+
+fn route_of(r: &RouteMessage) -> Option<(IpNet, IpAddr)> {
+    let unspecified: IpAddr = match r.header.address_family {
+        AddressFamily::Inet6 => std::net::Ipv6Addr::UNSPECIFIED.into(),
+        _ => std::net::Ipv4Addr::UNSPECIFIED.into(),
+    };
+    let mut dst = unspecified;
+    let mut via = None;
+    for a in &r.attributes {
+        match a {
+            RouteAttribute::Destination(d) => dst = route_addr(d)?,
+            RouteAttribute::Gateway(g) => via = route_addr(g),
+            _ => {}
+        }
+    }
+    let net = IpNet::new(dst, r.header.destination_prefix_length).ok()?;
+    Some((net, via.unwrap_or(unspecified)))
+}
+
+fn route_msg(table: u32, dst: IpNet, via: IpAddr, oif: Option<u32>) -> RouteMessage {
+    let mut m = RouteMessage::default();
+    m.header.address_family = family(dst.addr());
+    m.header.destination_prefix_length = dst.prefix_len();
+    m.header.table = u8::try_from(table).unwrap_or(0);
+    m.header.protocol = RouteProtocol::Static;
+    m.header.scope = RouteScope::Universe;
+    m.header.kind = RouteType::Unicast;
+    if dst.prefix_len() > 0 {
+        m.attributes
+            .push(RouteAttribute::Destination(RouteAddress::from(dst.addr())));
+    }
+    m.attributes.push(RouteAttribute::Table(table));
+    m.attributes
+        .push(RouteAttribute::Gateway(RouteAddress::from(via)));
+    if let Some(oif) = oif {
+        m.header.flags = RouteFlags::Onlink;
+        m.attributes.push(RouteAttribute::Oif(oif));
+    }
+    m
+}
+
+fn vxlan_of(name: &str, link: &LinkMessage) -> Option<VxlanLink> {
+    let mut mac = None;
+    let mut mtu = 0;
+    let mut info = None;
+    for a in &link.attributes {
+        match a {
+            LinkAttribute::Address(b) => mac = mac_of(b),
+            LinkAttribute::Mtu(m) => mtu = *m,
+            LinkAttribute::LinkInfo(infos) => {
+                info = infos.iter().find_map(|i| match i {
+                    LinkInfo::Data(InfoData::Vxlan(v)) => Some(v.clone()),
+                    _ => None,
+                });
+            }
+            _ => {}
+        }
+    }
+    // A device of that name that is not a VXLAN gets an identity that never
+    // matches, so the plan recreates it.
+    let info = info.unwrap_or_default();
+    let mut identity = VxlanIdentity {
+        vni: 0,
+        port: 0,
+        parent: 0,
+        local: std::net::Ipv4Addr::UNSPECIFIED.into(),
+        learning: true,
+    };
+    for v in info {
+        match v {
+            InfoVxlan::Id(id) => identity.vni = id,
+            InfoVxlan::Port(p) => identity.port = p,
+            InfoVxlan::Link(l) => identity.parent = l,
+            InfoVxlan::Local(ip) => identity.local = ip.into(),
+            InfoVxlan::Local6(ip) => identity.local = ip.into(),
+            InfoVxlan::Learning(l) => identity.learning = l,
+            _ => {}
+        }
+    }
+    Some(VxlanLink {
+        name: name.to_owned(),
+        identity,
+        settings: VxlanSettings {
+            mac: mac.unwrap_or(Mac([0; 6])),
+            mtu,
+            up: link.header.flags.contains(LinkFlags::Up),
+        },
+    })
+}
+
+fn rp_filter_path(dev: &str) -> String {
+    format!("/proc/sys/net/ipv4/conf/{dev}/rp_filter")
+}
+
+fn read_rp_filter(dev: &str) -> Result<u8> {
+    let path = rp_filter_path(dev);
+    let text = std::fs::read_to_string(&path).map_err(|source| Error::Sysctl {
+        path: path.clone(),
+        source,
+    })?;
+    text.trim().parse().map_err(|_| Error::Sysctl {
+        path,
+        source: std::io::Error::other(format!("unexpected value {:?}", text.trim())),
+    })
+}
+
+fn write_rp_filter(dev: &str, value: u8) -> Result<()> {
+    let path = rp_filter_path(dev);
+    std::fs::write(&path, value.to_string()).map_err(|source| Error::Sysctl { path, source })
+}
+
+impl Netlink for Rtnetlink {
+    async fn parent(&mut self, local: IpAddr) -> Result<Option<Parent>> {
+        let mut addrs = self.handle.address().get().set_address_filter(local).execute();
+        let mut index = None;
+        while let Some(a) = addrs
+            .try_next()
+            .await
+            .map_err(nl(format!("address {local}: get")))?
+        {
+            if address_of(&a) == Some(local) {
+                index = Some(a.header.index);
+            }
+        }
+        let Some(index) = index else {
+            return Ok(None);
+        };
+        let mut links = self.handle.link().get().match_index(index).execute();
+        let Some(link) = links
+            .try_next()
+            .await
+            .map_err(nl(format!("link #{index}: get")))?
+        else {
+            return Ok(None);
+        };
+        let mut parent = Parent {
+            name: String::new(),
+            index,
+            mtu: 1500,
+        };
+        for a in &link.attributes {
+            match a {
+                LinkAttribute::IfName(n) => parent.name.clone_from(n),
+                LinkAttribute::Mtu(m) => parent.mtu = *m,
+                _ => {}
+            }
+        }
+        Ok(Some(parent))
+    }
+
+    async fn observe(&mut self, scope: &Scope) -> Result<KernelState> {
+        let mut state = KernelState::default();
+        self.vxlan_name = Some(scope.vxlan.clone());
+        if let Some(vx) = self.observe_vxlan(scope, &mut state).await? {
+            self.observe_neighbours(vx, &mut state).await?;
+        }
+        self.observe_rules(scope, &mut state).await?;
+        self.observe_routes(scope, &mut state).await?;
+        if let Some(link) = self.link(&scope.eip_device).await? {
+            state.eip_device = Some(link.header.flags.contains(LinkFlags::Up));
+            state.eips = self
+                .addresses(link.header.index)
+                .await?
+                .into_iter()
+                .map(|n| n.addr())
+                .filter(|ip| !is_link_local(*ip))
+                .collect();
+        }
+        Ok(state)
+    }
+
+    async fn apply(&mut self, op: &KernelOp, report: &mut Report) -> Result<()> {
+        self.apply_op(op, report).await
+    }
+}

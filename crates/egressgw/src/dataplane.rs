@@ -1,0 +1,102 @@
+//! `egressgw apply` and `egressgw cleanup`: the kernel dataplane of this host.
+
+use std::io::Write as _;
+use std::time::Duration;
+
+use anyhow::Context;
+use egressgw_dataplane::Report;
+use egressgw_dataplane::netlink::Rtnetlink;
+use egressgw_dataplane::nft::Nft;
+use egressgw_dataplane::reconcile::Dataplane;
+
+use crate::{ApplyArgs, CleanupArgs, ReportOutput, known_node, load, load_config};
+
+/// Plans the node and reconciles the kernel to it, once or every
+/// `--every` seconds. Fails when an operation failed (in one-shot mode).
+pub(crate) fn apply(args: &ApplyArgs) -> anyhow::Result<()> {
+    init_logs();
+    let snapshot = load(&args.file, args.config.as_deref())?;
+    known_node(&snapshot, &args.node, &args.file)?;
+    let plan = egressgw_core::plan_node(&snapshot, &args.node);
+    let state = plan
+        .nodes
+        .get(&args.node)
+        .with_context(|| format!("no plan for node {}", args.node))?;
+    runtime()?.block_on(async {
+        let mut dp = Dataplane::new(Rtnetlink::connect()?, Nft::new(), snapshot.config.clone());
+        loop {
+            let report = dp.reconcile(state).await;
+            print(&report, args.output)?;
+            match args.every {
+                Some(secs) => tokio::time::sleep(Duration::from_secs(secs.max(1))).await,
+                None if report.is_ok() => return Ok(()),
+                None => anyhow::bail!("{} operation(s) failed", report.failed.len()),
+            }
+        }
+    })
+}
+
+/// Removes everything egressgw created on this host.
+pub(crate) fn cleanup(args: &CleanupArgs) -> anyhow::Result<()> {
+    init_logs();
+    let config = load_config(args.config.as_deref())?;
+    runtime()?.block_on(async {
+        let mut dp = Dataplane::new(Rtnetlink::connect()?, Nft::new(), config);
+        let report = dp.cleanup().await;
+        print(&report, args.output)?;
+        if report.is_ok() {
+            Ok(())
+        } else {
+            anyhow::bail!("{} operation(s) failed", report.failed.len())
+        }
+    })
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+/// Logs to stderr; `RUST_LOG` filters (default `warn`, so reports stay
+/// readable on stdout).
+fn init_logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn print(report: &Report, output: ReportOutput) -> anyhow::Result<()> {
+    let text = match output {
+        ReportOutput::Json => serde_json::to_string(report)? + "\n",
+        ReportOutput::Text => {
+            let mut out = String::new();
+            for op in &report.applied {
+                out += &format!("applied  {op}\n");
+            }
+            for f in &report.failed {
+                out += &format!("FAILED   {}: {}\n", f.op, f.error);
+            }
+            for w in &report.warnings {
+                out += &format!("warning  {w}\n");
+            }
+            for (k, v) in &report.facts {
+                out += &format!("fact     {k}: {v}\n");
+            }
+            out += &format!(
+                "{} operation(s): {} applied, {} failed\n",
+                report.ops(),
+                report.applied.len(),
+                report.failed.len()
+            );
+            out
+        }
+    };
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(text.as_bytes())?;
+    stdout.flush().context("writing the report")
+}
