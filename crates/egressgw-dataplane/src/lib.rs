@@ -17,6 +17,7 @@
 pub mod announce;
 mod error;
 pub mod ethtool;
+pub mod fake;
 pub mod kernel;
 pub mod netlink;
 pub mod nft;
