@@ -169,7 +169,7 @@ fn unselected_pods_excluded_destinations_and_in_cluster_traffic_leave_the_normal
     let after = counters(&topo.node_a, VXLAN);
     // Not zero: the kernel may send IPv6 control packets (router and
     // neighbour solicitations, MLD) on a new device. Far below the upload.
-    let tunnelled = after.tx_bytes - before.tx_bytes;
+    let tunnelled = after.tx_bytes.saturating_sub(before.tx_bytes);
     assert!(
         tunnelled < 64 * 1024,
         "{tunnelled} bytes left node A through {VXLAN} during a {sent}-byte in-cluster upload"
@@ -230,7 +230,7 @@ fn replies_return_through_the_tunnel_and_a_long_transfer_completes() {
         "download"
     );
     let after = counters(&topo.node_a, VXLAN);
-    let returned = after.rx_bytes - before.rx_bytes;
+    let returned = after.rx_bytes.saturating_sub(before.rx_bytes);
     assert!(
         returned >= SOURCE_BYTES as u64,
         "only {returned} bytes came back through {VXLAN} on node A for a {SOURCE_BYTES}-byte download"
@@ -242,7 +242,7 @@ fn replies_return_through_the_tunnel_and_a_long_transfer_completes() {
         .unwrap_or_else(|e| panic!("iperf3 pod-a1 -> target: {e}"));
     let after = counters(&topo.node_a, VXLAN);
     assert!(received > 0, "iperf3 moved no data");
-    let tunnelled = after.tx_bytes - before.tx_bytes;
+    let tunnelled = after.tx_bytes.saturating_sub(before.tx_bytes);
     assert!(
         tunnelled >= received,
         "iperf3 moved {received} bytes but only {tunnelled} left node A through {VXLAN}"
@@ -340,7 +340,9 @@ fn an_agent_killed_and_restarted_mid_transfer_applies_nothing_and_the_transfer_c
 
     let received = iperf3_result(client, seconds)
         .unwrap_or_else(|e| panic!("the transfer across the restart: {e}"));
-    let tunnelled = counters(&topo.node_a, VXLAN).tx_bytes - before.tx_bytes;
+    let tunnelled = counters(&topo.node_a, VXLAN)
+        .tx_bytes
+        .saturating_sub(before.tx_bytes);
     assert!(
         received > 0 && tunnelled >= received,
         "iperf3 moved {received} bytes, {tunnelled} through {VXLAN}"
