@@ -32,6 +32,11 @@ RUST_COMPONENTS=(rustfmt clippy)
 # Debian packages needed right now: a C toolchain for rustc to link with, and
 # what it takes to download rustup.
 APT_PACKAGES=(ca-certificates curl gcc libc6-dev)
+# What the privileged dataplane tests (crates/egressgw/tests/dataplane.rs)
+# run: ip, bridge and ss (iproute2), nft (nftables), iptables-nft and
+# iptables-legacy (both in Debian 12's iptables), ethtool, iperf3, sysctl
+# (procps).
+TEST_APT_PACKAGES=(iproute2 nftables iptables ethtool iperf3 procps)
 
 SCRIPT_NAME=setup
 # shellcheck source=scripts/lib.sh
@@ -51,11 +56,11 @@ marker_set() {
 step_apt() {
     log "Debian packages"
     if ! command -v dpkg-query >/dev/null; then
-        detail "not a Debian-like system: skipped (needs ${APT_PACKAGES[*]} or equivalents)"
+        detail "not a Debian-like system: skipped (needs ${APT_PACKAGES[*]} ${TEST_APT_PACKAGES[*]} or equivalents)"
         return 0
     fi
-    need_apt_packages "${APT_PACKAGES[@]}"
-    detail "ok: ${APT_PACKAGES[*]}"
+    need_apt_packages "${APT_PACKAGES[@]}" "${TEST_APT_PACKAGES[@]}"
+    detail "ok: ${APT_PACKAGES[*]} ${TEST_APT_PACKAGES[*]}"
 }
 
 rustup_target() {

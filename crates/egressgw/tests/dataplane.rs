@@ -1,0 +1,409 @@
+//! The kernel dataplane with real traffic: two nodes, three pods and an
+//! external target, each in a network namespace of its own (see
+//! `support/netns.rs` for the picture), `egressgw apply` and `cleanup` run
+//! inside the node namespaces, and TCP connections through the result.
+//!
+//! Needs root, `ip`, `bridge`, `nft`, `iptables-nft`, `iptables-legacy`,
+//! `ethtool`, `ss` and `iperf3` (`scripts/setup.sh` installs them). Without
+//! root every test prints `SKIPPED <name>: needs root` and passes. Each test
+//! builds its own namespaces, so the tests run in parallel.
+
+mod support;
+
+use std::net::IpAddr;
+use std::thread;
+use std::time::Duration;
+
+use support::cluster::{Egressgw, POOL, Policy};
+use support::have_root;
+use support::netns::{
+    Masquerade, NODE_A_IP, NODE_B_EXTERNAL_IP, Netns, POD_A1_IP, POD_B1_IP, TARGET_EXCLUDED_IP,
+    TARGET_IP, Topology,
+};
+use support::traffic::{
+    SOURCE_BYTES, Server, Service, counters, download, ethtool_feature, iperf3, iperf3_client,
+    iperf3_result, iperf3_server, upload, whoami,
+};
+
+/// The tunnel device's default name.
+const VXLAN: &str = "egress.vxlan";
+/// A config file with every key at its default.
+const DEFAULT_CONFIG: &str = "{}\n";
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().expect("a valid test address")
+}
+
+/// Applies the objects on the gateway node B, then on node A.
+fn apply_both(topo: &Topology, policy: &Policy, config: &str) -> Egressgw {
+    let gw = Egressgw::new(topo.dir(), policy, config);
+    gw.apply_ok(&topo.node_b, "node-b");
+    gw.apply_ok(&topo.node_a, "node-a");
+    gw
+}
+
+/// Fails the test unless a whoami from `from` to `target_ip` is answered
+/// with `expected`.
+fn assert_seen_as(from: &Netns, target_ip: &str, expected: IpAddr, why: &str) {
+    match whoami(from, target_ip) {
+        Ok(seen) => assert_eq!(seen, expected, "{} -> {target_ip}: {why}", from.name()),
+        Err(e) => panic!("{} -> {target_ip} ({why}): {e}", from.name()),
+    }
+}
+
+/// The planned EIP of the test policy, checked to lie in the pool.
+fn eip(gw: &Egressgw) -> IpAddr {
+    let eip = gw.planned_eip();
+    let (first, last) = POOL.split_once('-').expect("the pool is a range");
+    let range = ip(first)..=ip(last);
+    assert!(range.contains(&IpAddr::V4(eip)), "{eip} is not in {POOL}");
+    IpAddr::V4(eip)
+}
+
+#[test]
+fn without_egressgw_a_pod_reaches_the_target_from_its_node_ip() {
+    if !have_root("without_egressgw_a_pod_reaches_the_target_from_its_node_ip") {
+        return;
+    }
+    let topo = Topology::new(Masquerade::Nft);
+    let _target = Server::start(&topo.target, Service::Whoami);
+    let _pod_b1 = Server::start(&topo.pod_b1, Service::Whoami);
+
+    let node_a = ip(NODE_A_IP);
+    assert_seen_as(&topo.pod_a1, TARGET_IP, node_a, "masqueraded by node A");
+    assert_seen_as(&topo.pod_a2, TARGET_IP, node_a, "masqueraded by node A");
+    assert_seen_as(
+        &topo.pod_a1,
+        TARGET_EXCLUDED_IP,
+        node_a,
+        "masqueraded by node A",
+    );
+    let node_b = ip(NODE_B_EXTERNAL_IP);
+    assert_seen_as(&topo.pod_b1, TARGET_IP, node_b, "masqueraded by node B");
+    assert_seen_as(
+        &topo.pod_a1,
+        POD_B1_IP,
+        ip(POD_A1_IP),
+        "pods talk without NAT",
+    );
+}
+
+/// A selected pod on node A reaches the target from the EIP, whatever
+/// masquerade the CNI installed on the nodes.
+fn selected_pod_leaves_from_the_eip(masquerade: Masquerade) {
+    let topo = Topology::new(masquerade);
+    let _target = Server::start(&topo.target, Service::Whoami);
+    let gw = apply_both(&topo, &Policy::default(), DEFAULT_CONFIG);
+    assert_seen_as(&topo.pod_a1, TARGET_IP, eip(&gw), "selected by team-a/web");
+}
+
+#[test]
+fn a_selected_pod_reaches_the_target_from_the_egress_ip() {
+    if !have_root("a_selected_pod_reaches_the_target_from_the_egress_ip") {
+        return;
+    }
+    selected_pod_leaves_from_the_eip(Masquerade::None);
+}
+
+#[test]
+fn a_selected_pod_leaves_from_the_egress_ip_despite_an_iptables_nft_masquerade() {
+    if !have_root("a_selected_pod_leaves_from_the_egress_ip_despite_an_iptables_nft_masquerade") {
+        return;
+    }
+    selected_pod_leaves_from_the_eip(Masquerade::Nft);
+}
+
+#[test]
+fn a_selected_pod_leaves_from_the_egress_ip_despite_an_iptables_legacy_masquerade() {
+    if !have_root("a_selected_pod_leaves_from_the_egress_ip_despite_an_iptables_legacy_masquerade")
+    {
+        return;
+    }
+    selected_pod_leaves_from_the_eip(Masquerade::Legacy);
+}
+
+#[test]
+fn unselected_pods_excluded_destinations_and_in_cluster_traffic_leave_the_normal_way() {
+    if !have_root(
+        "unselected_pods_excluded_destinations_and_in_cluster_traffic_leave_the_normal_way",
+    ) {
+        return;
+    }
+    let topo = Topology::new(Masquerade::Nft);
+    let _target = Server::start(&topo.target, Service::Whoami);
+    let _pod_b1 = Server::start(&topo.pod_b1, Service::Whoami);
+    let _pod_b1_sink = Server::start(&topo.pod_b1, Service::Sink);
+    // Every destination outside the cluster but 198.51.100.2: in-cluster
+    // destinations must stay out of the tunnel because they are in-cluster,
+    // not because the policy does not name them.
+    let policy = Policy {
+        dest_subnet: Vec::new(),
+        exclude_subnet: vec!["198.51.100.2/32"],
+        use_node_ip: false,
+    };
+    let gw = apply_both(&topo, &policy, DEFAULT_CONFIG);
+    let node_a = ip(NODE_A_IP);
+
+    assert_seen_as(&topo.pod_a1, TARGET_IP, eip(&gw), "the policy is in force");
+    assert_seen_as(&topo.pod_a2, TARGET_IP, node_a, "pod-a2 is not selected");
+    assert_seen_as(
+        &topo.pod_a1,
+        TARGET_EXCLUDED_IP,
+        node_a,
+        "198.51.100.2 is excluded",
+    );
+
+    let before = counters(&topo.node_a, VXLAN);
+    assert_seen_as(
+        &topo.pod_a1,
+        POD_B1_IP,
+        ip(POD_A1_IP),
+        "pod to pod keeps the pod source",
+    );
+    let sent = 4 << 20;
+    assert_eq!(
+        upload(&topo.pod_a1, POD_B1_IP, sent),
+        Ok(sent),
+        "pod-a1 -> pod-b1 upload"
+    );
+    let after = counters(&topo.node_a, VXLAN);
+    // Not zero: the kernel may send IPv6 control packets (router and
+    // neighbour solicitations, MLD) on a new device. Far below the upload.
+    let tunnelled = after.tx_bytes.saturating_sub(before.tx_bytes);
+    assert!(
+        tunnelled < 64 * 1024,
+        "{tunnelled} bytes left node A through {VXLAN} during a {sent}-byte in-cluster upload"
+    );
+}
+
+#[test]
+fn a_selected_pod_on_the_gateway_node_is_snatted_to_the_egress_ip() {
+    if !have_root("a_selected_pod_on_the_gateway_node_is_snatted_to_the_egress_ip") {
+        return;
+    }
+    let topo = Topology::new(Masquerade::Nft);
+    let _target = Server::start(&topo.target, Service::Whoami);
+    let gw = apply_both(&topo, &Policy::default(), DEFAULT_CONFIG);
+    assert_seen_as(
+        &topo.pod_b1,
+        TARGET_IP,
+        eip(&gw),
+        "pod-b1 is selected, on the gateway",
+    );
+}
+
+#[test]
+fn a_use_node_ip_policy_leaves_from_the_gateway_node_ip() {
+    if !have_root("a_use_node_ip_policy_leaves_from_the_gateway_node_ip") {
+        return;
+    }
+    let topo = Topology::new(Masquerade::Nft);
+    let _target = Server::start(&topo.target, Service::Whoami);
+    let policy = Policy {
+        use_node_ip: true,
+        ..Policy::default()
+    };
+    apply_both(&topo, &policy, DEFAULT_CONFIG);
+    assert_seen_as(
+        &topo.pod_a1,
+        TARGET_IP,
+        ip(NODE_B_EXTERNAL_IP),
+        "useNodeIP: the gateway's own address",
+    );
+}
+
+#[test]
+fn replies_return_through_the_tunnel_and_a_long_transfer_completes() {
+    if !have_root("replies_return_through_the_tunnel_and_a_long_transfer_completes") {
+        return;
+    }
+    let topo = Topology::new(Masquerade::Nft);
+    let _whoami = Server::start(&topo.target, Service::Whoami);
+    let _source = Server::start(&topo.target, Service::Source);
+    let gw = apply_both(&topo, &Policy::default(), DEFAULT_CONFIG);
+    assert_seen_as(&topo.pod_a1, TARGET_IP, eip(&gw), "selected by team-a/web");
+
+    let before = counters(&topo.node_a, VXLAN);
+    assert_eq!(
+        download(&topo.pod_a1, TARGET_IP),
+        Ok(SOURCE_BYTES),
+        "download"
+    );
+    let after = counters(&topo.node_a, VXLAN);
+    let returned = after.rx_bytes.saturating_sub(before.rx_bytes);
+    assert!(
+        returned >= SOURCE_BYTES as u64,
+        "only {returned} bytes came back through {VXLAN} on node A for a {SOURCE_BYTES}-byte download"
+    );
+
+    let seconds = 4;
+    let before = counters(&topo.node_a, VXLAN);
+    let received = iperf3(&topo.pod_a1, &topo.target, TARGET_IP, seconds)
+        .unwrap_or_else(|e| panic!("iperf3 pod-a1 -> target: {e}"));
+    let after = counters(&topo.node_a, VXLAN);
+    assert!(received > 0, "iperf3 moved no data");
+    let tunnelled = after.tx_bytes.saturating_sub(before.tx_bytes);
+    assert!(
+        tunnelled >= received,
+        "iperf3 moved {received} bytes but only {tunnelled} left node A through {VXLAN}"
+    );
+}
+
+/// The tunnel's `tx-checksumming` on node A under `vxlan.disableChecksumOffload`.
+fn tx_checksumming_with(disable: bool) -> String {
+    let topo = Topology::new(Masquerade::Nft);
+    let _target = Server::start(&topo.target, Service::Whoami);
+    let config = format!("vxlan:\n  disableChecksumOffload: {disable}\n");
+    let gw = apply_both(&topo, &Policy::default(), &config);
+    assert_seen_as(
+        &topo.pod_a1,
+        TARGET_IP,
+        eip(&gw),
+        "traffic flows either way",
+    );
+    ethtool_feature(&topo.node_a, VXLAN, "tx-checksumming")
+}
+
+#[test]
+fn disabling_checksum_offload_turns_tx_checksumming_off_on_the_tunnel() {
+    if !have_root("disabling_checksum_offload_turns_tx_checksumming_off_on_the_tunnel") {
+        return;
+    }
+    assert_eq!(tx_checksumming_with(true), "off");
+}
+
+#[test]
+fn tx_checksumming_stays_on_when_offload_is_not_disabled() {
+    if !have_root("tx_checksumming_stays_on_when_offload_is_not_disabled") {
+        return;
+    }
+    assert_eq!(tx_checksumming_with(false), "on");
+}
+
+#[test]
+fn a_second_reconcile_in_a_row_applies_nothing() {
+    if !have_root("a_second_reconcile_in_a_row_applies_nothing") {
+        return;
+    }
+    let topo = Topology::new(Masquerade::Nft);
+    let gw = apply_both(&topo, &Policy::default(), DEFAULT_CONFIG);
+    for (ns, node) in [(&topo.node_a, "node-a"), (&topo.node_b, "node-b")] {
+        let second = gw.apply_ok(ns, node);
+        assert!(
+            second.applied.is_empty(),
+            "the second apply on {node} changed things: {:#}",
+            second.json
+        );
+    }
+}
+
+#[test]
+fn an_agent_killed_and_restarted_mid_transfer_applies_nothing_and_the_transfer_completes() {
+    if !have_root(
+        "an_agent_killed_and_restarted_mid_transfer_applies_nothing_and_the_transfer_completes",
+    ) {
+        return;
+    }
+    let topo = Topology::new(Masquerade::Nft);
+    let gw = apply_both(&topo, &Policy::default(), DEFAULT_CONFIG);
+    let seconds = 5;
+    let _server = iperf3_server(&topo.target);
+    let before = counters(&topo.node_a, VXLAN);
+    let client = iperf3_client(&topo.pod_a1, TARGET_IP, seconds);
+    thread::sleep(Duration::from_millis(500));
+
+    let report_limit = Duration::from_secs(30);
+    let (agent, reports) = gw.apply_every(&topo.node_a, "node-a", 1);
+    let first = reports
+        .recv_timeout(report_limit)
+        .expect("apply --every reports its first reconcile");
+    assert!(first.failed.is_empty(), "{:#}", first.json);
+    let killed = agent.kill();
+    assert!(
+        killed.status.code().is_none(),
+        "apply --every ended by itself before SIGKILL: {}",
+        String::from_utf8_lossy(&killed.stderr)
+    );
+
+    let (agent, reports) = gw.apply_every(&topo.node_a, "node-a", 1);
+    for n in 1..=2 {
+        let report = reports
+            .recv_timeout(report_limit)
+            .unwrap_or_else(|e| panic!("reconcile {n} after the restart: {e}"));
+        assert!(
+            report.applied.is_empty() && report.failed.is_empty(),
+            "reconcile {n} after the restart changed things: {:#}",
+            report.json
+        );
+    }
+    drop(agent);
+
+    let received = iperf3_result(client, seconds)
+        .unwrap_or_else(|e| panic!("the transfer across the restart: {e}"));
+    let tunnelled = counters(&topo.node_a, VXLAN)
+        .tx_bytes
+        .saturating_sub(before.tx_bytes);
+    assert!(
+        received > 0 && tunnelled >= received,
+        "iperf3 moved {received} bytes, {tunnelled} through {VXLAN}"
+    );
+}
+
+#[test]
+fn cleanup_leaves_each_node_as_it_was_before_apply() {
+    if !have_root("cleanup_leaves_each_node_as_it_was_before_apply") {
+        return;
+    }
+    let topo = Topology::new(Masquerade::Nft);
+    let _target = Server::start(&topo.target, Service::Whoami);
+    let _pod_b1 = Server::start(&topo.pod_b1, Service::Whoami);
+    // Traffic on the normal paths first, so the neighbour tables hold what
+    // they will hold after the egress traffic too.
+    assert_seen_as(&topo.pod_a1, TARGET_IP, ip(NODE_A_IP), "before apply");
+    assert_seen_as(
+        &topo.pod_b1,
+        TARGET_IP,
+        ip(NODE_B_EXTERNAL_IP),
+        "before apply",
+    );
+    assert_seen_as(&topo.pod_a1, POD_B1_IP, ip(POD_A1_IP), "before apply");
+    let nodes = [(&topo.node_a, "node-a"), (&topo.node_b, "node-b")];
+    let before: Vec<String> = nodes.iter().map(|(ns, _)| ns.kernel_state()).collect();
+
+    let gw = apply_both(&topo, &Policy::default(), DEFAULT_CONFIG);
+    assert_seen_as(&topo.pod_a1, TARGET_IP, eip(&gw), "while applied");
+    assert_seen_as(&topo.pod_b1, TARGET_IP, eip(&gw), "while applied");
+    for (ns, _) in nodes.iter().rev() {
+        gw.cleanup(ns);
+    }
+
+    for ((ns, node), before) in nodes.iter().zip(&before) {
+        let after = ns.kernel_state();
+        assert!(
+            *before == after,
+            "cleanup on {node} left the kernel different from before apply:\n{}",
+            line_diff(before, &after)
+        );
+    }
+    assert_seen_as(&topo.pod_a1, TARGET_IP, ip(NODE_A_IP), "after cleanup");
+}
+
+/// The lines only in `before` (`-`) and only in `after` (`+`), under the
+/// section headers (`## ...`) they belong to.
+fn line_diff(before: &str, after: &str) -> String {
+    let only = |a: &str, b: &str, sign: char| -> Vec<String> {
+        let mut section = "";
+        let mut out = Vec::new();
+        for line in a.lines() {
+            if line.starts_with("## ") {
+                section = line;
+            } else if !b.lines().any(|l| l == line) {
+                out.push(format!("{section}: {sign} {line}"));
+            }
+        }
+        out
+    };
+    let mut lines = only(before, after, '-');
+    lines.extend(only(after, before, '+'));
+    lines.join("\n")
+}

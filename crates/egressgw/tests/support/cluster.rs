@@ -1,0 +1,332 @@
+//! The Kubernetes objects of the test cluster, and `egressgw` run on them.
+
+use std::fmt::Write as _;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::mpsc::{self, Receiver};
+use std::time::Duration;
+
+use super::netns::{NODE_A_IP, NODE_B_IP, Netns, POD_A1_IP, POD_A2_IP, POD_B1_IP};
+use super::process::{Background, describe, run_bounded};
+
+/// The policy's name as `egressgw plan` reports it.
+pub const POLICY: &str = "team-a/web";
+/// The gateway's pool.
+pub const POOL: &str = "198.51.100.200-198.51.100.210";
+/// How long one `apply` or `cleanup` may take.
+const RUN_LIMIT: Duration = Duration::from_secs(60);
+
+/// The binary under test.
+fn binary() -> &'static str {
+    env!("CARGO_BIN_EXE_egressgw")
+}
+
+/// The `EgressPolicy` `team-a/web`: it selects the pods labelled `app: web`
+/// (pod-a1 on node A and pod-b1 on node B); pod-a2 (`app: batch`) is never
+/// selected.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    /// `spec.destSubnet`; empty means every destination outside the cluster.
+    pub dest_subnet: Vec<&'static str>,
+    /// `spec.excludeSubnet`.
+    pub exclude_subnet: Vec<&'static str>,
+    /// `spec.egressIP.useNodeIP`.
+    pub use_node_ip: bool,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            dest_subnet: vec!["198.51.100.0/24"],
+            exclude_subnet: Vec::new(),
+            use_node_ip: false,
+        }
+    }
+}
+
+/// Nodes, the namespace, pods, the gateway and `policy`, as YAML documents.
+pub fn objects_yaml(policy: &Policy) -> String {
+    let mut y = String::new();
+    y += &node("node-a", NODE_A_IP, "10.244.1.0/24", false);
+    y += &node("node-b", NODE_B_IP, "10.244.2.0/24", true);
+    y += "---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: team-a\n  labels:\n    kubernetes.io/metadata.name: team-a\n";
+    y += &pod("pod-a1", "web", "node-a", NODE_A_IP, POD_A1_IP);
+    y += &pod("pod-a2", "batch", "node-a", NODE_A_IP, POD_A2_IP);
+    y += &pod("pod-b1", "web", "node-b", NODE_B_IP, POD_B1_IP);
+    let _ = write!(
+        y,
+        "---
+apiVersion: egressgw.io/v1alpha1
+kind: EgressGateway
+metadata:
+  name: egress
+spec:
+  nodeSelector:
+    selector:
+      matchLabels:
+        egressgw.io/gateway: \"true\"
+  ippools:
+    ipv4:
+      - {POOL}
+---
+apiVersion: egressgw.io/v1alpha1
+kind: EgressPolicy
+metadata:
+  name: web
+  namespace: team-a
+spec:
+  egressGatewayName: egress
+  egressIP:
+    useNodeIP: {}
+  appliedTo:
+    podSelector:
+      matchLabels:
+        app: web
+  destSubnet: {}
+  excludeSubnet: {}
+",
+        policy.use_node_ip,
+        flow_list(&policy.dest_subnet),
+        flow_list(&policy.exclude_subnet),
+    );
+    y
+}
+
+fn flow_list(items: &[&str]) -> String {
+    format!("[{}]", items.join(", "))
+}
+
+fn node(name: &str, ip: &str, pod_cidr: &str, gateway: bool) -> String {
+    let gateway_label = if gateway {
+        "\n    egressgw.io/gateway: \"true\""
+    } else {
+        ""
+    };
+    format!(
+        "---
+apiVersion: v1
+kind: Node
+metadata:
+  name: {name}
+  labels:
+    kubernetes.io/hostname: {name}
+    kubernetes.io/os: linux{gateway_label}
+spec:
+  podCIDR: {pod_cidr}
+  podCIDRs:
+    - {pod_cidr}
+status:
+  addresses:
+    - type: InternalIP
+      address: {ip}
+    - type: Hostname
+      address: {name}
+  conditions:
+    - type: Ready
+      status: \"True\"
+"
+    )
+}
+
+fn pod(name: &str, app: &str, node: &str, host_ip: &str, ip: &str) -> String {
+    format!(
+        "---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  namespace: team-a
+  labels:
+    app: {app}
+spec:
+  nodeName: {node}
+  containers:
+    - name: main
+      image: registry.example.com/{app}:1
+status:
+  phase: Running
+  hostIP: {host_ip}
+  podIP: {ip}
+  podIPs:
+    - ip: {ip}
+"
+    )
+}
+
+/// The outcome of one reconcile, as `apply -o json` prints it.
+#[derive(Debug)]
+pub struct Reconcile {
+    /// `applied`: the ops carried out.
+    pub applied: Vec<String>,
+    /// `failed`: the ops that failed, with their errors.
+    pub failed: Vec<serde_json::Value>,
+    /// The whole object.
+    pub json: serde_json::Value,
+}
+
+impl Reconcile {
+    fn parse(json: serde_json::Value) -> Self {
+        let applied = json["applied"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_else(|| panic!("no `applied` list in {json}"));
+        let failed = json["failed"]
+            .as_array()
+            .cloned()
+            .unwrap_or_else(|| panic!("no `failed` list in {json}"));
+        Self {
+            applied,
+            failed,
+            json,
+        }
+    }
+}
+
+/// `egressgw` with this test's objects and config file.
+#[derive(Debug)]
+pub struct Egressgw {
+    objects: PathBuf,
+    config: PathBuf,
+}
+
+impl Egressgw {
+    /// Writes `objects.yaml` (from `policy`) and `config.yaml` (`config`,
+    /// YAML with the Helm chart's `feature` keys) into `dir`.
+    pub fn new(dir: &Path, policy: &Policy, config: &str) -> Self {
+        let objects = dir.join("objects.yaml");
+        let config_path = dir.join("config.yaml");
+        std::fs::write(&objects, objects_yaml(policy)).expect("writing objects.yaml");
+        std::fs::write(&config_path, config).expect("writing config.yaml");
+        Self {
+            objects,
+            config: config_path,
+        }
+    }
+
+    fn args<'a>(&'a self, subcommand: &'a str, node: Option<&'a str>) -> Vec<&'a str> {
+        let mut args = vec![subcommand];
+        if subcommand != "cleanup" {
+            args.extend(["-f", path_str(&self.objects)]);
+        }
+        if let Some(node) = node {
+            args.extend(["--node", node]);
+        }
+        args.extend(["--config", path_str(&self.config), "-o", "json"]);
+        args
+    }
+
+    /// The IPv4 EIP `egressgw plan` allocates to [`POLICY`].
+    pub fn planned_eip(&self) -> Ipv4Addr {
+        let mut cmd = Command::new(binary());
+        cmd.args(self.args("plan", None))
+            .env_remove("EGRESSGW_CONFIG");
+        let out = run_bounded(&mut cmd, RUN_LIMIT);
+        let out = checked(&cmd, out);
+        let json: serde_json::Value =
+            serde_json::from_slice(&out.stdout).expect("plan -o json prints JSON");
+        let policy = json["status"]["policies"]
+            .as_array()
+            .and_then(|ps| ps.iter().find(|p| p["policy"] == POLICY))
+            .unwrap_or_else(|| panic!("no status for {POLICY} in the plan: {json}"));
+        policy["eip_ipv4"]
+            .as_str()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("{POLICY} has no IPv4 EIP in the plan: {policy}"))
+    }
+
+    /// One `apply -o json` for `node` inside `ns`; returns its exit status
+    /// and its report.
+    pub fn apply(&self, ns: &Netns, node: &str) -> (Output, Reconcile) {
+        let mut cmd = ns.command(binary(), &self.args("apply", Some(node)));
+        cmd.env_remove("EGRESSGW_CONFIG");
+        let out = run_bounded(&mut cmd, RUN_LIMIT);
+        let mut objects = serde_json::Deserializer::from_slice(&out.stdout).into_iter();
+        let report = match objects.next() {
+            Some(Ok(v)) => Reconcile::parse(v),
+            other => panic!(
+                "`{}` printed no JSON report ({other:?}; {}): {}{}",
+                describe(&cmd),
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        };
+        (out, report)
+    }
+
+    /// [`Self::apply`], failing the test unless it succeeded with no failed op.
+    pub fn apply_ok(&self, ns: &Netns, node: &str) -> Reconcile {
+        let (out, report) = self.apply(ns, node);
+        assert!(
+            out.status.success() && report.failed.is_empty(),
+            "apply for {node} in {} failed ({}): {:#}\nstderr: {}",
+            ns.name(),
+            out.status,
+            report.json,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        report
+    }
+
+    /// Starts `apply --every SECONDS -o json` for `node` inside `ns`; each
+    /// reconcile's report arrives on the returned channel.
+    pub fn apply_every(
+        &self,
+        ns: &Netns,
+        node: &str,
+        seconds: u32,
+    ) -> (Background, Receiver<Reconcile>) {
+        let secs = seconds.to_string();
+        let mut args = self.args("apply", Some(node));
+        args.extend(["--every", &secs]);
+        let mut cmd = ns.command(binary(), &args);
+        cmd.env_remove("EGRESSGW_CONFIG");
+        let (tx, rx) = mpsc::channel();
+        let child = Background::spawn_with(&mut cmd, move |stdout| {
+            for value in serde_json::Deserializer::from_reader(stdout).into_iter() {
+                match value {
+                    Ok(v) => {
+                        if tx.send(Reconcile::parse(v)).is_err() {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        eprintln!("apply --every printed something that is not JSON: {e}");
+                        break;
+                    }
+                }
+            }
+            Vec::new()
+        });
+        (child, rx)
+    }
+
+    /// `cleanup -o json` inside `ns`; fails the test unless it succeeds.
+    pub fn cleanup(&self, ns: &Netns) -> Output {
+        let mut cmd = ns.command(binary(), &self.args("cleanup", None));
+        cmd.env_remove("EGRESSGW_CONFIG");
+        let out = run_bounded(&mut cmd, RUN_LIMIT);
+        checked(&cmd, out)
+    }
+}
+
+fn path_str(p: &Path) -> &str {
+    p.to_str().expect("test paths are UTF-8")
+}
+
+fn checked(cmd: &Command, out: Output) -> Output {
+    assert!(
+        out.status.success(),
+        "`{}` failed ({}): {}{}",
+        describe(cmd),
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
