@@ -493,7 +493,9 @@ impl Config {
     /// `0xff000000`). The two highest are reserved: see [`Config::reply_mark`]
     /// and [`Config::local_mark`].
     fn mark_values(&self) -> u32 {
-        self.mark_mask.checked_shr(self.mark_mask.trailing_zeros()).unwrap_or(0)
+        self.mark_mask
+            .checked_shr(self.mark_mask.trailing_zeros())
+            .unwrap_or(0)
     }
 
     /// How many distinct gateway-node marks fit in the mask.

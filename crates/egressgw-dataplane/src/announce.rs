@@ -19,7 +19,6 @@ use pnet_datalink::{Channel, Config, NetworkInterface};
 use crate::kernel::EIP_DEVICE;
 use crate::{Error, Result};
 
-
 const ETHERTYPE_ARP: u16 = 0x0806;
 const ETHERTYPE_IPV6: u16 = 0x86dd;
 const ARP_REQUEST: u16 = 1;
@@ -98,10 +97,8 @@ impl Candidate {
     /// announce on.
     fn announcing_mac(&self, ip: IpAddr) -> Option<[u8; 6]> {
         let contains = |net: &IpNet| net.prefix_len() < net.max_prefix_len() && net.contains(&ip);
-        let eligible = self.up
-            && !self.loopback
-            && self.name != EIP_DEVICE
-            && self.nets.iter().any(contains);
+        let eligible =
+            self.up && !self.loopback && self.name != EIP_DEVICE && self.nets.iter().any(contains);
         self.mac.filter(|mac| eligible && *mac != [0; 6])
     }
 }

@@ -30,7 +30,8 @@ impl Netlink for FakeNetlink {
     async fn observe(&mut self, scope: &Scope) -> Result<KernelState> {
         let mut seen = self.state.clone();
         seen.rules.retain(|r| scope.owns_rule(r));
-        seen.routes.retain(|(table, _), _| scope.tables.contains(table));
+        seen.routes
+            .retain(|(table, _), _| scope.tables.contains(table));
         Ok(seen)
     }
 

@@ -222,10 +222,12 @@ impl Desired {
             }
             for r in &state.routes {
                 if let Some(via) = r.via_ipv4 {
-                    d.routes.insert((r.table, IpNet::V4(Default::default())), via.into());
+                    d.routes
+                        .insert((r.table, IpNet::V4(Default::default())), via.into());
                 }
                 if let Some(via) = r.via_ipv6 {
-                    d.routes.insert((r.table, IpNet::V6(Default::default())), via.into());
+                    d.routes
+                        .insert((r.table, IpNet::V6(Default::default())), via.into());
                 }
             }
             for r in &state.replies {
@@ -438,13 +440,21 @@ impl fmt::Display for KernelOp {
                 settings.mtu,
                 if settings.up { " up" } else { "" }
             ),
-            SetRpFilter { name, value } => write!(f, "set sysctl net.ipv4.conf.{name}.rp_filter={value}"),
+            SetRpFilter { name, value } => {
+                write!(f, "set sysctl net.ipv4.conf.{name}.rp_filter={value}")
+            }
             SetTxChecksum { name, on } => {
-                write!(f, "set features {name} tx-checksumming {}", if *on { "on" } else { "off" })
+                write!(
+                    f,
+                    "set features {name} tx-checksumming {}",
+                    if *on { "on" } else { "off" }
+                )
             }
             AddAddr { dev, net } => write!(f, "add address {net} dev {dev}"),
             DelAddr { dev, net } => write!(f, "delete address {net} dev {dev}"),
-            SetNeighbour { ip, mac } => write!(f, "replace neighbour {ip} lladdr {mac} nud permanent"),
+            SetNeighbour { ip, mac } => {
+                write!(f, "replace neighbour {ip} lladdr {mac} nud permanent")
+            }
             DelNeighbour { ip, mac } => write!(f, "delete neighbour {ip} lladdr {mac}"),
             SetFdb { mac, dst } => write!(f, "replace fdb {mac} dst {dst} self permanent"),
             DelFdb { mac, dst } => write!(f, "delete fdb {mac} dst {dst}"),
@@ -529,10 +539,19 @@ pub fn plan(desired: &Desired, observed: &KernelState, scope: &Scope) -> Vec<Ker
             });
         }
         let as_map = |s: &BTreeSet<IpNet>| s.iter().map(|n| (*n, ())).collect::<BTreeMap<_, _>>();
-        for c in diff(&as_map(&desired.vxlan_addrs), &as_map(&observed.vxlan_addrs)) {
+        for c in diff(
+            &as_map(&desired.vxlan_addrs),
+            &as_map(&observed.vxlan_addrs),
+        ) {
             match c {
-                Change::Add(net, ()) => adds.push(KernelOp::AddAddr { dev: vx.clone(), net }),
-                Change::Remove(net, ()) => removes.push(KernelOp::DelAddr { dev: vx.clone(), net }),
+                Change::Add(net, ()) => adds.push(KernelOp::AddAddr {
+                    dev: vx.clone(),
+                    net,
+                }),
+                Change::Remove(net, ()) => removes.push(KernelOp::DelAddr {
+                    dev: vx.clone(),
+                    net,
+                }),
                 Change::Change(..) => {}
             }
         }
@@ -576,7 +595,11 @@ pub fn plan(desired: &Desired, observed: &KernelState, scope: &Scope) -> Vec<Ker
         }
     }
     // Rules go in after their routes and out before them.
-    let rules_wanted = if vxlan_present { &desired.rules } else { &BTreeSet::new() };
+    let rules_wanted = if vxlan_present {
+        &desired.rules
+    } else {
+        &BTreeSet::new()
+    };
     for r in rules_wanted.difference(&observed.rules) {
         adds.push(KernelOp::AddRule(*r));
     }
@@ -613,5 +636,10 @@ pub fn plan(desired: &Desired, observed: &KernelState, scope: &Scope) -> Vec<Ker
         (true, None) => {}
     }
 
-    first.into_iter().chain(adds).chain(removes).chain(last).collect()
+    first
+        .into_iter()
+        .chain(adds)
+        .chain(removes)
+        .chain(last)
+        .collect()
 }

@@ -98,7 +98,10 @@ impl Rtnetlink {
     }
 
     /// Sends a dump request and collects the answers.
-    async fn dump(&self, msg: RouteNetlinkMessage) -> Result<Vec<RouteNetlinkMessage>, rtnetlink::Error> {
+    async fn dump(
+        &self,
+        msg: RouteNetlinkMessage,
+    ) -> Result<Vec<RouteNetlinkMessage>, rtnetlink::Error> {
         let mut req = NetlinkMessage::from(msg);
         req.header.flags = NLM_F_REQUEST | NLM_F_DUMP;
         let mut response = self.handle.clone().request(req)?;
@@ -115,7 +118,12 @@ impl Rtnetlink {
 
     /// A link by name, `None` when there is none.
     async fn link(&self, name: &str) -> Result<Option<LinkMessage>> {
-        let mut links = self.handle.link().get().match_name(name.to_owned()).execute();
+        let mut links = self
+            .handle
+            .link()
+            .get()
+            .match_name(name.to_owned())
+            .execute();
         match links.try_next().await {
             Ok(link) => Ok(link),
             Err(e) if is_errno(&e, ENODEV) => Ok(None),
@@ -173,7 +181,11 @@ impl Rtnetlink {
     }
 
     async fn observe_neighbours(&self, vx: u32, state: &mut KernelState) -> Result<()> {
-        for family in [AddressFamily::Inet, AddressFamily::Inet6, AddressFamily::Bridge] {
+        for family in [
+            AddressFamily::Inet,
+            AddressFamily::Inet6,
+            AddressFamily::Bridge,
+        ] {
             let mut msg = NeighbourMessage::default();
             msg.header.family = family;
             msg.header.ifindex = vx;
@@ -267,18 +279,33 @@ impl Rtnetlink {
                 if l.settings.up {
                     b = b.up();
                 }
-                self.handle.link().add(b.build()).execute().await.map_err(nl(what))
+                self.handle
+                    .link()
+                    .add(b.build())
+                    .execute()
+                    .await
+                    .map_err(nl(what))
             }
             DeleteVxlan { name } | DeleteEipDevice { name } => {
                 let index = self.index(name).await?;
-                self.handle.link().del(index).execute().await.map_err(nl(what))
+                self.handle
+                    .link()
+                    .del(index)
+                    .execute()
+                    .await
+                    .map_err(nl(what))
             }
             SetVxlan { name, settings } => {
                 let mut b = LinkUnspec::new_with_name(name)
                     .address(settings.mac.0.to_vec())
                     .mtu(settings.mtu);
                 b = if settings.up { b.up() } else { b.down() };
-                self.handle.link().set(b.build()).execute().await.map_err(nl(what))
+                self.handle
+                    .link()
+                    .set(b.build())
+                    .execute()
+                    .await
+                    .map_err(nl(what))
             }
             SetRpFilter { name, value } => write_rp_filter(name, *value),
             SetTxChecksum { name, on } => {
@@ -290,9 +317,12 @@ impl Rtnetlink {
             }
             AddAddr { dev, net } => {
                 let msg = address_msg(self.index(dev).await?, *net);
-                self.ack(RouteNetlinkMessage::NewAddress(msg), NLM_F_CREATE | NLM_F_EXCL)
-                    .await
-                    .map_err(nl(what))
+                self.ack(
+                    RouteNetlinkMessage::NewAddress(msg),
+                    NLM_F_CREATE | NLM_F_EXCL,
+                )
+                .await
+                .map_err(nl(what))
             }
             DelAddr { dev, net } => {
                 let msg = address_msg(self.index(dev).await?, *net);
@@ -303,9 +333,12 @@ impl Rtnetlink {
             }
             SetNeighbour { ip, mac } => {
                 let msg = neighbour_msg(self.vxlan_index().await?, Some(*ip), *mac);
-                self.ack(RouteNetlinkMessage::NewNeighbour(msg), NLM_F_CREATE | NLM_F_REPLACE)
-                    .await
-                    .map_err(nl(what))
+                self.ack(
+                    RouteNetlinkMessage::NewNeighbour(msg),
+                    NLM_F_CREATE | NLM_F_REPLACE,
+                )
+                .await
+                .map_err(nl(what))
             }
             DelNeighbour { ip, mac } => {
                 let msg = neighbour_msg(self.vxlan_index().await?, Some(*ip), *mac);
@@ -316,9 +349,12 @@ impl Rtnetlink {
             }
             SetFdb { mac, dst } => {
                 let msg = fdb_msg(self.vxlan_index().await?, *mac, *dst);
-                self.ack(RouteNetlinkMessage::NewNeighbour(msg), NLM_F_CREATE | NLM_F_REPLACE)
-                    .await
-                    .map_err(nl(what))
+                self.ack(
+                    RouteNetlinkMessage::NewNeighbour(msg),
+                    NLM_F_CREATE | NLM_F_REPLACE,
+                )
+                .await
+                .map_err(nl(what))
             }
             DelFdb { mac, dst } => {
                 let msg = fdb_msg(self.vxlan_index().await?, *mac, *dst);
@@ -329,9 +365,12 @@ impl Rtnetlink {
             }
             SetRoute { table, dst, via } => {
                 let msg = route_msg(*table, *dst, *via, Some(self.vxlan_index().await?));
-                self.ack(RouteNetlinkMessage::NewRoute(msg), NLM_F_CREATE | NLM_F_REPLACE)
-                    .await
-                    .map_err(nl(what))
+                self.ack(
+                    RouteNetlinkMessage::NewRoute(msg),
+                    NLM_F_CREATE | NLM_F_REPLACE,
+                )
+                .await
+                .map_err(nl(what))
             }
             DelRoute { table, dst, via } => {
                 let msg = route_msg(*table, *dst, *via, None);
@@ -341,7 +380,10 @@ impl Rtnetlink {
                     .map_err(nl(what))
             }
             AddRule(r) => self
-                .ack(RouteNetlinkMessage::NewRule(rule_msg(r)), NLM_F_CREATE | NLM_F_EXCL)
+                .ack(
+                    RouteNetlinkMessage::NewRule(rule_msg(r)),
+                    NLM_F_CREATE | NLM_F_EXCL,
+                )
                 .await
                 .or_else(|e| ignore(e, EEXIST))
                 .map_err(nl(what)),
@@ -357,7 +399,12 @@ impl Rtnetlink {
                     // is just as inert an address holder.
                     Err(e) if is_errno(&e, EOPNOTSUPP) => {
                         let ifb = LinkIfb::new(name).up().build();
-                        self.handle.link().add(ifb).execute().await.map_err(nl(what))?;
+                        self.handle
+                            .link()
+                            .add(ifb)
+                            .execute()
+                            .await
+                            .map_err(nl(what))?;
                         report.facts.insert(
                             format!("{name} kind"),
                             "ifb (this kernel has no dummy driver)".into(),
@@ -369,13 +416,21 @@ impl Rtnetlink {
             }
             SetEipDeviceUp { name } => {
                 let msg = LinkUnspec::new_with_name(name).up().build();
-                self.handle.link().set(msg).execute().await.map_err(nl(what))
+                self.handle
+                    .link()
+                    .set(msg)
+                    .execute()
+                    .await
+                    .map_err(nl(what))
             }
             AddEip { dev, ip } => {
                 let msg = address_msg(self.index(dev).await?, IpNet::from(*ip));
-                self.ack(RouteNetlinkMessage::NewAddress(msg), NLM_F_CREATE | NLM_F_REPLACE)
-                    .await
-                    .map_err(nl(what))?;
+                self.ack(
+                    RouteNetlinkMessage::NewAddress(msg),
+                    NLM_F_CREATE | NLM_F_REPLACE,
+                )
+                .await
+                .map_err(nl(what))?;
                 announce(*ip, report);
                 Ok(())
             }
@@ -456,7 +511,8 @@ fn address_msg(index: u32, net: IpNet) -> AddressMessage {
     m.attributes.push(AddressAttribute::Address(net.addr()));
     if net.addr().is_ipv6() {
         // No duplicate address detection: the address is usable at once.
-        m.attributes.push(AddressAttribute::Flags(AddressFlags::Nodad));
+        m.attributes
+            .push(AddressAttribute::Flags(AddressFlags::Nodad));
     }
     m
 }
@@ -509,10 +565,11 @@ fn fdb_msg(index: u32, mac: Mac, dst: IpAddr) -> NeighbourMessage {
     let mut m = neighbour_msg(index, None, mac);
     m.header.family = AddressFamily::Bridge;
     m.header.flags = NeighbourFlags::Own;
-    m.attributes.push(NeighbourAttribute::Destination(match dst {
-        IpAddr::V4(v4) => NeighbourAddress::Inet(v4),
-        IpAddr::V6(v6) => NeighbourAddress::Inet6(v6),
-    }));
+    m.attributes
+        .push(NeighbourAttribute::Destination(match dst {
+            IpAddr::V4(v4) => NeighbourAddress::Inet(v4),
+            IpAddr::V6(v6) => NeighbourAddress::Inet6(v6),
+        }));
     m
 }
 
@@ -542,7 +599,11 @@ fn rule_of(r: &RuleMessage) -> Option<Rule> {
 
 fn rule_msg(r: &Rule) -> RuleMessage {
     let mut m = RuleMessage::default();
-    m.header.family = if r.ipv6 { AddressFamily::Inet6 } else { AddressFamily::Inet };
+    m.header.family = if r.ipv6 {
+        AddressFamily::Inet6
+    } else {
+        AddressFamily::Inet
+    };
     m.header.action = RuleAction::ToTable;
     m.header.table = u8::try_from(r.table).unwrap_or(0);
     m.attributes.push(RuleAttribute::Priority(r.priority));
@@ -682,7 +743,12 @@ fn write_rp_filter(dev: &str, value: u8) -> Result<()> {
 
 impl Netlink for Rtnetlink {
     async fn parent(&mut self, local: IpAddr) -> Result<Option<Parent>> {
-        let mut addrs = self.handle.address().get().set_address_filter(local).execute();
+        let mut addrs = self
+            .handle
+            .address()
+            .get()
+            .set_address_filter(local)
+            .execute();
         let mut index = None;
         while let Some(a) = addrs
             .try_next()

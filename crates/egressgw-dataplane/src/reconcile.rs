@@ -100,7 +100,11 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
         report
     }
 
-    async fn plan_kernel(&mut self, desired: &Desired, report: &mut Report) -> Option<Vec<KernelOp>> {
+    async fn plan_kernel(
+        &mut self,
+        desired: &Desired,
+        report: &mut Report,
+    ) -> Option<Vec<KernelOp>> {
         match self.netlink.observe(&self.scope).await {
             Ok(observed) => {
                 if let Some(offloads) = &observed.offloads {
@@ -151,9 +155,14 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
     pub async fn cleanup(&mut self) -> Report {
         let mut report = Report::default();
         match self.firewall.remove() {
-            Ok(true) => report.applied.push(format!("delete table {} {}", nft::FAMILY, nft::TABLE)),
+            Ok(true) => report
+                .applied
+                .push(format!("delete table {} {}", nft::FAMILY, nft::TABLE)),
             Ok(false) => {}
-            Err(e) => report.record(format!("delete table {} {}", nft::FAMILY, nft::TABLE), Err(e)),
+            Err(e) => report.record(
+                format!("delete table {} {}", nft::FAMILY, nft::TABLE),
+                Err(e),
+            ),
         }
         match self.netlink.observe(&self.scope).await {
             Ok(observed) => {
@@ -296,7 +305,11 @@ mod tests {
             dp.netlink.fail.push("lookup 3000".into());
             let report = dp.reconcile(&state(false)).await;
             assert_eq!(report.failed.len(), 1);
-            assert!(report.failed[0].op.contains("fwmark 0x01000000/0xff000000 lookup 3000"));
+            assert!(
+                report.failed[0]
+                    .op
+                    .contains("fwmark 0x01000000/0xff000000 lookup 3000")
+            );
             assert!(report.applied.iter().any(|op| op.contains("lookup 3254")));
             assert!(report.applied.iter().any(|op| op.contains("neighbour")));
             // Once the kernel accepts it, only the missing rule is planned.
@@ -374,7 +387,10 @@ mod tests {
             let report = dp.reconcile(&state(false)).await;
             assert!(report.failed[0].error.contains("172.18.0.11"));
             assert!(dp.netlink.state.vxlan.is_none());
-            assert!(dp.netlink.state.rules.is_empty(), "no rules without the tunnel");
+            assert!(
+                dp.netlink.state.rules.is_empty(),
+                "no rules without the tunnel"
+            );
         });
     }
 

@@ -44,28 +44,39 @@ fn node(out: &mut String, s: &NodeState) {
         }),
     );
     let rule_of = |table: u32| s.rules.iter().find(|rule| rule.table == table);
-    section(out, "routes", s.routes.iter().map(|r| {
-        let via = join(r.via_ipv4.map(|i| i.to_string()), r.via_ipv6.map(|i| i.to_string()));
-        let fwmark = rule_of(r.table)
-            .map(|rule| format!("fwmark {:#010x}/{:#010x}", rule.mark, rule.mask))
-            .unwrap_or_else(|| "no rule".to_owned());
-        format!(
-            "{fwmark} -> table {} (gateway {}): default via {via} dev egress.vxlan",
-            r.table, r.gateway
-        )
-    }));
-    section(out, "replies", s.replies.iter().map(|r| {
-        let fwmark = rule_of(r.table)
-            .map(|rule| format!("fwmark {:#010x}/{:#010x}", rule.mark, rule.mask))
-            .unwrap_or_else(|| "no rule".to_owned());
-        format!(
-            "{fwmark} -> table {}: {:<15} via {} dev egress.vxlan (pod on {})",
-            r.table,
-            r.dst.to_string(),
-            r.via,
-            r.origin
-        )
-    }));
+    section(
+        out,
+        "routes",
+        s.routes.iter().map(|r| {
+            let via = join(
+                r.via_ipv4.map(|i| i.to_string()),
+                r.via_ipv6.map(|i| i.to_string()),
+            );
+            let fwmark = rule_of(r.table)
+                .map(|rule| format!("fwmark {:#010x}/{:#010x}", rule.mark, rule.mask))
+                .unwrap_or_else(|| "no rule".to_owned());
+            format!(
+                "{fwmark} -> table {} (gateway {}): default via {via} dev egress.vxlan",
+                r.table, r.gateway
+            )
+        }),
+    );
+    section(
+        out,
+        "replies",
+        s.replies.iter().map(|r| {
+            let fwmark = rule_of(r.table)
+                .map(|rule| format!("fwmark {:#010x}/{:#010x}", rule.mark, rule.mask))
+                .unwrap_or_else(|| "no rule".to_owned());
+            format!(
+                "{fwmark} -> table {}: {:<15} via {} dev egress.vxlan (pod on {})",
+                r.table,
+                r.dst.to_string(),
+                r.via,
+                r.origin
+            )
+        }),
+    );
     let _ = writeln!(
         out,
         "  in-cluster {}",
