@@ -106,15 +106,21 @@ fn bench(c: &mut Criterion) {
         return;
     }
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("unshare(CLONE_NEWNET)");
-    sh("ip link set lo up && ip link add name ul0 type veth peer name ul1 \
-        && ip addr add 172.18.0.100/16 dev ul0 && ip link set ul0 up && ip link set ul1 up");
+    sh(
+        "ip link set lo up && ip link add name ul0 type veth peer name ul1 \
+        && ip addr add 172.18.0.100/16 dev ul0 && ip link set ul0 up && ip link set ul1 up",
+    );
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
     let cfg = Config::default();
     let mut dp = rt.block_on(async {
-        Dataplane::new(Rtnetlink::connect().expect("netlink"), Nft::new(), cfg.clone())
+        Dataplane::new(
+            Rtnetlink::connect().expect("netlink"),
+            Nft::new(),
+            cfg.clone(),
+        )
     });
     let mut group = c.benchmark_group("reconcile");
     group.sample_size(10);

@@ -55,5 +55,23 @@ pub enum Error {
     Host(String),
 }
 
+impl Error {
+    /// What went wrong, without the object (for reports that name the
+    /// object beside it).
+    pub fn detail(&self) -> String {
+        match self {
+            Error::Netlink {
+                source: rtnetlink::Error::NetlinkError(m),
+                ..
+            } => m.to_io().to_string(),
+            Error::Netlink { source, .. } => source.to_string(),
+            Error::Ethtool { message, .. } | Error::Nft { message, .. } => message.clone(),
+            Error::Announce { message, .. } => message.clone(),
+            Error::Sysctl { source, .. } => source.to_string(),
+            Error::Host(message) => message.clone(),
+        }
+    }
+}
+
 /// The crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -73,10 +73,8 @@ const EOPNOTSUPP: i32 = 95;
 impl Rtnetlink {
     /// Opens a socket; must run inside a tokio runtime, which drives it.
     pub fn connect() -> Result<Self> {
-        let (conn, handle, _) = rtnetlink::new_connection().map_err(|e| Error::Netlink {
-            what: "open rtnetlink socket".into(),
-            source: rtnetlink::Error::NamespaceError(e.to_string()),
-        })?;
+        let (conn, handle, _) = rtnetlink::new_connection()
+            .map_err(|e| Error::Host(format!("open an rtnetlink socket: {e}")))?;
         tokio::spawn(conn);
         Ok(Rtnetlink {
             handle,

@@ -825,7 +825,7 @@ impl Firewall for Nft {
                 ));
                 for op in ops {
                     let result = self.transaction(&op.to_string(), std::slice::from_ref(op));
-                    report.record(op, result);
+                    report.record(op, result.map_err(|e| e.detail()));
                 }
             }
         }

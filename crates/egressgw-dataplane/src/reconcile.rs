@@ -133,7 +133,7 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
 
     async fn apply(&mut self, op: &KernelOp, report: &mut Report) {
         let result = self.netlink.apply(op, report).await;
-        report.record(op, result);
+        report.record(op, result.map_err(|e| e.detail()));
     }
 
     fn reconcile_firewall(&mut self, state: &NodeState, report: &mut Report) {
