@@ -37,6 +37,14 @@ impl Family {
         }
     }
 
+    /// Address length in bits.
+    pub fn bits(self) -> u32 {
+        match self {
+            Family::Ipv4 => 32,
+            Family::Ipv6 => 128,
+        }
+    }
+
     /// The prefix that covers every address of this family.
     pub fn everything(self) -> IpNet {
         match self {
@@ -130,6 +138,26 @@ impl IpRange {
         (Family::of(first) == Family::of(last) && first <= last).then_some(Self { first, last })
     }
 
+    /// Every address of `net`.
+    pub fn of_net(net: IpNet) -> Self {
+        Self {
+            first: net.network(),
+            last: net.broadcast(),
+        }
+    }
+
+    /// The prefix covering exactly this range, if there is one.
+    pub fn as_prefix(&self) -> Option<IpNet> {
+        let (first, last) = (to_u128(self.first), to_u128(self.last));
+        let bits = Family::of(self.first).bits();
+        let host_bits = match (last - first).checked_add(1) {
+            None => 128,
+            Some(n) if n.is_power_of_two() && first % n == 0 => n.trailing_zeros(),
+            Some(_) => return None,
+        };
+        IpNet::new(self.first, u8::try_from(bits - host_bits).ok()?).ok()
+    }
+
     /// The single address `ip`.
     pub fn single(ip: IpAddr) -> Self {
         Self {
@@ -216,10 +244,15 @@ impl FromStr for IpRange {
     }
 }
 
+/// `10.0.0.1` for one address, `10.0.0.0/24` when the range is exactly one
+/// prefix, `10.0.0.1-10.0.0.9` otherwise: forms that parse back, and that
+/// nftables accepts.
 impl fmt::Display for IpRange {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.first == self.last {
             write!(f, "{}", self.first)
+        } else if let Some(net) = self.as_prefix() {
+            write!(f, "{net}")
         } else {
             write!(f, "{}-{}", self.first, self.last)
         }

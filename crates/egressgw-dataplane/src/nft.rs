@@ -41,12 +41,13 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::process::{Command, Stdio};
 
 use egressgw_core::model::Config;
+use egressgw_core::net::IpRange;
 use egressgw_core::state::{Action, NodeState, SnatTo};
 use ipnet::IpNet;
 use serde_json::Value;
 
 use crate::ops::{Change, Report, diff};
-use crate::ranges::{AddrRange, disjoint};
+use crate::ranges::disjoint;
 use crate::{Error, Result};
 
 /// The table's family.
@@ -121,7 +122,7 @@ pub struct ElemKey {
     /// Pod source address.
     pub src: IpAddr,
     /// Destination addresses.
-    pub dst: AddrRange,
+    pub dst: IpRange,
 }
 
 impl fmt::Display for ElemKey {
@@ -298,11 +299,22 @@ pub struct FirewallSpec {
     /// Tunnel marks that classify elements jump to (one chain each).
     pub marks: BTreeSet<u32>,
     /// In-cluster destinations, both families, disjoint.
-    pub cluster: BTreeSet<AddrRange>,
+    pub cluster: BTreeSet<IpRange>,
     /// `classify4` / `classify6` elements.
     pub classify: BTreeMap<ElemKey, Verdict>,
     /// `snat4` / `snat6` / `masq4` / `masq6` elements.
     pub nat: BTreeMap<ElemKey, Nat>,
+}
+
+/// A disjoint range as an element key and its value.
+fn keyed<V>(r: crate::ranges::SrcRange<V>) -> (ElemKey, V) {
+    (
+        ElemKey {
+            src: r.src,
+            dst: r.dst,
+        },
+        r.value,
+    )
 }
 
 impl FirewallSpec {
@@ -318,15 +330,7 @@ impl FirewallSpec {
             (e.src, e.dst, verdict)
         }))
         .into_iter()
-        .map(|r| {
-            (
-                ElemKey {
-                    src: r.src,
-                    dst: r.dst,
-                },
-                r.value,
-            )
-        })
+        .map(keyed)
         .collect();
         let nat = disjoint(state.snat.iter().map(|e| {
             let nat = match e.to {
@@ -336,15 +340,7 @@ impl FirewallSpec {
             (e.src, e.dst, Some(nat))
         }))
         .into_iter()
-        .map(|r| {
-            (
-                ElemKey {
-                    src: r.src,
-                    dst: r.dst,
-                },
-                r.value,
-            )
-        })
+        .map(keyed)
         .collect();
         let cluster = disjoint(state.cluster_cidrs.iter().map(|net| {
             let any = match net {
@@ -465,7 +461,7 @@ pub struct Observed {
     /// Chains by name.
     pub chains: BTreeMap<String, ChainState>,
     /// `cluster4` / `cluster6` elements.
-    pub cluster: BTreeSet<AddrRange>,
+    pub cluster: BTreeSet<IpRange>,
     /// `classify4` / `classify6` elements.
     pub classify: BTreeMap<ElemKey, Verdict>,
     /// `snat4` / `snat6` / `masq4` / `masq6` elements.
@@ -527,7 +523,7 @@ pub enum FwOp {
     /// to it).
     DeleteChain(String),
     /// Add or delete an in-cluster range.
-    Cluster(ElemChange, AddrRange),
+    Cluster(ElemChange, IpRange),
     /// Add or delete a classify element.
     Classify(ElemChange, ElemKey, Verdict),
     /// Add or delete a SNAT or masquerade element.
@@ -846,7 +842,7 @@ impl Firewall for Nft {
 ///
 /// Interval elements come back as a plain address, a `prefix` object or a
 /// `range` object (nft prints a range that is exactly one prefix as the
-/// prefix); all three become an [`AddrRange`]. Elements egressgw cannot
+/// prefix); all three become an [`IpRange`]. Elements egressgw cannot
 /// read (a source that is not one address) are skipped with a warning.
 pub fn parse_table(json: &str) -> Result<Observed> {
     let bad = |message: String| Error::Nft {
@@ -959,17 +955,17 @@ fn parse_concat(key: &Value) -> Option<ElemKey> {
 }
 
 /// `"10.0.0.1"`, `{"prefix": {"addr": .., "len": ..}}` or `{"range": [a, b]}`.
-fn parse_range(v: &Value) -> Option<AddrRange> {
+fn parse_range(v: &Value) -> Option<IpRange> {
     if let Some(s) = v.as_str() {
-        return Some(AddrRange::single(s.parse().ok()?));
+        return Some(IpRange::single(s.parse().ok()?));
     }
     if let Some(p) = v.get("prefix") {
         let addr: IpAddr = p.get("addr")?.as_str()?.parse().ok()?;
         let len = u8::try_from(p.get("len")?.as_u64()?).ok()?;
-        return Some(AddrRange::of_net(IpNet::new(addr, len).ok()?));
+        return Some(IpRange::of_net(IpNet::new(addr, len).ok()?));
     }
     match v.get("range")?.as_array()?.as_slice() {
-        [a, b] => AddrRange::new(a.as_str()?.parse().ok()?, b.as_str()?.parse().ok()?),
+        [a, b] => IpRange::new(a.as_str()?.parse().ok()?, b.as_str()?.parse().ok()?),
         _ => None,
     }
 }
@@ -1491,7 +1487,7 @@ add element inet egressgw snat4 { 10.244.2.5 . 198.51.100.0/24 : 192.0.2.10 }
             let mut nft = Nft::new();
             let key = ElemKey {
                 src: ip("10.244.1.9"),
-                dst: AddrRange::of_net(net("192.0.2.0/24")),
+                dst: IpRange::of_net(net("192.0.2.0/24")),
             };
             let bad = FwOp::Classify(ElemChange::Add, key, Verdict::Mark(0x0a00_0000));
             let mut ops = plan(&spec(), None);

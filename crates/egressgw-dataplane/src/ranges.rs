@@ -7,85 +7,10 @@
 //! never overlap and answer every lookup the same way.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use egressgw_core::net::IpRange;
 use ipnet::IpNet;
-
-/// An inclusive range of addresses of one family: `first..=last`.
-///
-/// Displayed the way nft accepts it: `10.0.0.1` for a single address,
-/// `10.0.0.0/24` when the range is exactly one prefix, `10.0.0.1-10.0.0.9`
-/// otherwise.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct AddrRange {
-    first: IpAddr,
-    last: IpAddr,
-}
-
-impl AddrRange {
-    /// The range `first..=last`; `None` when the families differ or `last < first`.
-    pub fn new(first: IpAddr, last: IpAddr) -> Option<Self> {
-        (first.is_ipv4() == last.is_ipv4() && first <= last).then_some(Self { first, last })
-    }
-
-    /// Every address of `net`.
-    pub fn of_net(net: IpNet) -> Self {
-        Self {
-            first: net.network(),
-            last: net.broadcast(),
-        }
-    }
-
-    /// The single address `ip`.
-    pub fn single(ip: IpAddr) -> Self {
-        Self {
-            first: ip,
-            last: ip,
-        }
-    }
-
-    /// The lowest address.
-    pub fn first(&self) -> IpAddr {
-        self.first
-    }
-
-    /// The highest address.
-    pub fn last(&self) -> IpAddr {
-        self.last
-    }
-
-    /// Whether `ip` lies in the range.
-    pub fn contains(&self, ip: IpAddr) -> bool {
-        self.first <= ip && ip <= self.last
-    }
-
-    /// The prefix covering exactly this range, if there is one.
-    pub fn as_prefix(&self) -> Option<IpNet> {
-        let (first, last) = (to_u128(self.first), to_u128(self.last));
-        let size = (last - first).checked_add(1);
-        let bits = bits(self.first);
-        let host_bits = match size {
-            None => 128,
-            Some(n) if n.is_power_of_two() && first % n == 0 => n.trailing_zeros(),
-            Some(_) => return None,
-        };
-        let len = u8::try_from(bits - host_bits).ok()?;
-        IpNet::new(self.first, len).ok()
-    }
-}
-
-impl fmt::Display for AddrRange {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.first == self.last {
-            write!(f, "{}", self.first)
-        } else if let Some(net) = self.as_prefix() {
-            write!(f, "{net}")
-        } else {
-            write!(f, "{}-{}", self.first, self.last)
-        }
-    }
-}
 
 /// One disjoint destination range of one source, with its value.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -93,7 +18,7 @@ pub struct SrcRange<V> {
     /// The source address.
     pub src: IpAddr,
     /// The destination addresses.
-    pub dst: AddrRange,
+    pub dst: IpRange,
     /// What packets from `src` to `dst` get.
     pub value: V,
 }
@@ -129,22 +54,19 @@ pub fn disjoint<V: Clone + Eq>(
     for (src, prefixes) in by_src {
         let before = out.len();
         sweep(src, &prefixes, &mut |first, last, value: &V| {
-            let dst = AddrRange {
-                first: from_u128(src, first),
-                last: from_u128(src, last),
-            };
+            let (first, last) = (from_u128(src, first), from_u128(src, last));
             let same_src = out.len() > before;
             match out.last_mut() {
                 Some(prev)
                     if same_src
                         && prev.value == *value
-                        && to_u128(prev.dst.last).checked_add(1) == Some(first) =>
+                        && to_u128(prev.dst.last()).checked_add(1) == Some(to_u128(first)) =>
                 {
-                    prev.dst.last = dst.last;
+                    prev.dst = IpRange::new(prev.dst.first(), last).expect("ascending sweep");
                 }
                 _ => out.push(SrcRange {
                     src,
-                    dst,
+                    dst: IpRange::new(first, last).expect("ascending sweep"),
                     value: value.clone(),
                 }),
             }
@@ -246,7 +168,7 @@ mod tests {
         s.parse().unwrap()
     }
 
-    fn show<V: fmt::Debug>(ranges: &[SrcRange<V>]) -> Vec<String> {
+    fn show<V: std::fmt::Debug>(ranges: &[SrcRange<V>]) -> Vec<String> {
         ranges
             .iter()
             .map(|r| format!("{} . {} : {:?}", r.src, r.dst, r.value))
@@ -349,14 +271,14 @@ mod tests {
 
     #[test]
     fn ranges_display_as_an_address_a_prefix_or_a_span() {
-        let r = |a: &str, b: &str| AddrRange::new(ip(a), ip(b)).unwrap().to_string();
+        let r = |a: &str, b: &str| IpRange::new(ip(a), ip(b)).unwrap().to_string();
         assert_eq!(r("10.0.0.1", "10.0.0.1"), "10.0.0.1");
         assert_eq!(r("10.0.0.0", "10.0.0.255"), "10.0.0.0/24");
         assert_eq!(r("10.0.0.1", "10.0.0.2"), "10.0.0.1-10.0.0.2");
         assert_eq!(r("10.0.0.2", "10.0.0.3"), "10.0.0.2/31");
         assert_eq!(r("0.0.0.0", "255.255.255.255"), "0.0.0.0/0");
-        assert!(AddrRange::new(ip("10.0.0.2"), ip("10.0.0.1")).is_none());
-        assert!(AddrRange::new(ip("10.0.0.2"), ip("::1")).is_none());
+        assert!(IpRange::new(ip("10.0.0.2"), ip("10.0.0.1")).is_none());
+        assert!(IpRange::new(ip("10.0.0.2"), ip("::1")).is_none());
     }
 
     /// Addresses inside a small window so random prefixes overlap often.
