@@ -1,11 +1,12 @@
 //! Transmit checksum offload through the ethtool generic-netlink family.
 //!
-//! Older kernels compute a wrong checksum for VXLAN packets that are SNATed
-//! after encapsulation when the device offloads the transmit checksum, so the
-//! agent turns tx checksumming off on `egress.vxlan` there (see
-//! [`kernel_has_vxlan_snat_checksum_bug`]). Turning it off also turns off the
-//! features that depend on it (scatter-gather, TSO), so every change reports
-//! the effective feature set read back from the kernel.
+//! Kernels older than 5.7 compute a wrong checksum for VXLAN packets that
+//! are SNATed after encapsulation when the device offloads the transmit
+//! checksum; `vxlan.disableChecksumOffload` turns tx checksumming off on
+//! `egress.vxlan`, and the reconcile warns when it is on with such a kernel
+//! (see [`kernel_has_vxlan_snat_checksum_bug`]). Turning it off also turns
+//! off the features that depend on it (TSO), so every change reports the
+//! effective feature set read back from the kernel.
 //!
 //! Both requests are written here on top of `genetlink`: the `ethtool` crate
 //! has no `ETHTOOL_MSG_FEATURES_SET`, and its reader drops feature bit 0.

@@ -138,6 +138,9 @@ pub struct KernelState {
     pub tx_checksum: Option<bool>,
     /// The device's effective offloads as text (reported, not planned on).
     pub offloads: Option<String>,
+    /// What could not be read (an old kernel without ethtool netlink, ...):
+    /// reported as warnings; nothing is planned on an unknown value.
+    pub unreadable: Vec<String>,
     /// Permanent neighbour entries on `egress.vxlan`: tunnel IP -> MAC.
     pub neighbours: BTreeMap<IpAddr, Mac>,
     /// FDB entries on `egress.vxlan`: MAC -> peer underlay address.
@@ -403,18 +406,6 @@ impl KernelOp {
                 | KernelOp::DelEip { .. }
         )
     }
-
-    /// Whether the op creates or deletes a device: later ops refer to the
-    /// device by index, so the reconcile observes again after these.
-    pub fn is_device_op(&self) -> bool {
-        matches!(
-            self,
-            KernelOp::CreateVxlan(_)
-                | KernelOp::DeleteVxlan { .. }
-                | KernelOp::CreateEipDevice { .. }
-                | KernelOp::DeleteEipDevice { .. }
-        )
-    }
 }
 
 impl fmt::Display for KernelOp {
@@ -487,10 +478,27 @@ impl fmt::Display for Rule {
     }
 }
 
+/// The operations that turn `observed` into `desired`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KernelPlan {
+    /// Device creations (a recreation is a deletion and a creation), to run
+    /// first; the rest refers to the devices, so it is planned again after.
+    pub devices: Vec<KernelOp>,
+    /// Additions and changes, then removals (rules before routes, routes
+    /// before neighbours), device removals last.
+    pub rest: Vec<KernelOp>,
+}
+
+impl KernelPlan {
+    /// Every op, in order.
+    pub fn ops(&self) -> impl Iterator<Item = &KernelOp> {
+        self.devices.iter().chain(&self.rest)
+    }
+}
+
 /// The operations that turn `observed` into `desired`, in the order to run
-/// them: device changes, then additions and changes, then removals (rules
-/// before routes, routes before neighbours), and device removals last.
-pub fn plan(desired: &Desired, observed: &KernelState, scope: &Scope) -> Vec<KernelOp> {
+/// them.
+pub fn plan(desired: &Desired, observed: &KernelState, scope: &Scope) -> KernelPlan {
     let mut first = Vec::new();
     let mut adds = Vec::new();
     let mut removes = Vec::new();
@@ -526,13 +534,16 @@ pub fn plan(desired: &Desired, observed: &KernelState, scope: &Scope) -> Vec<Ker
     // Objects on a device that is about to be (re)created are planned on the
     // next pass, once it exists.
     if vxlan_present && desired.vxlan.is_some() {
-        if observed.rp_filter != Some(RP_FILTER_LOOSE) {
+        if observed.rp_filter.is_some_and(|v| v != RP_FILTER_LOOSE) {
             adds.push(KernelOp::SetRpFilter {
                 name: vx.clone(),
                 value: RP_FILTER_LOOSE,
             });
         }
-        if observed.tx_checksum != Some(desired.tx_checksum) {
+        if observed
+            .tx_checksum
+            .is_some_and(|on| on != desired.tx_checksum)
+        {
             adds.push(KernelOp::SetTxChecksum {
                 name: vx.clone(),
                 on: desired.tx_checksum,
@@ -636,10 +647,148 @@ pub fn plan(desired: &Desired, observed: &KernelState, scope: &Scope) -> Vec<Ker
         (true, None) => {}
     }
 
-    first
-        .into_iter()
-        .chain(adds)
-        .chain(removes)
-        .chain(last)
-        .collect()
+    KernelPlan {
+        devices: first,
+        rest: adds.into_iter().chain(removes).chain(last).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use egressgw_core::state::{Peer, Route, Vxlan};
+
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn parent() -> Parent {
+        Parent {
+            name: "eth0".into(),
+            index: 2,
+            mtu: 9000,
+        }
+    }
+
+    fn desired() -> Desired {
+        let state = NodeState {
+            node: "a".into(),
+            vxlan: Some(Vxlan {
+                name: "egress.vxlan".into(),
+                vni: 100,
+                port: 7789,
+                local: ip("172.18.0.11"),
+                mac: Mac([2, 0, 0, 0, 0, 1]),
+                ipv4: Some("172.31.0.1".parse().unwrap()),
+                ipv6: None,
+                ipv4_prefix_len: 16,
+                ipv6_prefix_len: 112,
+                disable_checksum_offload: false,
+            }),
+            peers: vec![Peer {
+                node: "b".into(),
+                underlay: ip("172.18.0.12"),
+                mac: Mac([2, 0, 0, 0, 0, 2]),
+                ipv4: Some("172.31.0.2".parse().unwrap()),
+                ipv6: None,
+            }],
+            routes: vec![Route {
+                table: 3000,
+                gateway: "b".into(),
+                via_ipv4: Some("172.31.0.2".parse().unwrap()),
+                via_ipv6: None,
+            }],
+            ..NodeState::default()
+        };
+        Desired::new(&state, &Config::default(), Some(&parent()))
+    }
+
+    /// What the kernel holds once `desired` is applied.
+    fn applied(d: &Desired) -> KernelState {
+        KernelState {
+            vxlan: d.vxlan.clone(),
+            vxlan_addrs: d.vxlan_addrs.clone(),
+            rp_filter: Some(RP_FILTER_LOOSE),
+            tx_checksum: Some(d.tx_checksum),
+            neighbours: d.neighbours.clone(),
+            fdb: d.fdb.clone(),
+            rules: d.rules.clone(),
+            routes: d.routes.clone(),
+            ..KernelState::default()
+        }
+    }
+
+    fn scope() -> Scope {
+        Scope::new(&Config::default())
+    }
+
+    #[test]
+    fn the_mtu_leaves_room_for_the_encapsulation() {
+        assert_eq!(desired().vxlan.unwrap().settings.mtu, 9000 - 50);
+    }
+
+    #[test]
+    fn a_kernel_that_matches_plans_nothing() {
+        let d = desired();
+        assert_eq!(plan(&d, &applied(&d), &scope()), KernelPlan::default());
+    }
+
+    #[test]
+    fn a_new_parent_recreates_the_device_first() {
+        let d = desired();
+        let mut k = applied(&d);
+        k.vxlan.as_mut().unwrap().identity.parent = 7;
+        let p = plan(&d, &k, &scope());
+        assert!(matches!(p.devices[0], KernelOp::DeleteVxlan { .. }));
+        assert!(matches!(p.devices[1], KernelOp::CreateVxlan(_)));
+    }
+
+    #[test]
+    fn values_that_cannot_be_read_are_left_alone() {
+        let d = desired();
+        let mut k = applied(&d);
+        k.rp_filter = None;
+        k.tx_checksum = None;
+        assert!(plan(&d, &k, &scope()).rest.is_empty());
+    }
+
+    #[test]
+    fn a_foreign_route_in_an_egressgw_table_is_replaced() {
+        let d = desired();
+        let mut k = applied(&d);
+        let default: IpNet = "0.0.0.0/0".parse().unwrap();
+        k.routes.insert((3000, default), ip("0.0.0.0"));
+        let p = plan(&d, &k, &scope());
+        assert_eq!(
+            p.rest,
+            vec![KernelOp::SetRoute {
+                table: 3000,
+                dst: default,
+                via: ip("172.31.0.2"),
+            }]
+        );
+    }
+
+    #[test]
+    fn only_rules_at_egressgws_priority_mask_and_tables_are_owned() {
+        let s = scope();
+        let ours = Rule {
+            ipv6: false,
+            priority: 3000,
+            mark: 0x0100_0000,
+            mask: 0xff00_0000,
+            table: 3000,
+        };
+        assert!(s.owns_rule(&ours));
+        assert!(!s.owns_rule(&Rule {
+            priority: 100,
+            ..ours
+        }));
+        assert!(!s.owns_rule(&Rule {
+            mask: 0xffff_ffff,
+            ..ours
+        }));
+        assert!(!s.owns_rule(&Rule { table: 254, ..ours }));
+    }
 }

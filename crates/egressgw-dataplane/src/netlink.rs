@@ -69,6 +69,7 @@ const ENODEV: i32 = 19;
 const EEXIST: i32 = 17;
 const EADDRNOTAVAIL: i32 = 99;
 const EOPNOTSUPP: i32 = 95;
+const EAFNOSUPPORT: i32 = 97;
 
 impl Rtnetlink {
     /// Opens a socket; must run inside a tokio runtime, which drives it.
@@ -107,6 +108,8 @@ impl Rtnetlink {
         while let Some(m) = response.next().await {
             match m.payload {
                 NetlinkPayload::InnerMessage(inner) => out.push(inner),
+                // A family the kernel lacks (IPv6 disabled) holds nothing.
+                NetlinkPayload::Error(e) if e.raw_code() == -EAFNOSUPPORT => return Ok(Vec::new()),
                 NetlinkPayload::Error(e) => return Err(rtnetlink::Error::NetlinkError(e)),
                 _ => {}
             }
@@ -170,10 +173,20 @@ impl Rtnetlink {
             .into_iter()
             .filter(|n| !is_link_local(n.addr()))
             .collect();
-        state.rp_filter = read_rp_filter(&scope.vxlan).ok();
-        if let Ok(offloads) = crate::ethtool::read_offloads(&scope.vxlan).await {
-            state.tx_checksum = Some(offloads.tx_checksum);
-            state.offloads = Some(offloads.summary());
+        match read_rp_filter(&scope.vxlan) {
+            Ok(v) => state.rp_filter = Some(v),
+            Err(e) => state
+                .unreadable
+                .push(format!("{e}; rp_filter is left as it is")),
+        }
+        match crate::ethtool::read_offloads(&scope.vxlan).await {
+            Ok(offloads) => {
+                state.tx_checksum = Some(offloads.tx_checksum);
+                state.offloads = Some(offloads.summary());
+            }
+            Err(e) => state
+                .unreadable
+                .push(format!("{e}; checksum offload is left as it is")),
         }
         Ok(Some(index))
     }
@@ -362,7 +375,7 @@ impl Rtnetlink {
                     .map_err(nl(what))
             }
             SetRoute { table, dst, via } => {
-                let msg = route_msg(*table, *dst, *via, Some(self.vxlan_index().await?));
+                let msg = route_msg(*table, *dst, *via, self.vxlan_index().await?);
                 self.ack(
                     RouteNetlinkMessage::NewRoute(msg),
                     NLM_F_CREATE | NLM_F_REPLACE,
@@ -371,7 +384,7 @@ impl Rtnetlink {
                 .map_err(nl(what))
             }
             DelRoute { table, dst, via } => {
-                let msg = route_msg(*table, *dst, *via, None);
+                let msg = route_del_msg(*table, *dst, *via);
                 self.ack(RouteNetlinkMessage::DelRoute(msg), 0)
                     .await
                     .or_else(|e| ignore(e, ESRCH))
@@ -445,10 +458,9 @@ impl Rtnetlink {
     /// `egress.vxlan`'s index; ops on its neighbours and routes name it by
     /// the kernel's device, which the scope names.
     async fn vxlan_index(&self) -> Result<u32> {
-        let name = self
-            .vxlan_name
-            .clone()
-            .ok_or_else(|| Error::Host("tunnel device not observed yet".into()))?;
+        let name = self.vxlan_name.clone().ok_or_else(|| {
+            Error::Host("the tunnel device's name is unknown until the kernel is read".into())
+        })?;
         self.index(&name).await
     }
 }
@@ -589,10 +601,16 @@ fn rule_of(r: &RuleMessage) -> Option<Rule> {
             }
             RuleAttribute::FwMask(m) => rule.mask = *m,
             RuleAttribute::Table(t) => rule.table = *t,
+            // A rule with another selector is not one of egressgw's.
+            RuleAttribute::Source(_)
+            | RuleAttribute::Destination(_)
+            | RuleAttribute::Iifname(_)
+            | RuleAttribute::Oifname(_) => return None,
             _ => {}
         }
     }
-    (has_mark && r.header.action == RuleAction::ToTable).then_some(rule)
+    let plain = r.header.src_len == 0 && r.header.dst_len == 0 && r.header.tos == 0;
+    (plain && has_mark && r.header.action == RuleAction::ToTable).then_some(rule)
 }
 
 fn rule_msg(r: &Rule) -> RuleMessage {
@@ -647,7 +665,7 @@ fn route_of(r: &RouteMessage) -> Option<(IpNet, IpAddr)> {
     Some((net, via.unwrap_or(unspecified)))
 }
 
-fn route_msg(table: u32, dst: IpNet, via: IpAddr, oif: Option<u32>) -> RouteMessage {
+fn route_msg(table: u32, dst: IpNet, via: IpAddr, oif: u32) -> RouteMessage {
     let mut m = RouteMessage::default();
     m.header.address_family = family(dst.addr());
     m.header.destination_prefix_length = dst.prefix_len();
@@ -662,9 +680,30 @@ fn route_msg(table: u32, dst: IpNet, via: IpAddr, oif: Option<u32>) -> RouteMess
     m.attributes.push(RouteAttribute::Table(table));
     m.attributes
         .push(RouteAttribute::Gateway(RouteAddress::from(via)));
-    if let Some(oif) = oif {
-        m.header.flags = RouteFlags::Onlink;
-        m.attributes.push(RouteAttribute::Oif(oif));
+    m.header.flags = RouteFlags::Onlink;
+    m.attributes.push(RouteAttribute::Oif(oif));
+    m
+}
+
+/// A delete request that matches whatever route sits at (`table`, `dst`),
+/// whoever made it: any protocol, scope and type, and the gateway only when
+/// the route has one.
+fn route_del_msg(table: u32, dst: IpNet, via: IpAddr) -> RouteMessage {
+    let mut m = RouteMessage::default();
+    m.header.address_family = family(dst.addr());
+    m.header.destination_prefix_length = dst.prefix_len();
+    m.header.table = u8::try_from(table).unwrap_or(0);
+    m.header.protocol = RouteProtocol::Unspec;
+    m.header.scope = RouteScope::NoWhere;
+    m.header.kind = RouteType::Unspec;
+    if dst.prefix_len() > 0 {
+        m.attributes
+            .push(RouteAttribute::Destination(RouteAddress::from(dst.addr())));
+    }
+    m.attributes.push(RouteAttribute::Table(table));
+    if !via.is_unspecified() {
+        m.attributes
+            .push(RouteAttribute::Gateway(RouteAddress::from(via)));
     }
     m
 }

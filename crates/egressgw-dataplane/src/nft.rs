@@ -377,13 +377,23 @@ impl FirewallSpec {
     /// Every chain, jump targets first, in a fixed order.
     pub fn chains(&self) -> Vec<Chain> {
         let keep = !self.mask;
+        // The packet's mark routes it; the connection's mark makes the
+        // decision stick for the connection's life (restored below).
         let set_mark = |mark: u32| {
-            vec![format!(
-                "meta mark set meta mark & {keep:#010x} | {mark:#010x}"
-            )]
+            vec![
+                format!("meta mark set meta mark & {keep:#010x} | {mark:#010x}"),
+                format!("ct mark set ct mark & {keep:#010x} | {mark:#010x}"),
+            ]
         };
         let vx = &self.vxlan;
         let (mask, reply, local) = (self.mask, self.reply_mark, self.local_mark);
+        let restore = self
+            .marks
+            .iter()
+            .map(|m| format!("{m:#010x} : jump {}", mark_chain(*m)))
+            .chain([format!("{local:#010x} : jump local")])
+            .collect::<Vec<_>>()
+            .join(", ");
         let mut chains: Vec<Chain> = self
             .marks
             .iter()
@@ -415,6 +425,11 @@ impl FirewallSpec {
                      meta mark set meta mark & {keep:#010x} | {reply:#010x}"
                 ),
                 "ct direction reply return".into(),
+                // Classified once, when the connection starts: a policy that
+                // changes later never moves an open connection (its NAT
+                // binding could not follow).
+                format!("ct state != new ct mark & {mask:#010x} vmap {{ {restore} }}"),
+                "ct state != new return".into(),
                 "ip daddr @cluster4 return".into(),
                 "ip6 daddr @cluster6 return".into(),
                 "ip saddr . ip daddr vmap @classify4".into(),
@@ -790,7 +805,9 @@ impl Nft {
 
 /// Whether an `nft` error says the table does not exist.
 fn is_missing(e: &Error) -> bool {
-    matches!(e, Error::Nft { message, .. } if message.contains("No such file or directory"))
+    // Not "spawn nft: No such file or directory": a missing binary is an error.
+    matches!(e, Error::Nft { message, .. }
+        if message.contains("No such file or directory") && !message.starts_with("spawn "))
 }
 
 impl Firewall for Nft {
@@ -1191,8 +1208,10 @@ add set inet egressgw cluster4 { type ipv4_addr; flags interval; }
 add set inet egressgw cluster6 { type ipv6_addr; flags interval; }
 add chain inet egressgw mark_01000000
 add rule inet egressgw mark_01000000 meta mark set meta mark & 0x00ffffff | 0x01000000 comment "6f6c06158d7f4b4e"
+add rule inet egressgw mark_01000000 ct mark set ct mark & 0x00ffffff | 0x01000000 comment "aca70d19992d4876"
 add chain inet egressgw local
 add rule inet egressgw local meta mark set meta mark & 0x00ffffff | 0xfe000000 comment "65b5d35193d93e28"
+add rule inet egressgw local ct mark set ct mark & 0x00ffffff | 0xfe000000 comment "fda798e7e8eab830"
 add chain inet egressgw gateway_nat
 add rule inet egressgw gateway_nat ip daddr @cluster4 return comment "4547dd9262c4ecad"
 add rule inet egressgw gateway_nat ip6 daddr @cluster6 return comment "99893f885d8ae25d"
@@ -1204,6 +1223,8 @@ add chain inet egressgw prerouting { type filter hook prerouting priority -150; 
 add rule inet egressgw prerouting iifname "egress.vxlan" ct state new ct mark set ct mark & 0x00ffffff | 0xff000000 comment "c82debc54673c8f2"
 add rule inet egressgw prerouting ct direction reply ct mark & 0xff000000 == 0xff000000 meta mark set meta mark & 0x00ffffff | 0xff000000 comment "eb4a0ac4441b7d57"
 add rule inet egressgw prerouting ct direction reply return comment "3c7345d7f27b17db"
+add rule inet egressgw prerouting ct state != new ct mark & 0xff000000 vmap { 0x01000000 : jump mark_01000000, 0xfe000000 : jump local } comment "18c66163311e2491"
+add rule inet egressgw prerouting ct state != new return comment "780b2f8a8e25d391"
 add rule inet egressgw prerouting ip daddr @cluster4 return comment "4547dd9262c4ecad"
 add rule inet egressgw prerouting ip6 daddr @cluster6 return comment "99893f885d8ae25d"
 add rule inet egressgw prerouting ip saddr . ip daddr vmap @classify4 comment "7e5e38da85c648ac"
@@ -1296,7 +1317,7 @@ add element inet egressgw snat4 { 10.244.2.5 . 198.51.100.0/24 : 192.0.2.10 }
         let shown = shown(&ops);
         assert_eq!(
             shown.first().map(String::as_str),
-            Some("add chain mark_03000000 (1 rules)")
+            Some("add chain mark_03000000 (2 rules)")
         );
         assert_eq!(
             shown[shown.len() - 2..],
@@ -1320,7 +1341,7 @@ add element inet egressgw snat4 { 10.244.2.5 . 198.51.100.0/24 : 192.0.2.10 }
         assert_eq!(
             shown(&ops),
             [
-                "replace chain prerouting (7 rules)",
+                "replace chain prerouting (9 rules)",
                 "replace chain postrouting_nat (4 rules)",
                 "replace chain postrouting_mark (1 rules)",
             ]

@@ -5,7 +5,9 @@ use egressgw_core::model::Config;
 use egressgw_core::state::NodeState;
 
 use crate::Report;
-use crate::kernel::{self, Desired, KernelOp, Scope};
+use tracing::Instrument as _;
+
+use crate::kernel::{self, Desired, KernelOp, KernelPlan, Scope};
 use crate::netlink::Netlink;
 use crate::nft::{self, Firewall, FirewallSpec};
 
@@ -46,50 +48,17 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
     /// run. Nothing is flushed: an unchanged state plans no operation.
     pub async fn reconcile(&mut self, state: &NodeState) -> Report {
         let span = tracing::info_span!("reconcile", node = %state.node);
-        let _enter = span.enter();
-        let mut report = Report::default();
-        let parent = match &state.vxlan {
-            None => None,
-            Some(v) => match self.netlink.parent(v.local).await {
-                Ok(Some(p)) => Some(p),
-                Ok(None) => {
-                    report.record(
-                        format!("create link {}", v.name),
-                        Err(format!(
-                            "no interface holds the node's underlay address {}",
-                            v.local
-                        )),
-                    );
-                    None
-                }
-                Err(e) => {
-                    report.record(format!("find the parent of {}", v.name), Err(e));
-                    None
-                }
-            },
-        };
-        let desired = Desired::new(state, &self.config, parent.as_ref());
+        self.reconcile_in_span(state).instrument(span).await
+    }
 
-        let Some(mut ops) = self.plan_kernel(&desired, &mut report).await else {
-            return report;
+    async fn reconcile_in_span(&mut self, state: &NodeState) -> Report {
+        let mut report = Report::default();
+        // Without a desired state or a readable kernel, the routing side is
+        // left exactly as it is; the firewall is reconciled regardless.
+        let (additions, removals) = match self.desired(state, &mut report).await {
+            Some(desired) => self.routing_ops(&desired, &mut report).await,
+            None => (Vec::new(), Vec::new()),
         };
-        let leading = ops.iter().take_while(|op| op.is_device_op()).count();
-        if leading > 0 {
-            for op in ops.drain(..leading) {
-                self.apply(&op, &mut report).await;
-            }
-            match self.plan_kernel(&desired, &mut report).await {
-                // A device op that failed shows up again: it was tried once.
-                Some(again) => {
-                    ops = again;
-                    let retried = ops.iter().take_while(|op| op.is_device_op()).count();
-                    ops.drain(..retried);
-                }
-                None => return report,
-            }
-        }
-        let (removals, additions): (Vec<KernelOp>, Vec<KernelOp>) =
-            ops.into_iter().partition(KernelOp::is_removal);
         for op in &additions {
             self.apply(op, &mut report).await;
         }
@@ -100,11 +69,70 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
         report
     }
 
-    async fn plan_kernel(
+    /// The kernel objects `state` asks for; `None` when the tunnel's parent
+    /// cannot be found, so that a transient lookup failure (an underlay
+    /// address being moved, a netlink hiccup) never tears the tunnel down.
+    async fn desired(&mut self, state: &NodeState, report: &mut Report) -> Option<Desired> {
+        let Some(v) = &state.vxlan else {
+            return Some(Desired::new(state, &self.config, None));
+        };
+        let op = format!("find the parent interface of {}", v.name);
+        match self.netlink.parent(v.local).await {
+            Ok(Some(parent)) => Some(Desired::new(state, &self.config, Some(&parent))),
+            Ok(None) => {
+                report.record(
+                    op,
+                    Err(format!(
+                        "no interface holds the node's underlay address {}; \
+                         the tunnel, rules and routes are left as they are",
+                        v.local
+                    )),
+                );
+                None
+            }
+            Err(e) => {
+                report.record(op, Err(e));
+                None
+            }
+        }
+    }
+
+    /// The routing side's additions and removals, after carrying out device
+    /// creations (and observing again, since the other objects refer to the
+    /// devices).
+    async fn routing_ops(
         &mut self,
         desired: &Desired,
         report: &mut Report,
-    ) -> Option<Vec<KernelOp>> {
+    ) -> (Vec<KernelOp>, Vec<KernelOp>) {
+        let Some(mut plan) = self.plan_kernel(desired, report).await else {
+            return (Vec::new(), Vec::new());
+        };
+        if !plan.devices.is_empty() {
+            for op in &plan.devices {
+                self.apply(op, report).await;
+            }
+            let Some(again) = self.plan_kernel(desired, report).await else {
+                return (Vec::new(), Vec::new());
+            };
+            // A device op that failed shows up again: it was tried once.
+            plan = again;
+        }
+        plan.rest.into_iter().partition(|op| !op.is_removal())
+    }
+
+    async fn plan_kernel(&mut self, desired: &Desired, report: &mut Report) -> Option<KernelPlan> {
+        if desired.tx_checksum
+            && desired.vxlan.is_some()
+            && crate::ethtool::kernel_has_vxlan_snat_checksum_bug()
+        {
+            report.warn(format!(
+                "{}: tx checksum offload is on and this kernel is older than 5.7, \
+                 where VXLAN with SNAT can send bad checksums; set \
+                 vxlan.disableChecksumOffload=true",
+                self.scope.vxlan
+            ));
+        }
         match self.netlink.observe(&self.scope).await {
             Ok(observed) => {
                 if let Some(offloads) = &observed.offloads {
@@ -112,20 +140,13 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
                         .facts
                         .insert(format!("{} offloads", self.scope.vxlan), offloads.clone());
                 }
-                if observed.tx_checksum == Some(true)
-                    && crate::ethtool::kernel_has_vxlan_snat_checksum_bug()
-                {
-                    report.warn(format!(
-                        "{}: tx checksum offload is on and this kernel is older than 5.7, \
-                         where VXLAN with SNAT can send bad checksums; set \
-                         vxlan.disableChecksumOffload=true",
-                        self.scope.vxlan
-                    ));
+                for note in &observed.unreadable {
+                    report.warn(note.clone());
                 }
                 Some(kernel::plan(desired, &observed, &self.scope))
             }
             Err(e) => {
-                report.record("read the kernel's state", Err(e));
+                report.record("read the kernel's routing state", Err(e));
                 None
             }
         }
@@ -166,11 +187,12 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
         }
         match self.netlink.observe(&self.scope).await {
             Ok(observed) => {
-                for op in kernel::plan(&Desired::default(), &observed, &self.scope) {
-                    self.apply(&op, &mut report).await;
+                let plan = kernel::plan(&Desired::default(), &observed, &self.scope);
+                for op in plan.ops() {
+                    self.apply(op, &mut report).await;
                 }
             }
-            Err(e) => report.record("read the kernel's state", Err(e)),
+            Err(e) => report.record("read the kernel's routing state", Err(e)),
         }
         report
     }
