@@ -847,3 +847,176 @@ impl Netlink for Rtnetlink {
         self.apply_op(op, report).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nft::FakeFirewall;
+    use crate::reconcile::Dataplane;
+    use crate::testns::{block_on_in_new_netns, node_state, root_or_skip, sh};
+    use egressgw_core::model::Config;
+
+    /// An underlay link holding node A's address (172.18.0.11, MTU 1500).
+    fn underlay() {
+        sh("ip link add name ul0 type veth peer name ul1 \
+            && ip addr add 172.18.0.11/24 dev ul0 && ip link set ul0 up && ip link set ul1 up");
+    }
+
+    fn dataplane() -> Dataplane<Rtnetlink, FakeFirewall> {
+        Dataplane::new(
+            Rtnetlink::connect().unwrap(),
+            FakeFirewall::default(),
+            Config::default(),
+        )
+    }
+
+    fn ifindex(name: &str) -> String {
+        sh(&format!("ip -o link show {name} | cut -d: -f1"))
+    }
+
+    #[test]
+    fn the_kernel_gets_the_tunnel_its_peers_rules_routes_and_eips() {
+        if !root_or_skip("the_kernel_gets_the_tunnel_its_peers_rules_routes_and_eips") {
+            return;
+        }
+        block_on_in_new_netns(async || {
+            underlay();
+            let mut dp = dataplane();
+            let report = dp.reconcile(&node_state(true)).await;
+            assert!(report.is_ok(), "{:?}", report.failed);
+
+            let link = sh("ip -d link show egress.vxlan");
+            for want in [
+                "mtu 1450",
+                "link/ether 02:00:00:00:00:01",
+                "vxlan id 100 local 172.18.0.11 dev ul0",
+                "dstport 7789 nolearning",
+                "state UNKNOWN",
+            ] {
+                assert!(link.contains(want), "{want:?} not in {link}");
+            }
+            assert!(sh("ip addr show egress.vxlan").contains("inet 172.31.0.1/16"));
+            assert_eq!(
+                sh("cat /proc/sys/net/ipv4/conf/egress.vxlan/rp_filter").trim(),
+                "2"
+            );
+            assert!(
+                sh("ip neigh show dev egress.vxlan")
+                    .contains("172.31.0.2 lladdr 02:00:00:00:00:02 PERMANENT")
+            );
+            let fdb = sh("bridge fdb show dev egress.vxlan");
+            assert!(
+                fdb.contains("02:00:00:00:00:02 dst 172.18.0.12 self permanent"),
+                "{fdb}"
+            );
+            assert!(
+                !fdb.contains("00:00:00:00:00:00"),
+                "no flooding entry: {fdb}"
+            );
+            let rules = sh("ip rule");
+            assert!(rules.contains("3000:\tfrom all fwmark 0x1000000/0xff000000 lookup 3000"));
+            assert!(rules.contains("3000:\tfrom all fwmark 0xff000000/0xff000000 lookup 3254"));
+            assert!(
+                sh("ip route show table 3000")
+                    .contains("default via 172.31.0.2 dev egress.vxlan proto static onlink")
+            );
+            assert!(
+                sh("ip route show table 3254")
+                    .contains("10.244.2.10 via 172.31.0.2 dev egress.vxlan proto static onlink")
+            );
+            assert!(sh("ip addr show egress.eip").contains("inet 198.51.100.200/32"));
+
+            let again = dp.reconcile(&node_state(true)).await;
+            assert_eq!(again.ops(), 0, "{:?}", again.applied);
+        });
+    }
+
+    #[test]
+    fn drift_is_corrected_in_place_and_identity_changes_recreate_the_tunnel() {
+        if !root_or_skip("drift_is_corrected_in_place_and_identity_changes_recreate_the_tunnel") {
+            return;
+        }
+        block_on_in_new_netns(async || {
+            underlay();
+            let mut dp = dataplane();
+            dp.reconcile(&node_state(false)).await;
+            let index = ifindex("egress.vxlan");
+
+            sh(
+                "ip link set egress.vxlan mtu 1300 && ip neigh del 172.31.0.2 dev egress.vxlan \
+                && ip rule del priority 3000 fwmark 0x1000000/0xff000000 lookup 3000 \
+                && ip route add blackhole 10.0.0.0/8 table 3000",
+            );
+            let report = dp.reconcile(&node_state(false)).await;
+            assert!(report.is_ok(), "{:?}", report.failed);
+            let mut applied = report.applied.clone();
+            applied.sort();
+            assert_eq!(applied.len(), 4, "{applied:?}");
+            assert!(applied[0].starts_with("add rule priority 3000 fwmark 0x01000000"));
+            assert!(applied[1].starts_with("delete route 10.0.0.0/8"));
+            assert!(applied[2].starts_with("replace neighbour 172.31.0.2"));
+            assert!(applied[3].contains("mtu 1450"));
+            assert_eq!(ifindex("egress.vxlan"), index, "corrected in place");
+            assert!(!sh("ip route show table 3000").contains("blackhole"));
+
+            let mut other = node_state(false);
+            other.vxlan.as_mut().unwrap().vni = 200;
+            let report = dp.reconcile(&other).await;
+            assert!(report.is_ok(), "{:?}", report.failed);
+            assert_ne!(ifindex("egress.vxlan"), index, "recreated");
+            assert!(sh("ip -d link show egress.vxlan").contains("vxlan id 200"));
+            assert!(sh("ip neigh show dev egress.vxlan").contains("172.31.0.2"));
+            assert!(sh("ip route show table 3000").contains("default via 172.31.0.2"));
+            assert_eq!(dp.reconcile(&other).await.ops(), 0);
+        });
+    }
+
+    #[test]
+    fn a_vanished_underlay_address_leaves_the_tunnel_alone() {
+        if !root_or_skip("a_vanished_underlay_address_leaves_the_tunnel_alone") {
+            return;
+        }
+        block_on_in_new_netns(async || {
+            underlay();
+            let mut dp = dataplane();
+            dp.reconcile(&node_state(false)).await;
+            sh("ip addr del 172.18.0.11/24 dev ul0");
+            let report = dp.reconcile(&node_state(false)).await;
+            assert_eq!(report.failed.len(), 1, "{:?}", report.failed);
+            assert!(report.failed[0].error.contains("172.18.0.11"));
+            assert!(report.applied.is_empty(), "{:?}", report.applied);
+            assert!(sh("ip rule").contains("lookup 3000"));
+            assert!(sh("ip route show table 3000").contains("default via 172.31.0.2"));
+        });
+    }
+
+    #[test]
+    fn cleanup_takes_only_what_is_egressgws() {
+        if !root_or_skip("cleanup_takes_only_what_is_egressgws") {
+            return;
+        }
+        block_on_in_new_netns(async || {
+            underlay();
+            // Neighbours of egressgw's: a rule at its priority with another
+            // mask, one with a selector, a route in a table of someone else's.
+            sh("ip rule add priority 3000 fwmark 0x10/0xff lookup 3000 \
+                && ip rule add priority 3000 from 10.1.0.0/16 fwmark 0x1000000/0xff000000 lookup 3000 \
+                && ip route add 10.9.0.0/16 dev ul0 table 100");
+            let before = (
+                sh("ip rule"),
+                sh("ip route show table all"),
+                sh("ip -br link"),
+            );
+            let mut dp = dataplane();
+            dp.reconcile(&node_state(true)).await;
+            let report = dp.cleanup().await;
+            assert!(report.is_ok(), "{:?}", report.failed);
+            let after = (
+                sh("ip rule"),
+                sh("ip route show table all"),
+                sh("ip -br link"),
+            );
+            assert_eq!(before, after);
+        });
+    }
+}

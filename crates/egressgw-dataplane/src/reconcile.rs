@@ -202,79 +202,14 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
 mod tests {
     use std::net::IpAddr;
 
-    use egressgw_core::model::{Mac, PolicyRef};
-    use egressgw_core::state::{OwnedEip, Peer, ReplyRoute, Route, Rule, Vxlan};
-
     use super::*;
     use crate::fake::FakeNetlink;
     use crate::kernel::{self, Parent};
     use crate::nft::FakeFirewall;
+    use crate::testns::node_state;
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
-    }
-
-    /// Node A of a two-node cluster whose gateway is B; with `eip`, A is
-    /// also a gateway owning it.
-    fn state(eip: bool) -> NodeState {
-        let cfg = Config::default();
-        NodeState {
-            node: "a".into(),
-            vxlan: Some(Vxlan {
-                name: "egress.vxlan".into(),
-                vni: 100,
-                port: 7789,
-                local: ip("172.18.0.11"),
-                mac: Mac([2, 0, 0, 0, 0, 1]),
-                ipv4: Some("172.31.0.1".parse().unwrap()),
-                ipv6: None,
-                ipv4_prefix_len: 16,
-                ipv6_prefix_len: 112,
-                disable_checksum_offload: false,
-            }),
-            peers: vec![Peer {
-                node: "b".into(),
-                underlay: ip("172.18.0.12"),
-                mac: Mac([2, 0, 0, 0, 0, 2]),
-                ipv4: Some("172.31.0.2".parse().unwrap()),
-                ipv6: None,
-            }],
-            routes: vec![Route {
-                table: 3000,
-                gateway: "b".into(),
-                via_ipv4: Some("172.31.0.2".parse().unwrap()),
-                via_ipv6: None,
-            }],
-            rules: vec![
-                Rule {
-                    priority: 3000,
-                    mark: cfg.mark(1),
-                    mask: cfg.mark_mask,
-                    table: 3000,
-                },
-                Rule {
-                    priority: 3000,
-                    mark: cfg.reply_mark(),
-                    mask: cfg.mark_mask,
-                    table: cfg.reply_table(),
-                },
-            ],
-            replies: vec![ReplyRoute {
-                dst: ip("10.244.2.10"),
-                via: ip("172.31.0.2"),
-                origin: "b".into(),
-                table: cfg.reply_table(),
-            }],
-            eips: if eip {
-                vec![OwnedEip {
-                    ip: ip("198.51.100.200"),
-                    gateway: "egw".into(),
-                }]
-            } else {
-                vec![]
-            },
-            ..NodeState::default()
-        }
     }
 
     fn dataplane() -> Dataplane<FakeNetlink, FakeFirewall> {
@@ -301,7 +236,7 @@ mod tests {
     fn first_reconcile_builds_everything_and_the_second_plans_nothing() {
         run(async {
             let mut dp = dataplane();
-            let first = dp.reconcile(&state(true)).await;
+            let first = dp.reconcile(&node_state(true)).await;
             assert!(first.is_ok(), "{:?}", first.failed);
             let k = &dp.backends().0.state;
             let v = k.vxlan.as_ref().unwrap();
@@ -315,7 +250,7 @@ mod tests {
             assert_eq!(k.rules.len(), 2);
             assert!(k.eips.contains(&ip("198.51.100.200")));
 
-            let second = dp.reconcile(&state(true)).await;
+            let second = dp.reconcile(&node_state(true)).await;
             assert_eq!(second.ops(), 0, "{:?}", second.applied);
         });
     }
@@ -325,7 +260,7 @@ mod tests {
         run(async {
             let mut dp = dataplane();
             dp.netlink.fail.push("lookup 3000".into());
-            let report = dp.reconcile(&state(false)).await;
+            let report = dp.reconcile(&node_state(false)).await;
             assert_eq!(report.failed.len(), 1);
             assert!(
                 report.failed[0]
@@ -336,7 +271,7 @@ mod tests {
             assert!(report.applied.iter().any(|op| op.contains("neighbour")));
             // Once the kernel accepts it, only the missing rule is planned.
             dp.netlink.fail.clear();
-            let again = dp.reconcile(&state(false)).await;
+            let again = dp.reconcile(&node_state(false)).await;
             assert_eq!(again.applied.len(), 1, "{:?}", again.applied);
         });
     }
@@ -345,8 +280,8 @@ mod tests {
     fn identity_drift_recreates_the_device_and_everything_on_it() {
         run(async {
             let mut dp = dataplane();
-            dp.reconcile(&state(false)).await;
-            let mut changed = state(false);
+            dp.reconcile(&node_state(false)).await;
+            let mut changed = node_state(false);
             changed.vxlan.as_mut().unwrap().vni = 200;
             let report = dp.reconcile(&changed).await;
             assert!(report.applied[0].starts_with("delete link egress.vxlan"));
@@ -360,10 +295,10 @@ mod tests {
     fn settings_drift_is_corrected_in_place() {
         run(async {
             let mut dp = dataplane();
-            dp.reconcile(&state(false)).await;
+            dp.reconcile(&node_state(false)).await;
             dp.netlink.state.vxlan.as_mut().unwrap().settings.mtu = 9000;
             dp.netlink.state.rp_filter = Some(1);
-            let report = dp.reconcile(&state(false)).await;
+            let report = dp.reconcile(&node_state(false)).await;
             assert_eq!(report.applied.len(), 2, "{:?}", report.applied);
             assert!(report.applied[0].contains("mtu 1450"));
             assert!(report.applied[1].contains("rp_filter=2"));
@@ -374,7 +309,7 @@ mod tests {
     fn disabling_checksum_offload_turns_tx_checksumming_off() {
         run(async {
             let mut dp = dataplane();
-            let mut s = state(false);
+            let mut s = node_state(false);
             s.vxlan.as_mut().unwrap().disable_checksum_offload = true;
             dp.reconcile(&s).await;
             assert_eq!(dp.netlink.state.tx_checksum, Some(false));
@@ -385,8 +320,8 @@ mod tests {
     fn stale_peers_routes_rules_and_eips_are_removed() {
         run(async {
             let mut dp = dataplane();
-            dp.reconcile(&state(true)).await;
-            let mut fewer = state(false);
+            dp.reconcile(&node_state(true)).await;
+            let mut fewer = node_state(false);
             fewer.peers.clear();
             fewer.routes.clear();
             fewer.replies.clear();
@@ -406,7 +341,7 @@ mod tests {
         run(async {
             let mut dp = dataplane();
             dp.netlink.parents.clear();
-            let report = dp.reconcile(&state(false)).await;
+            let report = dp.reconcile(&node_state(false)).await;
             assert!(report.failed[0].error.contains("172.18.0.11"));
             assert!(dp.netlink.state.vxlan.is_none());
             assert!(
@@ -428,7 +363,7 @@ mod tests {
                 table: 100,
             };
             dp.netlink.state.rules.insert(foreign);
-            dp.reconcile(&state(true)).await;
+            dp.reconcile(&node_state(true)).await;
             let report = dp.cleanup().await;
             assert!(report.is_ok());
             let k = &dp.netlink.state;
@@ -436,12 +371,5 @@ mod tests {
             assert_eq!(k.rules.iter().collect::<Vec<_>>(), vec![&foreign]);
             assert_eq!(dp.cleanup().await.ops(), 0, "cleanup twice changes nothing");
         });
-    }
-
-    #[test]
-    fn a_policy_ref_is_not_needed_for_the_routing_side() {
-        // The routing side depends on peers, routes, rules, replies and EIPs
-        // only; classification entries are the firewall's.
-        let _ = PolicyRef::namespaced("ns", "p");
     }
 }

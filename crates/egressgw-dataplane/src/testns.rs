@@ -5,8 +5,11 @@
 //! only that namespace; the namespace disappears with the thread, even when
 //! the closure panics. Tests that need root call [`root_or_skip`] first.
 
+use std::net::IpAddr;
 use std::process::Command;
 
+use egressgw_core::model::{Config, Mac};
+use egressgw_core::state::{NodeState, OwnedEip, Peer, ReplyRoute, Route, Rule, Vxlan};
 use nix::sched::{CloneFlags, unshare};
 
 /// Whether the test may touch the kernel; prints why not otherwise.
@@ -57,4 +60,71 @@ pub(crate) fn sh(cmd: &str) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Node A of a two-node cluster whose gateway is B; with `eip`, A is
+/// also a gateway owning it.
+pub(crate) fn node_state(eip: bool) -> NodeState {
+    let cfg = Config::default();
+    NodeState {
+        node: "a".into(),
+        vxlan: Some(Vxlan {
+            name: "egress.vxlan".into(),
+            vni: 100,
+            port: 7789,
+            local: ip("172.18.0.11"),
+            mac: Mac([2, 0, 0, 0, 0, 1]),
+            ipv4: Some("172.31.0.1".parse().unwrap()),
+            ipv6: None,
+            ipv4_prefix_len: 16,
+            ipv6_prefix_len: 112,
+            disable_checksum_offload: false,
+        }),
+        peers: vec![Peer {
+            node: "b".into(),
+            underlay: ip("172.18.0.12"),
+            mac: Mac([2, 0, 0, 0, 0, 2]),
+            ipv4: Some("172.31.0.2".parse().unwrap()),
+            ipv6: None,
+        }],
+        routes: vec![Route {
+            table: 3000,
+            gateway: "b".into(),
+            via_ipv4: Some("172.31.0.2".parse().unwrap()),
+            via_ipv6: None,
+        }],
+        rules: vec![
+            Rule {
+                priority: 3000,
+                mark: cfg.mark(1),
+                mask: cfg.mark_mask,
+                table: 3000,
+            },
+            Rule {
+                priority: 3000,
+                mark: cfg.reply_mark(),
+                mask: cfg.mark_mask,
+                table: cfg.reply_table(),
+            },
+        ],
+        replies: vec![ReplyRoute {
+            dst: ip("10.244.2.10"),
+            via: ip("172.31.0.2"),
+            origin: "b".into(),
+            table: cfg.reply_table(),
+        }],
+        eips: if eip {
+            vec![OwnedEip {
+                ip: ip("198.51.100.200"),
+                gateway: "egw".into(),
+            }]
+        } else {
+            vec![]
+        },
+        ..NodeState::default()
+    }
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().expect("address")
 }
