@@ -1,19 +1,24 @@
 //! The Kubernetes objects of the test cluster, and `egressgw` run on them.
 
 use std::fmt::Write as _;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::mpsc::{self, Receiver};
 use std::time::Duration;
 
-use super::netns::{NODE_A_IP, NODE_B_IP, Netns, POD_A1_IP, POD_A2_IP, POD_B1_IP};
+use super::netns::{
+    NODE_A_IP, NODE_B_IP, Netns, POD_A1_IP, POD_A1_IP6, POD_A2_IP, POD_A2_IP6, POD_B1_IP,
+    POD_B1_IP6, POD_CIDR_A6, POD_CIDR_B6, Stack,
+};
 use super::process::{Background, describe, run_bounded};
 
 /// The policy's name as `egressgw plan` reports it.
 pub const POLICY: &str = "team-a/web";
 /// The gateway's pool.
 pub const POOL: &str = "198.51.100.200-198.51.100.210";
+/// The gateway's IPv6 pool (dual-stack objects only), on the target's link.
+pub const POOL6: &str = "2001:db8:100::200-2001:db8:100::210";
 /// How long one `apply` or `cleanup` may take.
 const RUN_LIMIT: Duration = Duration::from_secs(60);
 
@@ -35,6 +40,17 @@ pub struct Policy {
     pub use_node_ip: bool,
 }
 
+impl Policy {
+    /// The default policy with the target's IPv6 prefix as a second
+    /// destination.
+    pub fn dual_stack() -> Self {
+        Self {
+            dest_subnet: vec!["198.51.100.0/24", "2001:db8:100::/64"],
+            ..Self::default()
+        }
+    }
+}
+
 impl Default for Policy {
     fn default() -> Self {
         Self {
@@ -45,15 +61,45 @@ impl Default for Policy {
     }
 }
 
-/// Nodes, the namespace, pods, the gateway and `policy`, as YAML documents.
-pub fn objects_yaml(policy: &Policy) -> String {
+/// Nodes, the namespace, pods, the gateway and `policy`, as YAML documents;
+/// with [`Stack::Dual`] the nodes have dual-stack pod CIDRs, the pods an IPv6
+/// address each and the gateway an IPv6 pool too.
+pub fn objects_yaml(policy: &Policy, stack: Stack) -> String {
+    let dual = stack == Stack::Dual;
+    let v6 = |ip: &'static str| dual.then_some(ip);
     let mut y = String::new();
-    y += &node("node-a", NODE_A_IP, "10.244.1.0/24", false);
-    y += &node("node-b", NODE_B_IP, "10.244.2.0/24", true);
+    y += &node("node-a", NODE_A_IP, "10.244.1.0/24", v6(POD_CIDR_A6), false);
+    y += &node("node-b", NODE_B_IP, "10.244.2.0/24", v6(POD_CIDR_B6), true);
     y += "---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: team-a\n  labels:\n    kubernetes.io/metadata.name: team-a\n";
-    y += &pod("pod-a1", "web", "node-a", NODE_A_IP, POD_A1_IP);
-    y += &pod("pod-a2", "batch", "node-a", NODE_A_IP, POD_A2_IP);
-    y += &pod("pod-b1", "web", "node-b", NODE_B_IP, POD_B1_IP);
+    y += &pod(
+        "pod-a1",
+        "web",
+        "node-a",
+        NODE_A_IP,
+        POD_A1_IP,
+        v6(POD_A1_IP6),
+    );
+    y += &pod(
+        "pod-a2",
+        "batch",
+        "node-a",
+        NODE_A_IP,
+        POD_A2_IP,
+        v6(POD_A2_IP6),
+    );
+    y += &pod(
+        "pod-b1",
+        "web",
+        "node-b",
+        NODE_B_IP,
+        POD_B1_IP,
+        v6(POD_B1_IP6),
+    );
+    let ipv6_pool = if dual {
+        format!("\n    ipv6:\n      - {POOL6}")
+    } else {
+        String::new()
+    };
     let _ = write!(
         y,
         "---
@@ -68,7 +114,7 @@ spec:
         egressgw.io/gateway: \"true\"
   ippools:
     ipv4:
-      - {POOL}
+      - {POOL}{ipv6_pool}
 ---
 apiVersion: egressgw.io/v1alpha1
 kind: EgressPolicy
@@ -97,12 +143,13 @@ fn flow_list(items: &[&str]) -> String {
     format!("[{}]", items.join(", "))
 }
 
-fn node(name: &str, ip: &str, pod_cidr: &str, gateway: bool) -> String {
+fn node(name: &str, ip: &str, pod_cidr: &str, pod_cidr6: Option<&str>, gateway: bool) -> String {
     let gateway_label = if gateway {
         "\n    egressgw.io/gateway: \"true\""
     } else {
         ""
     };
+    let pod_cidr6 = pod_cidr6.map_or_else(String::new, |c| format!("\n    - {c}"));
     format!(
         "---
 apiVersion: v1
@@ -115,7 +162,7 @@ metadata:
 spec:
   podCIDR: {pod_cidr}
   podCIDRs:
-    - {pod_cidr}
+    - {pod_cidr}{pod_cidr6}
 status:
   addresses:
     - type: InternalIP
@@ -129,7 +176,8 @@ status:
     )
 }
 
-fn pod(name: &str, app: &str, node: &str, host_ip: &str, ip: &str) -> String {
+fn pod(name: &str, app: &str, node: &str, host_ip: &str, ip: &str, ip6: Option<&str>) -> String {
+    let ip6 = ip6.map_or_else(String::new, |ip| format!("\n    - ip: {ip}"));
     format!(
         "---
 apiVersion: v1
@@ -149,7 +197,7 @@ status:
   hostIP: {host_ip}
   podIP: {ip}
   podIPs:
-    - ip: {ip}
+    - ip: {ip}{ip6}
 "
     )
 }
@@ -195,12 +243,13 @@ pub struct Egressgw {
 }
 
 impl Egressgw {
-    /// Writes `objects.yaml` (from `policy`) and `config.yaml` (`config`,
-    /// YAML with the Helm chart's `feature` keys) into `dir`.
-    pub fn new(dir: &Path, policy: &Policy, config: &str) -> Self {
+    /// Writes `objects.yaml` (from `policy`, for the families of `stack`)
+    /// and `config.yaml` (`config`, YAML with the Helm chart's `feature`
+    /// keys) into `dir`.
+    pub fn new(dir: &Path, stack: Stack, policy: &Policy, config: &str) -> Self {
         let objects = dir.join("objects.yaml");
         let config_path = dir.join("config.yaml");
-        std::fs::write(&objects, objects_yaml(policy)).expect("writing objects.yaml");
+        std::fs::write(&objects, objects_yaml(policy, stack)).expect("writing objects.yaml");
         std::fs::write(&config_path, config).expect("writing config.yaml");
         Self {
             objects,
@@ -222,6 +271,16 @@ impl Egressgw {
 
     /// The IPv4 EIP `egressgw plan` allocates to [`POLICY`].
     pub fn planned_eip(&self) -> Ipv4Addr {
+        self.planned("eip_ipv4")
+    }
+
+    /// The IPv6 EIP `egressgw plan` allocates to [`POLICY`].
+    pub fn planned_eip6(&self) -> Ipv6Addr {
+        self.planned("eip_ipv6")
+    }
+
+    /// The address in `field` of [`POLICY`]'s status in `plan -o json`.
+    fn planned<T: std::str::FromStr>(&self, field: &str) -> T {
         let mut cmd = Command::new(binary());
         cmd.args(self.args("plan", None))
             .env_remove("EGRESSGW_CONFIG");
@@ -233,10 +292,10 @@ impl Egressgw {
             .as_array()
             .and_then(|ps| ps.iter().find(|p| p["policy"] == POLICY))
             .unwrap_or_else(|| panic!("no status for {POLICY} in the plan: {json}"));
-        policy["eip_ipv4"]
+        policy[field]
             .as_str()
             .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| panic!("{POLICY} has no IPv4 EIP in the plan: {policy}"))
+            .unwrap_or_else(|| panic!("{POLICY} has no {field} in the plan: {policy}"))
     }
 
     /// One `apply -o json` for `node` inside `ns`; returns its exit status

@@ -13,6 +13,12 @@
 //! the external segment, and the target routes the underlay back via B. Each
 //! node masquerades pod traffic leaving the pod network, as a CNI does.
 //!
+//! [`Topology::dual_stack`] adds IPv6 on top, in the same shape: pods
+//! fd00:10:244:1::10, ::20 (A) and fd00:10:244:2::10 (B), the nodes
+//! fd00:172:18::11 and ::12 on the underlay link (which still carries the
+//! tunnel over IPv4), B 2001:db8:100::11/64 and the target 2001:db8:100::1/64
+//! on the external link, and an `ip6tables` masquerade of fd00:10:244::/48.
+//!
 //! Everything lives in namespaces named `egt<pid>-<n>-<role>`, created here
 //! and deleted when the [`Topology`] (or a lone [`Netns`]) drops, also after
 //! a panic. Nothing is added to the host namespace: veth pairs are created in
@@ -48,6 +54,35 @@ pub const POD_A2_IP: &str = "10.244.1.20";
 pub const POD_B1_IP: &str = "10.244.2.10";
 /// The cluster's pod network, as the CNI masquerade rule names it.
 pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
+
+// IPv6, in a dual-stack topology only. The underlay stays IPv4 (the Node
+// objects' InternalIPs, the tunnel's outer packets); the nodes also hold an
+// IPv6 address on it for the host-gw routes between them.
+
+/// Node A's IPv6 address on the underlay link.
+pub const NODE_A_IP6: &str = "fd00:172:18::11";
+/// Node B's IPv6 address on the underlay link.
+pub const NODE_B_IP6: &str = "fd00:172:18::12";
+/// The underlay link's IPv6 prefix.
+pub const UNDERLAY_CIDR6: &str = "fd00:172:18::/64";
+/// Node B's IPv6 address on the external segment.
+pub const NODE_B_EXTERNAL_IP6: &str = "2001:db8:100::11";
+/// The target's IPv6 address.
+pub const TARGET_IP6: &str = "2001:db8:100::1";
+/// The external segment's IPv6 prefix length.
+const EXTERNAL_PREFIX6: u8 = 64;
+/// Pod IPv6 addresses.
+pub const POD_A1_IP6: &str = "fd00:10:244:1::10";
+/// Pod IPv6 addresses.
+pub const POD_A2_IP6: &str = "fd00:10:244:1::20";
+/// Pod IPv6 addresses.
+pub const POD_B1_IP6: &str = "fd00:10:244:2::10";
+/// Node A's IPv6 pod CIDR.
+pub const POD_CIDR_A6: &str = "fd00:10:244:1::/64";
+/// Node B's IPv6 pod CIDR.
+pub const POD_CIDR_B6: &str = "fd00:10:244:2::/64";
+/// The cluster's IPv6 pod network, as the CNI masquerade rule names it.
+pub const CLUSTER_CIDR6: &str = "fd00:10:244::/48";
 
 /// `ip netns add` mounts `/run/netns` on first use; concurrent first uses
 /// race, so namespaces are created one at a time.
@@ -250,6 +285,16 @@ pub enum Masquerade {
     Legacy,
 }
 
+/// Which address families the topology carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stack {
+    /// IPv4 only.
+    Ipv4,
+    /// IPv4 and IPv6 on every pod, route and masquerade; the underlay
+    /// stays IPv4.
+    Dual,
+}
+
 /// The namespaces of one test; every one of them is deleted on drop.
 #[derive(Debug)]
 pub struct Topology {
@@ -265,12 +310,25 @@ pub struct Topology {
     pub pod_b1: Netns,
     /// The external host.
     pub target: Netns,
+    /// The address families wired.
+    pub stack: Stack,
     dir: ScratchDir,
 }
 
 impl Topology {
-    /// Builds the topology with the CNI masquerade installed by `masquerade`.
+    /// Builds the IPv4-only topology with the CNI masquerade installed by
+    /// `masquerade`.
     pub fn new(masquerade: Masquerade) -> Self {
+        Self::build(masquerade, Stack::Ipv4)
+    }
+
+    /// Builds the topology with IPv6 beside IPv4 (see [`Self::wire_ipv6`]),
+    /// the CNI masquerade installed by `masquerade` for both families.
+    pub fn dual_stack(masquerade: Masquerade) -> Self {
+        Self::build(masquerade, Stack::Dual)
+    }
+
+    fn build(masquerade: Masquerade, stack: Stack) -> Self {
         let id = format!(
             "egt{}-{}",
             std::process::id(),
@@ -284,6 +342,7 @@ impl Topology {
             pod_a2: ns("poda2"),
             pod_b1: ns("podb1"),
             target: ns("target"),
+            stack,
             dir: ScratchDir::create(&id),
         };
         topo.wire_underlay();
@@ -319,8 +378,52 @@ impl Topology {
             node.sysctl("net.ipv4.ip_forward", "1");
             install_masquerade(node, masquerade);
         }
+        if stack == Stack::Dual {
+            topo.wire_ipv6(masquerade);
+        }
         topo.settle();
         topo
+    }
+
+    /// The IPv6 side, mirroring the IPv4 one: pod addresses (/128 on the
+    /// pod, the pod gateway `::1` on the node's veth), host-gw routes between
+    /// the nodes over their underlay IPv6 addresses, the target on B's
+    /// external link, A's default route via B, forwarding on both nodes and
+    /// the CNI masquerade for the IPv6 pod network. Every address is
+    /// `nodad`, so none stays tentative.
+    fn wire_ipv6(&self, masquerade: Masquerade) {
+        let (a, b, t) = (&self.node_a, &self.node_b, &self.target);
+        add_addr6(a, &format!("{NODE_A_IP6}/64"), "eth0");
+        add_addr6(b, &format!("{NODE_B_IP6}/64"), "eth0");
+        add_addr6(
+            b,
+            &format!("{NODE_B_EXTERNAL_IP6}/{EXTERNAL_PREFIX6}"),
+            "eth1",
+        );
+        add_addr6(t, &format!("{TARGET_IP6}/{EXTERNAL_PREFIX6}"), "eth0");
+        t.ip(&[
+            "-6",
+            "route",
+            "add",
+            UNDERLAY_CIDR6,
+            "via",
+            NODE_B_EXTERNAL_IP6,
+        ]);
+        let pods = [
+            (a, &self.pod_a1, "veth-a1", POD_A1_IP6, "fd00:10:244:1::1"),
+            (a, &self.pod_a2, "veth-a2", POD_A2_IP6, "fd00:10:244:1::1"),
+            (b, &self.pod_b1, "veth-b1", POD_B1_IP6, "fd00:10:244:2::1"),
+        ];
+        for (node, pod, veth, ip, gateway) in pods {
+            attach_pod6(node, pod, veth, ip, gateway);
+        }
+        a.ip(&["-6", "route", "add", POD_CIDR_B6, "via", NODE_B_IP6]);
+        a.ip(&["-6", "route", "add", "default", "via", NODE_B_IP6]);
+        b.ip(&["-6", "route", "add", POD_CIDR_A6, "via", NODE_A_IP6]);
+        for node in [a, b] {
+            node.sysctl("net.ipv6.conf.all.forwarding", "1");
+            install_masquerade6(node, masquerade);
+        }
     }
 
     /// Waits until IPv6 duplicate address detection has finished on every
@@ -449,6 +552,32 @@ fn attach_pod(node: &Netns, pod: &Netns, veth: &str, ip: &str, gateway: &str) {
     pod.ip(&["route", "add", "default", "via", gateway, "dev", "eth0"]);
 }
 
+/// Adds an IPv6 address without duplicate address detection.
+fn add_addr6(ns: &Netns, cidr: &str, dev: &str) {
+    ns.ip(&["-6", "addr", "add", cidr, "dev", dev, "nodad"]);
+}
+
+/// The IPv6 half of [`attach_pod`], on the veth it created.
+fn attach_pod6(node: &Netns, pod: &Netns, veth: &str, ip: &str, gateway: &str) {
+    add_addr6(node, &format!("{gateway}/128"), veth);
+    node.ip(&["-6", "route", "add", &format!("{ip}/128"), "dev", veth]);
+    add_addr6(pod, &format!("{ip}/128"), "eth0");
+    pod.ip(&["-6", "route", "add", gateway, "dev", "eth0"]);
+    pod.ip(&[
+        "-6", "route", "add", "default", "via", gateway, "dev", "eth0",
+    ]);
+}
+
+/// The IPv6 counterpart of [`install_masquerade`].
+fn install_masquerade6(node: &Netns, masquerade: Masquerade) {
+    let program = match masquerade {
+        Masquerade::None => return,
+        Masquerade::Nft => "ip6tables-nft",
+        Masquerade::Legacy => "ip6tables-legacy",
+    };
+    node.run(program, &masquerade_args(CLUSTER_CIDR6));
+}
+
 /// The rule flannel and most CNIs install for pod traffic leaving the pod
 /// network.
 fn install_masquerade(node: &Netns, masquerade: Masquerade) {
@@ -457,27 +586,29 @@ fn install_masquerade(node: &Netns, masquerade: Masquerade) {
         Masquerade::Nft => "iptables-nft",
         Masquerade::Legacy => "iptables-legacy",
     };
-    node.run(
-        program,
-        &[
-            "-w",
-            "-t",
-            "nat",
-            "-A",
-            "POSTROUTING",
-            "-s",
-            CLUSTER_CIDR,
-            "!",
-            "-d",
-            CLUSTER_CIDR,
-            "-m",
-            "comment",
-            "--comment",
-            "egressgw test: CNI masquerade",
-            "-j",
-            "MASQUERADE",
-        ],
-    );
+    node.run(program, &masquerade_args(CLUSTER_CIDR));
+}
+
+/// `-t nat -A POSTROUTING -s CIDR ! -d CIDR ... -j MASQUERADE`.
+fn masquerade_args(cidr: &str) -> [&str; 16] {
+    [
+        "-w",
+        "-t",
+        "nat",
+        "-A",
+        "POSTROUTING",
+        "-s",
+        cidr,
+        "!",
+        "-d",
+        cidr,
+        "-m",
+        "comment",
+        "--comment",
+        "egressgw test: CNI masquerade",
+        "-j",
+        "MASQUERADE",
+    ]
 }
 
 /// A directory under the system temp dir, removed with its files on drop.

@@ -3,13 +3,13 @@
 //! size and time.
 
 use std::io::{Read, Write};
-use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use super::netns::Netns;
+use super::netns::{Netns, Stack};
 use super::process::{Background, run_bounded};
 
 /// Port of the whoami service (answers with the peer address it saw).
@@ -55,11 +55,23 @@ pub struct Server {
 }
 
 impl Server {
-    /// Starts `service` on its port in `ns`.
+    /// Starts `service` on its port in `ns`, for IPv4 only.
     pub fn start(ns: &Netns, service: Service) -> Self {
+        Self::start_for(ns, service, Stack::Ipv4)
+    }
+
+    /// Starts `service` on its port in `ns`, for the families of `stack`:
+    /// [`Stack::Dual`] listens on `[::]`, which takes IPv4 connections too
+    /// (`net.ipv6.bindv6only` is 0 in a new namespace); their peers, seen
+    /// as `::ffff:a.b.c.d`, are reported as the IPv4 address.
+    pub fn start_for(ns: &Netns, service: Service, stack: Stack) -> Self {
         let port = service.port();
+        let any: IpAddr = match stack {
+            Stack::Ipv4 => Ipv4Addr::UNSPECIFIED.into(),
+            Stack::Dual => Ipv6Addr::UNSPECIFIED.into(),
+        };
         let listener = ns
-            .enter(move || TcpListener::bind(("0.0.0.0", port)))
+            .enter(move || TcpListener::bind((any, port)))
             .unwrap_or_else(|e| panic!("listening on :{port} in {}: {e}", ns.name()));
         listener
             .set_nonblocking(true)
@@ -104,7 +116,7 @@ fn serve(mut stream: TcpStream, peer: SocketAddr, service: Service) {
     let _ = stream.set_write_timeout(Some(IO_TIMEOUT));
     // The client sees a failure as a short or missing answer.
     let _ = match service {
-        Service::Whoami => writeln!(stream, "{}", peer.ip()),
+        Service::Whoami => writeln!(stream, "{}", peer.ip().to_canonical()),
         Service::Source => send_bytes(&mut stream, SOURCE_BYTES),
         Service::Sink => {
             let n = std::io::copy(&mut stream, &mut std::io::sink());
