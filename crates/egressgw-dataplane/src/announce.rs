@@ -68,6 +68,17 @@ pub fn announce(ip: IpAddr) -> Result<Vec<String>> {
     }
 }
 
+/// The interfaces on the EIP's segment: up, not loopback, with a MAC and an
+/// address whose prefix contains `ip` — the ones [`announce`] sends on, as
+/// (name, index).
+pub fn segment_interfaces(ip: IpAddr) -> Vec<(String, u32)> {
+    pnet_datalink::interfaces()
+        .into_iter()
+        .filter(|iface| Candidate::of(iface).announcing_mac(ip).is_some())
+        .map(|iface| (iface.name, iface.index))
+        .collect()
+}
+
 /// What [`announce`] looks at in an interface.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Candidate {

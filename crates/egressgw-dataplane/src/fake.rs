@@ -106,8 +106,12 @@ impl Netlink for FakeNetlink {
             KernelOp::AddEip { ip, .. } => {
                 s.eips.insert(*ip);
             }
+            KernelOp::ProxyEip { ip } => {
+                s.unproxied.remove(ip);
+            }
             KernelOp::DelEip { ip, .. } => {
                 s.eips.remove(ip);
+                s.unproxied.remove(ip);
             }
         }
         Ok(())

@@ -153,6 +153,10 @@ pub struct KernelState {
     pub eip_device: Option<bool>,
     /// Addresses on the EIP device.
     pub eips: BTreeSet<IpAddr>,
+    /// IPv6 EIPs without a proxy neighbour entry on every interface of their
+    /// segment (Linux answers neighbour solicitations only for addresses of
+    /// the receiving interface, or for proxy entries).
+    pub unproxied: BTreeSet<IpAddr>,
 }
 
 /// The kernel objects a node should have.
@@ -382,6 +386,11 @@ pub enum KernelOp {
         /// The EIP.
         ip: IpAddr,
     },
+    /// Answer neighbour solicitations for an IPv6 EIP on its segment again.
+    ProxyEip {
+        /// The EIP.
+        ip: IpAddr,
+    },
     /// Give an EIP up.
     DelEip {
         /// Device name.
@@ -459,6 +468,7 @@ impl fmt::Display for KernelOp {
             SetEipDeviceUp { name } => write!(f, "set link {name} up"),
             DeleteEipDevice { name } => write!(f, "delete link {name}"),
             AddEip { dev, ip } => write!(f, "add eip {ip} dev {dev} and announce it"),
+            ProxyEip { ip } => write!(f, "add proxy neighbour {ip} on its segment"),
             DelEip { dev, ip } => write!(f, "delete eip {ip} dev {dev}"),
         }
     }
@@ -636,6 +646,9 @@ pub fn plan(desired: &Desired, observed: &KernelState, scope: &Scope) -> KernelP
                     ip: *ip,
                 });
             }
+            for ip in observed.unproxied.intersection(&desired.eips) {
+                adds.push(KernelOp::ProxyEip { ip: *ip });
+            }
             for ip in observed.eips.difference(&desired.eips) {
                 removes.push(KernelOp::DelEip {
                     dev: dev.clone(),
@@ -767,6 +780,21 @@ mod tests {
                 dst: default,
                 via: ip("172.31.0.2"),
             }]
+        );
+    }
+
+    #[test]
+    fn an_ipv6_eip_that_lost_its_proxy_entry_gets_it_back() {
+        let mut d = desired();
+        let eip = ip("2001:db8::200");
+        d.eips.insert(eip);
+        let mut k = applied(&d);
+        k.eip_device = Some(true);
+        k.eips.insert(eip);
+        k.unproxied.insert(eip);
+        assert_eq!(
+            plan(&d, &k, &scope()).rest,
+            vec![KernelOp::ProxyEip { ip: eip }]
         );
     }
 

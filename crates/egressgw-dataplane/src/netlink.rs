@@ -2,6 +2,7 @@
 //! [`Rtnetlink`]. Requests are built from netlink-packet-route messages so
 //! that adding and deleting an object use the very same description of it.
 
+use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use egressgw_core::model::Mac;
@@ -299,6 +300,11 @@ impl Rtnetlink {
             }
             DeleteVxlan { name } | DeleteEipDevice { name } => {
                 let index = self.index(name).await?;
+                if matches!(op, DeleteEipDevice { .. }) {
+                    for net in self.addresses(index).await? {
+                        self.unproxy(net.addr()).await?;
+                    }
+                }
                 self.handle
                     .link()
                     .del(index)
@@ -442,10 +448,13 @@ impl Rtnetlink {
                 )
                 .await
                 .map_err(nl(what))?;
+                self.proxy(*ip, report).await?;
                 announce(*ip, report);
                 Ok(())
             }
+            ProxyEip { ip } => self.proxy(*ip, report).await,
             DelEip { dev, ip } => {
+                self.unproxy(*ip).await?;
                 let msg = address_msg(self.index(dev).await?, IpNet::from(*ip));
                 self.ack(RouteNetlinkMessage::DelAddress(msg), 0)
                     .await
@@ -453,6 +462,67 @@ impl Rtnetlink {
                     .map_err(nl(what))
             }
         }
+    }
+
+    /// Proxy neighbour entries (IPv6 only): (interface index, address).
+    async fn proxies(&self) -> Result<BTreeSet<(u32, IpAddr)>> {
+        let mut msg = NeighbourMessage::default();
+        msg.header.family = AddressFamily::Inet6;
+        msg.header.flags = NeighbourFlags::Proxy;
+        let dump = self
+            .dump(RouteNetlinkMessage::GetNeighbour(msg))
+            .await
+            .map_err(nl("proxy neighbours: dump"))?;
+        Ok(dump
+            .into_iter()
+            .filter_map(|m| match m {
+                RouteNetlinkMessage::NewNeighbour(n)
+                    if n.header.flags.contains(NeighbourFlags::Proxy) =>
+                {
+                    neighbour_of(&n).0.map(|ip| (n.header.ifindex, ip))
+                }
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// Makes the segment's interfaces answer neighbour solicitations for an
+    /// IPv6 EIP: a proxy entry on each, and `proxy_ndp` on (it answers only
+    /// for proxy entries). IPv4 needs nothing: Linux answers ARP for any
+    /// local address on any interface.
+    async fn proxy(&self, ip: IpAddr, report: &mut Report) -> Result<()> {
+        if ip.is_ipv4() {
+            return Ok(());
+        }
+        for (ifname, index) in crate::announce::segment_interfaces(ip) {
+            let path = format!("/proc/sys/net/ipv6/conf/{ifname}/proxy_ndp");
+            std::fs::write(&path, "1").map_err(|source| Error::Sysctl { path, source })?;
+            let msg = proxy_msg(index, ip);
+            self.ack(
+                RouteNetlinkMessage::NewNeighbour(msg),
+                NLM_F_CREATE | NLM_F_REPLACE,
+            )
+            .await
+            .map_err(nl(format!("proxy neighbour {ip} dev {ifname}: add")))?;
+            report
+                .facts
+                .insert(format!("eip {ip} answered on"), ifname.clone());
+        }
+        Ok(())
+    }
+
+    /// Removes every proxy entry for `ip`.
+    async fn unproxy(&self, ip: IpAddr) -> Result<()> {
+        if ip.is_ipv4() {
+            return Ok(());
+        }
+        for (index, _) in self.proxies().await?.into_iter().filter(|(_, p)| *p == ip) {
+            self.ack(RouteNetlinkMessage::DelNeighbour(proxy_msg(index, ip)), 0)
+                .await
+                .or_else(|e| ignore(e, ENOENT))
+                .map_err(nl(format!("proxy neighbour {ip} dev #{index}: delete")))?;
+        }
+        Ok(())
     }
 
     /// `egress.vxlan`'s index; ops on its neighbours and routes name it by
@@ -567,6 +637,20 @@ fn neighbour_msg(index: u32, ip: Option<IpAddr>, mac: Mac) -> NeighbourMessage {
     }
     m.attributes
         .push(NeighbourAttribute::LinkLayerAddress(mac.0.to_vec()));
+    m
+}
+
+/// `ip -6 neigh add proxy <ip> dev #<index>`.
+fn proxy_msg(index: u32, ip: IpAddr) -> NeighbourMessage {
+    let mut m = NeighbourMessage::default();
+    m.header.family = family(ip);
+    m.header.ifindex = index;
+    m.header.flags = NeighbourFlags::Proxy;
+    m.header.state = NeighbourState::Permanent;
+    m.attributes.push(NeighbourAttribute::Destination(match ip {
+        IpAddr::V4(v4) => NeighbourAddress::Inet(v4),
+        IpAddr::V6(v6) => NeighbourAddress::Inet6(v6),
+    }));
     m
 }
 
@@ -839,6 +923,20 @@ impl Netlink for Rtnetlink {
                 .map(|n| n.addr())
                 .filter(|ip| !is_link_local(*ip))
                 .collect();
+            if state.eips.iter().any(IpAddr::is_ipv6) {
+                let proxies = self.proxies().await?;
+                state.unproxied = state
+                    .eips
+                    .iter()
+                    .filter(|ip| ip.is_ipv6())
+                    .filter(|ip| {
+                        crate::announce::segment_interfaces(**ip)
+                            .iter()
+                            .any(|(_, index)| !proxies.contains(&(*index, **ip)))
+                    })
+                    .copied()
+                    .collect();
+            }
         }
         Ok(state)
     }

@@ -404,14 +404,9 @@ fn cleanup_leaves_each_node_as_it_was_before_apply() {
 // IPv4 ones, the tunnel still over the IPv4 underlay) with `enableIPv6`, an
 // IPv6 pool on the gateway and an IPv6 destination in the policy.
 //
-// The tests that need the target to answer the IPv6 EIP are ignored: the
-// gateway owns the EIP as a /128 on `egress.eip` and sends one unsolicited
-// Neighbour Advertisement when it takes it, but Linux answers a Neighbour
-// Solicitation only for addresses of the interface it arrives on (unlike
-// ARP, which answers for every local address), and the target, having no
-// entry yet, ignores the unsolicited advertisement. Its neighbour entry for
-// the EIP stays INCOMPLETE and the SYN-ACKs never leave it. With a proxy
-// entry for the EIP on B's eth1 (`proxy_ndp` on) they pass.
+// Unlike ARP, Linux answers a Neighbour Solicitation only for addresses of
+// the interface it arrives on: the gateway answers for its IPv6 EIP (a /128
+// on `egress.eip`) through a proxy entry on the target's segment.
 
 /// A dual-stack topology with the CNI masquerade installed by iptables-nft,
 /// a dual-stack whoami on the target, and the dual-stack policy applied on
@@ -424,7 +419,6 @@ fn dual_stack_applied() -> (Topology, Server, Egressgw) {
 }
 
 #[test]
-#[ignore = "product bug: nothing on the gateway answers Neighbour Solicitations for an IPv6 EIP on its link (it lives on egress.eip; no proxy NDP), so the target cannot send replies to it"]
 fn a_selected_dual_stack_pod_leaves_from_the_ipv6_egress_ip_and_the_ipv4_one() {
     if !have_root("a_selected_dual_stack_pod_leaves_from_the_ipv6_egress_ip_and_the_ipv4_one") {
         return;
@@ -495,7 +489,6 @@ fn an_unselected_pods_ipv6_traffic_and_in_cluster_ipv6_traffic_leave_the_normal_
 }
 
 #[test]
-#[ignore = "product bug: nothing on the gateway answers Neighbour Solicitations for an IPv6 EIP on its link (it lives on egress.eip; no proxy NDP), so the target cannot send replies to it"]
 fn ipv6_replies_return_through_the_tunnel() {
     if !have_root("ipv6_replies_return_through_the_tunnel") {
         return;
@@ -567,11 +560,9 @@ fn cleanup_leaves_each_dual_stack_node_as_it_was_before_apply() {
     let before: Vec<String> = nodes.iter().map(|(ns, _)| ns.kernel_state()).collect();
 
     let gw = apply_both(&topo, &Policy::dual_stack(), DUAL_STACK_CONFIG);
-    // IPv6 egress to the target is left out while the target cannot
-    // resolve the IPv6 EIP (see above); in-cluster IPv6 still crosses the
-    // classification and NAT chains.
     for pod in [&topo.pod_a1, &topo.pod_b1] {
         assert_seen_as(pod, TARGET_IP, eip(&gw), "while applied");
+        assert_seen_as(pod, TARGET_IP6, eip6(&gw), "while applied");
     }
     assert_seen_as(&topo.pod_a1, POD_B1_IP6, ip(POD_A1_IP6), "while applied");
     for (ns, _) in nodes.iter().rev() {
