@@ -668,9 +668,8 @@ pub fn plan(desired: &Desired, observed: &KernelState, scope: &Scope) -> KernelP
 
 #[cfg(test)]
 mod tests {
-    use egressgw_core::state::{Peer, Route, Vxlan};
-
     use super::*;
+    use crate::testns::node_state;
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
@@ -685,36 +684,7 @@ mod tests {
     }
 
     fn desired() -> Desired {
-        let state = NodeState {
-            node: "a".into(),
-            vxlan: Some(Vxlan {
-                name: "egress.vxlan".into(),
-                vni: 100,
-                port: 7789,
-                local: ip("172.18.0.11"),
-                mac: Mac([2, 0, 0, 0, 0, 1]),
-                ipv4: Some("172.31.0.1".parse().unwrap()),
-                ipv6: None,
-                ipv4_prefix_len: 16,
-                ipv6_prefix_len: 112,
-                disable_checksum_offload: false,
-            }),
-            peers: vec![Peer {
-                node: "b".into(),
-                underlay: ip("172.18.0.12"),
-                mac: Mac([2, 0, 0, 0, 0, 2]),
-                ipv4: Some("172.31.0.2".parse().unwrap()),
-                ipv6: None,
-            }],
-            routes: vec![Route {
-                table: 3000,
-                gateway: "b".into(),
-                via_ipv4: Some("172.31.0.2".parse().unwrap()),
-                via_ipv6: None,
-            }],
-            ..NodeState::default()
-        };
-        Desired::new(&state, &Config::default(), Some(&parent()))
+        Desired::new(&node_state(false), &Config::default(), Some(&parent()))
     }
 
     /// What the kernel holds once `desired` is applied.

@@ -72,6 +72,53 @@ fn eip6(gw: &Egressgw) -> IpAddr {
     IpAddr::V6(eip)
 }
 
+/// pod-a1 -> pod-b1 at `pod_b1_ip` keeps the pod source (`pod_a1_ip`) and a
+/// 4 MiB upload does not go through node A's tunnel.
+fn assert_in_cluster_traffic_stays_out_of_the_tunnel(
+    topo: &Topology,
+    pod_b1_ip: &str,
+    pod_a1_ip: &str,
+) {
+    let before = counters(&topo.node_a, VXLAN);
+    assert_seen_as(
+        &topo.pod_a1,
+        pod_b1_ip,
+        ip(pod_a1_ip),
+        "pod to pod keeps the pod source",
+    );
+    let sent = 4 << 20;
+    assert_eq!(
+        upload(&topo.pod_a1, pod_b1_ip, sent),
+        Ok(sent),
+        "pod-a1 -> pod-b1 upload to {pod_b1_ip}"
+    );
+    let after = counters(&topo.node_a, VXLAN);
+    // Not zero: the kernel may send IPv6 control packets (router and
+    // neighbour solicitations, MLD) on a new device. Far below the upload.
+    let tunnelled = after.tx_bytes.saturating_sub(before.tx_bytes);
+    assert!(
+        tunnelled < 64 * 1024,
+        "{tunnelled} bytes left node A through {VXLAN} during a {sent}-byte in-cluster upload to {pod_b1_ip}"
+    );
+}
+
+/// A download by pod-a1 from the target at `target_ip` comes back through
+/// node A's tunnel, every byte of it.
+fn assert_download_returns_through_the_tunnel(topo: &Topology, target_ip: &str) {
+    let before = counters(&topo.node_a, VXLAN);
+    assert_eq!(
+        download(&topo.pod_a1, target_ip),
+        Ok(SOURCE_BYTES),
+        "download from {target_ip}"
+    );
+    let after = counters(&topo.node_a, VXLAN);
+    let returned = after.rx_bytes.saturating_sub(before.rx_bytes);
+    assert!(
+        returned >= SOURCE_BYTES as u64,
+        "only {returned} bytes came back through {VXLAN} on node A for a {SOURCE_BYTES}-byte download from {target_ip}"
+    );
+}
+
 #[test]
 fn without_egressgw_a_pod_reaches_the_target_from_its_node_ip() {
     if !have_root("without_egressgw_a_pod_reaches_the_target_from_its_node_ip") {
@@ -165,27 +212,7 @@ fn unselected_pods_excluded_destinations_and_in_cluster_traffic_leave_the_normal
         "198.51.100.2 is excluded",
     );
 
-    let before = counters(&topo.node_a, VXLAN);
-    assert_seen_as(
-        &topo.pod_a1,
-        POD_B1_IP,
-        ip(POD_A1_IP),
-        "pod to pod keeps the pod source",
-    );
-    let sent = 4 << 20;
-    assert_eq!(
-        upload(&topo.pod_a1, POD_B1_IP, sent),
-        Ok(sent),
-        "pod-a1 -> pod-b1 upload"
-    );
-    let after = counters(&topo.node_a, VXLAN);
-    // Not zero: the kernel may send IPv6 control packets (router and
-    // neighbour solicitations, MLD) on a new device. Far below the upload.
-    let tunnelled = after.tx_bytes.saturating_sub(before.tx_bytes);
-    assert!(
-        tunnelled < 64 * 1024,
-        "{tunnelled} bytes left node A through {VXLAN} during a {sent}-byte in-cluster upload"
-    );
+    assert_in_cluster_traffic_stays_out_of_the_tunnel(&topo, POD_B1_IP, POD_A1_IP);
 }
 
 #[test]
@@ -235,18 +262,7 @@ fn replies_return_through_the_tunnel_and_a_long_transfer_completes() {
     let gw = apply_both(&topo, &Policy::default(), DEFAULT_CONFIG);
     assert_seen_as(&topo.pod_a1, TARGET_IP, eip(&gw), "selected by team-a/web");
 
-    let before = counters(&topo.node_a, VXLAN);
-    assert_eq!(
-        download(&topo.pod_a1, TARGET_IP),
-        Ok(SOURCE_BYTES),
-        "download"
-    );
-    let after = counters(&topo.node_a, VXLAN);
-    let returned = after.rx_bytes.saturating_sub(before.rx_bytes);
-    assert!(
-        returned >= SOURCE_BYTES as u64,
-        "only {returned} bytes came back through {VXLAN} on node A for a {SOURCE_BYTES}-byte download"
-    );
+    assert_download_returns_through_the_tunnel(&topo, TARGET_IP);
 
     let seconds = 4;
     let before = counters(&topo.node_a, VXLAN);
@@ -466,26 +482,7 @@ fn an_unselected_pods_ipv6_traffic_and_in_cluster_ipv6_traffic_leave_the_normal_
     );
     assert_seen_as(&topo.pod_a2, TARGET_IP, ip(NODE_A_IP), "the same over IPv4");
 
-    let before = counters(&topo.node_a, VXLAN);
-    assert_seen_as(
-        &topo.pod_a1,
-        POD_B1_IP6,
-        ip(POD_A1_IP6),
-        "pod to pod over IPv6 keeps the pod source",
-    );
-    let sent = 4 << 20;
-    assert_eq!(
-        upload(&topo.pod_a1, POD_B1_IP6, sent),
-        Ok(sent),
-        "pod-a1 -> pod-b1 IPv6 upload"
-    );
-    let after = counters(&topo.node_a, VXLAN);
-    // Not zero: the kernel's own IPv6 control packets use the tunnel too.
-    let tunnelled = after.tx_bytes.saturating_sub(before.tx_bytes);
-    assert!(
-        tunnelled < 64 * 1024,
-        "{tunnelled} bytes left node A through {VXLAN} during a {sent}-byte in-cluster IPv6 upload"
-    );
+    assert_in_cluster_traffic_stays_out_of_the_tunnel(&topo, POD_B1_IP6, POD_A1_IP6);
 }
 
 #[test]
@@ -504,18 +501,7 @@ fn ipv6_replies_return_through_the_tunnel() {
         "selected by team-a/web",
     );
 
-    let before = counters(&topo.node_a, VXLAN);
-    assert_eq!(
-        download(&topo.pod_a1, TARGET_IP6),
-        Ok(SOURCE_BYTES),
-        "IPv6 download"
-    );
-    let after = counters(&topo.node_a, VXLAN);
-    let returned = after.rx_bytes.saturating_sub(before.rx_bytes);
-    assert!(
-        returned >= SOURCE_BYTES as u64,
-        "only {returned} bytes came back through {VXLAN} on node A for a {SOURCE_BYTES}-byte IPv6 download"
-    );
+    assert_download_returns_through_the_tunnel(&topo, TARGET_IP6);
 }
 
 #[test]
