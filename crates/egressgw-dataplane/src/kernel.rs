@@ -13,6 +13,7 @@ use std::fmt;
 use std::net::IpAddr;
 
 use egressgw_core::model::{Config, Mac};
+use egressgw_core::net::Family;
 use egressgw_core::state::NodeState;
 use ipnet::IpNet;
 use serde::Serialize;
@@ -230,15 +231,15 @@ impl Desired {
             for r in &state.routes {
                 if let Some(via) = r.via_ipv4 {
                     d.routes
-                        .insert((r.table, IpNet::V4(Default::default())), via.into());
+                        .insert((r.table, Family::Ipv4.everything()), via.into());
                 }
                 if let Some(via) = r.via_ipv6 {
                     d.routes
-                        .insert((r.table, IpNet::V6(Default::default())), via.into());
+                        .insert((r.table, Family::Ipv6.everything()), via.into());
                 }
             }
             for r in &state.replies {
-                d.routes.insert((r.table, host(r.dst)), r.via);
+                d.routes.insert((r.table, Family::host(r.dst)), r.via);
             }
             for rule in &state.rules {
                 let families: BTreeSet<bool> = d
@@ -261,11 +262,6 @@ impl Desired {
         d.eips = state.eips.iter().map(|e| e.ip).collect();
         d
     }
-}
-
-/// A host prefix (/32 or /128).
-pub fn host(ip: IpAddr) -> IpNet {
-    IpNet::from(ip)
 }
 
 /// One change to the kernel's routing side.

@@ -2,7 +2,7 @@
 //! [`Rtnetlink`]. Requests are built from netlink-packet-route messages so
 //! that adding and deleting an object use the very same description of it.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use egressgw_core::model::Mac;
@@ -52,6 +52,9 @@ pub struct Rtnetlink {
     handle: Handle,
     /// The tunnel device's name, from the last observed scope.
     vxlan_name: Option<String>,
+    /// Device indexes seen by the last observe, so that applying hundreds of
+    /// neighbour and route ops does not look the device up for each one.
+    indexes: BTreeMap<String, u32>,
 }
 
 fn nl(what: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> Error {
@@ -81,6 +84,7 @@ impl Rtnetlink {
         Ok(Rtnetlink {
             handle,
             vxlan_name: None,
+            indexes: BTreeMap::new(),
         })
     }
 
@@ -134,6 +138,9 @@ impl Rtnetlink {
     }
 
     async fn index(&self, name: &str) -> Result<u32> {
+        if let Some(index) = self.indexes.get(name) {
+            return Ok(*index);
+        }
         self.link(name)
             .await?
             .map(|l| l.header.index)
@@ -909,12 +916,16 @@ impl Netlink for Rtnetlink {
     async fn observe(&mut self, scope: &Scope) -> Result<KernelState> {
         let mut state = KernelState::default();
         self.vxlan_name = Some(scope.vxlan.clone());
+        self.indexes.clear();
         if let Some(vx) = self.observe_vxlan(scope, &mut state).await? {
+            self.indexes.insert(scope.vxlan.clone(), vx);
             self.observe_neighbours(vx, &mut state).await?;
         }
         self.observe_rules(scope, &mut state).await?;
         self.observe_routes(scope, &mut state).await?;
         if let Some(link) = self.link(&scope.eip_device).await? {
+            self.indexes
+                .insert(scope.eip_device.clone(), link.header.index);
             state.eip_device = Some(link.header.flags.contains(LinkFlags::Up));
             state.eips = self
                 .addresses(link.header.index)
@@ -942,7 +953,16 @@ impl Netlink for Rtnetlink {
     }
 
     async fn apply(&mut self, op: &KernelOp, report: &mut Report) -> Result<()> {
-        self.apply_op(op, report).await
+        let result = self.apply_op(op, report).await;
+        // A device made or removed has a new index, or none.
+        if let KernelOp::CreateVxlan(_)
+        | KernelOp::DeleteVxlan { .. }
+        | KernelOp::CreateEipDevice { .. }
+        | KernelOp::DeleteEipDevice { .. } = op
+        {
+            self.indexes.clear();
+        }
+        result
     }
 }
 

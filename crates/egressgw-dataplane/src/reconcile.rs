@@ -105,6 +105,17 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
         desired: &Desired,
         report: &mut Report,
     ) -> (Vec<KernelOp>, Vec<KernelOp>) {
+        if desired.tx_checksum
+            && desired.vxlan.is_some()
+            && crate::ethtool::kernel_has_vxlan_snat_checksum_bug()
+        {
+            report.warn(format!(
+                "{}: tx checksum offload is on and this kernel is older than 5.7, \
+                 where VXLAN with SNAT can send bad checksums; set \
+                 vxlan.disableChecksumOffload=true",
+                self.scope.vxlan
+            ));
+        }
         let Some(mut plan) = self.plan_kernel(desired, report).await else {
             return (Vec::new(), Vec::new());
         };
@@ -122,17 +133,6 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
     }
 
     async fn plan_kernel(&mut self, desired: &Desired, report: &mut Report) -> Option<KernelPlan> {
-        if desired.tx_checksum
-            && desired.vxlan.is_some()
-            && crate::ethtool::kernel_has_vxlan_snat_checksum_bug()
-        {
-            report.warn(format!(
-                "{}: tx checksum offload is on and this kernel is older than 5.7, \
-                 where VXLAN with SNAT can send bad checksums; set \
-                 vxlan.disableChecksumOffload=true",
-                self.scope.vxlan
-            ));
-        }
         match self.netlink.observe(&self.scope).await {
             Ok(observed) => {
                 if let Some(offloads) = &observed.offloads {

@@ -102,6 +102,18 @@ fn assert_in_cluster_traffic_stays_out_of_the_tunnel(
     );
 }
 
+/// `apply` run again on both nodes applies nothing.
+fn assert_a_second_apply_changes_nothing(topo: &Topology, gw: &Egressgw) {
+    for (ns, node) in [(&topo.node_a, "node-a"), (&topo.node_b, "node-b")] {
+        let second = gw.apply_ok(ns, node);
+        assert!(
+            second.applied.is_empty(),
+            "the second apply on {node} changed things: {:#}",
+            second.json
+        );
+    }
+}
+
 /// A download by pod-a1 from the target at `target_ip` comes back through
 /// node A's tunnel, every byte of it.
 fn assert_download_returns_through_the_tunnel(topo: &Topology, target_ip: &str) {
@@ -315,14 +327,7 @@ fn a_second_reconcile_in_a_row_applies_nothing() {
     }
     let topo = Topology::new(Masquerade::Nft);
     let gw = apply_both(&topo, &Policy::default(), DEFAULT_CONFIG);
-    for (ns, node) in [(&topo.node_a, "node-a"), (&topo.node_b, "node-b")] {
-        let second = gw.apply_ok(ns, node);
-        assert!(
-            second.applied.is_empty(),
-            "the second apply on {node} changed things: {:#}",
-            second.json
-        );
-    }
+    assert_a_second_apply_changes_nothing(&topo, &gw);
 }
 
 #[test]
@@ -511,14 +516,7 @@ fn a_second_reconcile_in_a_row_applies_nothing_with_ipv6_enabled() {
     }
     let topo = Topology::dual_stack(Masquerade::Nft);
     let gw = apply_both(&topo, &Policy::dual_stack(), DUAL_STACK_CONFIG);
-    for (ns, node) in [(&topo.node_a, "node-a"), (&topo.node_b, "node-b")] {
-        let second = gw.apply_ok(ns, node);
-        assert!(
-            second.applied.is_empty(),
-            "the second apply on {node} changed things: {:#}",
-            second.json
-        );
-    }
+    assert_a_second_apply_changes_nothing(&topo, &gw);
 }
 
 #[test]

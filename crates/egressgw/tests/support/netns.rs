@@ -376,7 +376,7 @@ impl Topology {
             .ip(&["route", "add", "10.244.1.0/24", "via", NODE_A_IP]);
         for node in [&topo.node_a, &topo.node_b] {
             node.sysctl("net.ipv4.ip_forward", "1");
-            install_masquerade(node, masquerade);
+            install_masquerade(node, masquerade, false);
         }
         if stack == Stack::Dual {
             topo.wire_ipv6(masquerade);
@@ -422,7 +422,7 @@ impl Topology {
         b.ip(&["-6", "route", "add", POD_CIDR_A6, "via", NODE_A_IP6]);
         for node in [a, b] {
             node.sysctl("net.ipv6.conf.all.forwarding", "1");
-            install_masquerade6(node, masquerade);
+            install_masquerade(node, masquerade, true);
         }
     }
 
@@ -568,25 +568,20 @@ fn attach_pod6(node: &Netns, pod: &Netns, veth: &str, ip: &str, gateway: &str) {
     ]);
 }
 
-/// The IPv6 counterpart of [`install_masquerade`].
-fn install_masquerade6(node: &Netns, masquerade: Masquerade) {
-    let program = match masquerade {
-        Masquerade::None => return,
-        Masquerade::Nft => "ip6tables-nft",
-        Masquerade::Legacy => "ip6tables-legacy",
-    };
-    node.run(program, &masquerade_args(CLUSTER_CIDR6));
-}
-
 /// The rule flannel and most CNIs install for pod traffic leaving the pod
-/// network.
-fn install_masquerade(node: &Netns, masquerade: Masquerade) {
-    let program = match masquerade {
+/// network, with `iptables` or (`ipv6`) `ip6tables` of the chosen flavour.
+fn install_masquerade(node: &Netns, masquerade: Masquerade, ipv6: bool) {
+    let flavour = match masquerade {
         Masquerade::None => return,
-        Masquerade::Nft => "iptables-nft",
-        Masquerade::Legacy => "iptables-legacy",
+        Masquerade::Nft => "nft",
+        Masquerade::Legacy => "legacy",
     };
-    node.run(program, &masquerade_args(CLUSTER_CIDR));
+    let (program, cidr) = if ipv6 {
+        ("ip6tables", CLUSTER_CIDR6)
+    } else {
+        ("iptables", CLUSTER_CIDR)
+    };
+    node.run(&format!("{program}-{flavour}"), &masquerade_args(cidr));
 }
 
 /// `-t nat -A POSTROUTING -s CIDR ! -d CIDR ... -j MASQUERADE`.
