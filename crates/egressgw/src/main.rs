@@ -203,10 +203,13 @@ fn load(file: &Path, config: Option<&Path>) -> anyhow::Result<egressgw_core::Sna
     Ok(snapshot)
 }
 
-/// Logs of the daemons: to stderr, `RUST_LOG` filters (default `info`).
+/// Logs of the daemons: to stderr, `RUST_LOG` filters (default `info`,
+/// without kube's per-request connection errors, which the daemons report
+/// themselves once per outage).
 fn init_daemon_logs() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("info,kube_client::client::builder=off")
+    });
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

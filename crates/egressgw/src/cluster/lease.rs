@@ -218,3 +218,67 @@ impl Elector {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(name: &str, renewed_at: i64) -> Lease {
+        Lease {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                renew_time: Some(MicroTime(
+                    Timestamp::from_second(renewed_at).unwrap_or(Timestamp::UNIX_EPOCH),
+                )),
+                ..LeaseSpec::default()
+            }),
+        }
+    }
+
+    const TIMEOUT: Duration = Duration::from_secs(3);
+
+    #[test]
+    fn a_lease_renewed_within_the_timeout_is_alive_and_one_left_alone_longer_is_not() {
+        let t0 = Instant::now();
+        let mut liveness = Liveness::default();
+        liveness.observe([&lease("a", 100)], t0);
+        liveness.observe([&lease("a", 101)], t0 + Duration::from_secs(2));
+        assert_eq!(
+            liveness.alive("a", TIMEOUT, t0 + Duration::from_secs(4)),
+            Some(true)
+        );
+        // Unchanged from t0+2 s to t0+6 s: 4 s without a renewal.
+        liveness.observe([&lease("a", 101)], t0 + Duration::from_secs(6));
+        assert_eq!(
+            liveness.alive("a", TIMEOUT, t0 + Duration::from_secs(6)),
+            Some(false)
+        );
+    }
+
+    #[test]
+    fn expiry_follows_the_observers_clock_not_the_renew_time_written_in_the_lease() {
+        // A renewTime far in the past (a skewed clock) still counts as a
+        // renewal when it changes.
+        let t0 = Instant::now();
+        let mut liveness = Liveness::default();
+        liveness.observe([&lease("a", 1)], t0);
+        liveness.observe([&lease("a", 2)], t0 + Duration::from_secs(10));
+        assert_eq!(
+            liveness.alive("a", TIMEOUT, t0 + Duration::from_secs(11)),
+            Some(true)
+        );
+    }
+
+    #[test]
+    fn a_lease_never_seen_or_deleted_is_unknown() {
+        let t0 = Instant::now();
+        let mut liveness = Liveness::default();
+        assert_eq!(liveness.alive("a", TIMEOUT, t0), None);
+        liveness.observe([&lease("a", 1)], t0);
+        liveness.observe(std::iter::empty(), t0);
+        assert_eq!(liveness.alive("a", TIMEOUT, t0), None);
+    }
+}

@@ -6,6 +6,7 @@
 
 use std::fmt::Debug;
 use std::sync::Arc;
+use std::time::Duration;
 
 use egressgw_api::{
     EgressClusterPolicy, EgressGateway, EgressPolicy, EgressTunnel, SnapshotBuilder,
@@ -15,6 +16,7 @@ use egressgw_core::model::Config;
 use futures_util::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::runtime::reflector::{self, Store};
+use kube::runtime::utils::Backoff;
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
@@ -88,6 +90,46 @@ impl Stores {
     }
 }
 
+/// Retries of a failed watch: 250 ms doubling up to 4 s, each with up to
+/// 50 % jitter, back to 250 ms after a success. A node that lost the API for
+/// a while sees the cluster again within seconds (kube's default backoff
+/// waits up to 30 s).
+#[derive(Debug, Clone, Copy)]
+struct WatchBackoff {
+    next: Duration,
+}
+
+impl WatchBackoff {
+    const MIN: Duration = Duration::from_millis(250);
+    const MAX: Duration = Duration::from_secs(4);
+}
+
+impl Default for WatchBackoff {
+    fn default() -> Self {
+        Self { next: Self::MIN }
+    }
+}
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let delay = self.next;
+        self.next = (self.next * 2).min(Self::MAX);
+        // Jitter from the clock's nanoseconds spreads agents retrying at once.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        Some(delay + delay.mul_f64(f64::from(nanos % 500) / 1000.0))
+    }
+}
+
+impl Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.next = Self::MIN;
+    }
+}
+
 /// Starts a reflector for `api` and returns its store. Errors are logged
 /// and retried with backoff; the store keeps its last state meanwhile.
 pub fn watch<K>(api: Api<K>, changed: &Arc<Notify>, tasks: &mut Vec<JoinHandle<()>>) -> Store<K>
@@ -106,7 +148,7 @@ where
                 meta.annotations = None;
             })
         })
-        .default_backoff()
+        .backoff(WatchBackoff::default())
         .reflect(writer);
     tasks.push(tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
