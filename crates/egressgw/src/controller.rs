@@ -120,14 +120,17 @@ async fn controller(args: &ControllerArgs, config: Config) -> anyhow::Result<()>
     health.set_ready(true);
 
     let (leading_tx, mut leading) = watch::channel(false);
-    let elector = Elector::new(
-        client.clone(),
-        &args.cluster.namespace,
-        LEADER_LEASE,
-        &identity,
-        Duration::from_secs(args.leader_lease_duration.max(2)),
-    );
-    let election = tokio::spawn(elect(elector, leading_tx));
+    let lease_client = client.clone();
+    let elector = || {
+        Elector::new(
+            lease_client.clone(),
+            &args.cluster.namespace,
+            LEADER_LEASE,
+            &identity,
+            Duration::from_secs(args.leader_lease_duration.max(2)),
+        )
+    };
+    let election = tokio::spawn(elect(elector(), leading_tx));
     let mut shutdown = std::pin::pin!(cluster::shutdown_signal());
 
     let recorder = Recorder::new(
@@ -165,14 +168,7 @@ async fn controller(args: &ControllerArgs, config: Config) -> anyhow::Result<()>
             () = tokio::time::sleep(LIVENESS_TICK) => {}
             () = &mut shutdown => {
                 election.abort();
-                let elector = Elector::new(
-                    control.client.clone(),
-                    &args.cluster.namespace,
-                    LEADER_LEASE,
-                    &identity,
-                    Duration::from_secs(args.leader_lease_duration.max(2)),
-                );
-                if let Err(e) = elector.release().await {
+                if let Err(e) = elector().release().await {
                     tracing::warn!(error = format!("{e:#}"), "cannot release the leader Lease");
                 }
                 tracing::info!("stopped");
