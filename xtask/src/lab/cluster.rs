@@ -213,10 +213,11 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::lab::topology::Prefix;
 
     #[test]
     fn objects_hold_every_namespace_node_and_pod_once() {
-        let topo = Topology::new(3, 2).unwrap();
+        let topo = Topology::new(&Prefix::new("egl").unwrap(), 3, 2).unwrap();
         let list = objects(&topo);
         let kinds: Vec<&str> = list["items"]
             .as_array()
@@ -230,7 +231,7 @@ mod tests {
 
     #[test]
     fn gateway_nodes_carry_the_gateway_label_and_their_pod_cidr() {
-        let topo = Topology::new(2, 1).unwrap();
+        let topo = Topology::new(&Prefix::new("egl").unwrap(), 2, 1).unwrap();
         let gw = node(&topo.nodes[0]);
         assert_eq!(gw["metadata"]["labels"]["egressgw.io/gateway"], "true");
         assert_eq!(gw["spec"]["podCIDR"], "10.244.1.0/24");
@@ -252,7 +253,7 @@ mod tests {
 
     #[test]
     fn pod_status_reports_its_address_and_its_nodes() {
-        let topo = Topology::new(1, 1).unwrap();
+        let topo = Topology::new(&Prefix::new("egl").unwrap(), 1, 1).unwrap();
         let status = pod_status(&topo.pods[0], "172.18.0.11");
         assert_eq!(status["metadata"]["name"], "web-1");
         assert_eq!(status["status"]["podIPs"][0]["ip"], "10.244.1.2");

@@ -12,7 +12,7 @@ use std::path::Path;
 use anyhow::Context;
 
 use super::cmd;
-use super::topology::Netns;
+use super::topology::{Netns, Prefix};
 
 fn ip(ns: &Netns, args: &[&str]) -> anyhow::Result<()> {
     let mut all = vec!["-n", ns.as_str()];
@@ -48,13 +48,13 @@ pub fn delete_netns(ns: &Netns) -> anyhow::Result<()> {
     cmd::run("ip", &["netns", "delete", ns.as_str()]).map(drop)
 }
 
-/// The lab namespaces that exist now (from `ip netns list`).
-pub fn lab_netns() -> anyhow::Result<Vec<Netns>> {
+/// The namespaces of the lab `prefix` that exist now (from `ip netns list`).
+pub fn lab_netns(prefix: &Prefix) -> anyhow::Result<Vec<Netns>> {
     let list = cmd::run("ip", &["netns", "list"])?;
     Ok(list
         .lines()
         .filter_map(|line| line.split_whitespace().next())
-        .filter_map(Netns::existing)
+        .filter_map(|name| prefix.owns(name))
         .collect())
 }
 

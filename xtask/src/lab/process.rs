@@ -75,6 +75,8 @@ pub fn start(
         netns: ns.to_string(),
         pid: child.id(),
         log,
+        program: program.to_path_buf(),
+        args: args.to_vec(),
     };
     write_pid_file(paths, &record, program)?;
     Ok(Started { record, child })

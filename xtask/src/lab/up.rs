@@ -31,11 +31,15 @@ pub struct UpArgs {
 
 pub fn up(args: &UpArgs, paths: &Paths) -> anyhow::Result<()> {
     preflight::check()?;
-    let topo = Topology::new(args.nodes, args.gateways)?;
+    let topo = Topology::new(&paths.prefix, args.nodes, args.gateways)?;
     refuse_leftovers(paths)?;
     let bins = build::ensure(paths)?;
     let started = Instant::now();
-    println!("creating the lab in {}", paths.lab.display());
+    println!(
+        "creating the lab {} in {}",
+        paths.prefix,
+        paths.lab.display()
+    );
     let mut processes = Vec::new();
     match create(&topo, paths, &bins, &mut processes) {
         Ok(state) => {
@@ -67,11 +71,12 @@ fn after_failure(keep: bool, paths: &Paths, processes: &mut [Started]) {
 /// A lab that is up, or the remains of one, must be taken down first: `up`
 /// would otherwise clean up someone else's lab when it fails.
 fn refuse_leftovers(paths: &Paths) -> anyhow::Result<()> {
-    let netns = net::lab_netns().context("listing network namespaces")?;
+    let netns = net::lab_netns(&paths.prefix).context("listing network namespaces")?;
     anyhow::ensure!(
         netns.is_empty() && !paths.any_present(),
-        "a lab is up or left over ({} namespaces named egl-*, state in {}): run `cargo xtask lab down` first",
+        "a lab is up or left over ({} namespaces named {}-*, state in {}): run `cargo xtask lab down` first",
         netns.len(),
+        paths.prefix,
         paths.lab.display()
     );
     Ok(())
@@ -142,7 +147,8 @@ fn write_state(
         service_cidr: SERVICE_CIDR.to_owned(),
         netns: topo.all_netns().iter().map(ToString::to_string).collect(),
         processes: processes.iter().map(|p| p.record.clone()).collect(),
-        topology: LabState::topology_map(topo)?,
+        egressgw: None,
+        topology: topo.clone(),
     };
     state.write(paths)?;
     Ok(state)
