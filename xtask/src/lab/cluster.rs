@@ -30,6 +30,40 @@ pub fn register(kubectl: &Kubectl, topo: &Topology) -> anyhow::Result<()> {
         .context("setting the status of nodes and pods")
 }
 
+/// Registers one more pod on `node`, as kubelet would: the Pod, then its status.
+pub fn register_pod(kubectl: &Kubectl, added: &Pod, node: &Node) -> anyhow::Result<()> {
+    apply(kubectl, &pod(added), None)
+        .with_context(|| format!("creating pod {}/{}", added.namespace, added.name))?;
+    apply(
+        kubectl,
+        &pod_status(added, &node.ip.to_string()),
+        Some("status"),
+    )
+    .with_context(|| {
+        format!(
+            "setting the status of pod {}/{}",
+            added.namespace, added.name
+        )
+    })
+}
+
+/// Deletes a pod from the API; it is gone at once (grace period 0), and it
+/// is no error if it was gone already.
+pub fn unregister_pod(kubectl: &Kubectl, gone: &Pod) -> anyhow::Result<()> {
+    kubectl
+        .run(&[
+            "delete",
+            "pod",
+            "--namespace",
+            &gone.namespace,
+            &gone.name,
+            "--ignore-not-found",
+            "--wait=false",
+        ])
+        .map(drop)
+        .with_context(|| format!("deleting pod {}/{}", gone.namespace, gone.name))
+}
+
 /// Every object as one `v1` List.
 fn objects(topo: &Topology) -> Value {
     let items: Vec<Value> = topo

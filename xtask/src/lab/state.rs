@@ -55,6 +55,20 @@ impl Paths {
         Ok(Self { prefix, cache, lab })
     }
 
+    /// `cargo xtask <command>` as a person types it for this lab: with
+    /// `EGRESSGW_LAB_PREFIX=...` in front unless the prefix is the default.
+    pub fn command(&self, command: &str) -> String {
+        if self.prefix.is_default() {
+            format!("cargo xtask {command}")
+        } else {
+            format!(
+                "{}={} cargo xtask {command}",
+                super::topology::PREFIX_ENV,
+                self.prefix
+            )
+        }
+    }
+
     pub fn lab_json(&self) -> PathBuf {
         self.lab.join("lab.json")
     }

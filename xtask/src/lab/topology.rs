@@ -126,6 +126,11 @@ impl std::fmt::Display for Prefix {
 pub struct Netns(String);
 
 impl Netns {
+    /// A name recorded in `lab.json`, taken as it is.
+    pub fn parse(name: &str) -> Self {
+        Self(name.to_owned())
+    }
+
     pub fn as_str(&self) -> &str {
         &self.0
     }

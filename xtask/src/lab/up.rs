@@ -44,7 +44,7 @@ pub fn up(args: &UpArgs, paths: &Paths) -> anyhow::Result<()> {
     match create(&topo, paths, &bins, &mut processes) {
         Ok(state) => {
             println!("lab up in {:.1}s\n", started.elapsed().as_secs_f64());
-            print_usage(&state, &topo);
+            print_usage(&state, &topo, paths);
             Ok(())
         }
         Err(e) => {
@@ -74,10 +74,11 @@ fn refuse_leftovers(paths: &Paths) -> anyhow::Result<()> {
     let netns = net::lab_netns(&paths.prefix).context("listing network namespaces")?;
     anyhow::ensure!(
         netns.is_empty() && !paths.any_present(),
-        "a lab is up or left over ({} namespaces named {}-*, state in {}): run `cargo xtask lab down` first",
+        "a lab is up or left over ({} namespaces named {}-*, state in {}): run `{}` first",
         netns.len(),
         paths.prefix,
-        paths.lab.display()
+        paths.lab.display(),
+        paths.command("lab down")
     );
     Ok(())
 }
@@ -116,7 +117,7 @@ fn create(
 }
 
 /// Runs one step, printing its name and how long it took.
-fn step<T>(name: &str, f: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<T> {
+pub fn step<T>(name: &str, f: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<T> {
     print!("  {name} ... ");
     let _ = std::io::stdout().flush();
     let started = Instant::now();
@@ -125,7 +126,7 @@ fn step<T>(name: &str, f: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<
         Ok(_) => println!("ok ({:.1}s)", started.elapsed().as_secs_f64()),
         Err(_) => println!("FAILED"),
     }
-    result.with_context(|| format!("lab up failed at: {name}"))
+    result.with_context(|| format!("failed at: {name}"))
 }
 
 fn write_state(
@@ -162,11 +163,12 @@ fn show_logs(processes: &[Started]) {
     }
 }
 
-fn print_usage(state: &LabState, topo: &Topology) {
+fn print_usage(state: &LabState, topo: &Topology, paths: &Paths) {
     print_access(state, topo);
     print_hosts(topo);
-    println!("status:     cargo xtask lab status");
-    println!("remove:     cargo xtask lab down");
+    println!("egressgw:   {}", paths.command("lab deploy"));
+    println!("status:     {}", paths.command("lab status"));
+    println!("remove:     {}", paths.command("lab down"));
 }
 
 fn print_access(state: &LabState, topo: &Topology) {
