@@ -20,7 +20,7 @@ use clap::Subcommand;
 mod build;
 mod certs;
 mod cluster;
-mod cmd;
+pub mod cmd;
 mod controlplane;
 pub mod down;
 pub mod egressgw;
@@ -28,7 +28,7 @@ pub mod kubectl;
 mod net;
 mod network;
 pub mod pods;
-mod preflight;
+pub mod preflight;
 pub mod probe;
 pub mod process;
 pub mod session;
@@ -69,6 +69,12 @@ pub enum LabCommand {
         #[arg(long)]
         listen: SocketAddr,
     },
+}
+
+/// Whether anything of the lab of `paths` (its prefix) exists: a network
+/// namespace or a state file.
+pub fn leftovers(paths: &Paths) -> anyhow::Result<bool> {
+    Ok(!net::lab_netns(&paths.prefix)?.is_empty() || paths.any_present())
 }
 
 pub fn run(command: LabCommand) -> anyhow::Result<ExitCode> {

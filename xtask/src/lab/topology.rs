@@ -92,10 +92,6 @@ impl Prefix {
         self.0 == DEFAULT_PREFIX
     }
 
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
     /// The name `<prefix>-<suffix>` (a namespace or an interface).
     pub fn name(&self, suffix: &str) -> String {
         format!("{}-{suffix}", self.0)
@@ -301,13 +297,6 @@ impl Topology {
                 )
             }
         }
-    }
-
-    /// The pod called `name` in Kubernetes namespace `namespace`.
-    pub fn pod(&self, namespace: &str, name: &str) -> Option<&Pod> {
-        self.pods
-            .iter()
-            .find(|p| p.name == name && p.namespace == namespace)
     }
 
     /// A new pod on `node`, wired like the others: the first free address of
