@@ -42,6 +42,8 @@ use crate::{EgressClusterPolicy, EgressGateway, EgressPolicy, EgressTunnel, Tunn
 pub struct SnapshotBuilder {
     snapshot: Snapshot,
     unavailable_agents: BTreeSet<String>,
+    reporting_agents: BTreeSet<String>,
+    agents_required: bool,
 }
 
 impl SnapshotBuilder {
@@ -53,7 +55,19 @@ impl SnapshotBuilder {
                 ..Snapshot::default()
             },
             unavailable_agents: BTreeSet::new(),
+            reporting_agents: BTreeSet::new(),
+            agents_required: false,
         }
+    }
+
+    /// Counts a node as ready only while its agent reports its tunnel
+    /// `Ready` (see [`Self::tunnels`]), as the controller and the agents do
+    /// in a cluster: a node whose agent never came up, or stopped
+    /// reporting, gets no EIPs. Without this (`egressgw plan` on a file),
+    /// the Node's own `Ready` condition decides.
+    pub fn agents_required(mut self) -> Self {
+        self.agents_required = true;
+        self
     }
 
     /// Adds nodes; see [`node`].
@@ -154,9 +168,15 @@ impl SnapshotBuilder {
     {
         for tunnel in tunnels {
             let tunnel = tunnel.borrow();
-            if tunnel.phase().is_some_and(TunnelPhase::agent_unavailable) {
-                self.unavailable_agents
-                    .insert(tunnel.metadata.name.clone().unwrap_or_default());
+            let name = tunnel.metadata.name.clone().unwrap_or_default();
+            match tunnel.phase() {
+                Some(phase) if phase.agent_unavailable() => {
+                    self.unavailable_agents.insert(name);
+                }
+                Some(TunnelPhase::Ready) => {
+                    self.reporting_agents.insert(name);
+                }
+                _ => {}
             }
             match tunnel.to_model() {
                 Ok(converted) => self.snapshot.tunnels.push(converted),
@@ -169,7 +189,9 @@ impl SnapshotBuilder {
     /// The snapshot.
     pub fn build(mut self) -> Snapshot {
         for node in &mut self.snapshot.nodes {
-            if self.unavailable_agents.contains(&node.name) {
+            let reporting = self.reporting_agents.contains(&node.name);
+            if self.unavailable_agents.contains(&node.name) || (self.agents_required && !reporting)
+            {
                 node.ready = false;
             }
         }

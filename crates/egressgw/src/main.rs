@@ -1,6 +1,9 @@
 //! `egressgw`: the egress gateway's command line.
 
+mod agent;
+mod cluster;
 mod config;
+mod controller;
 mod dataplane;
 mod render;
 
@@ -48,6 +51,22 @@ enum Command {
     /// (its priority and mark mask) and routes (its tables), and the
     /// `egress.vxlan` and `egress.eip` devices.
     Cleanup(CleanupArgs),
+    /// Run the node agent: reconcile this node's kernel with the cluster.
+    ///
+    /// Watches Nodes, Namespaces, Pods and egressgw's objects, plans this
+    /// node with the controller's allocations and keeps the kernel in line
+    /// (debounced, level-based, and every 30 s). Renews the Lease
+    /// `egressgw-agent-NODE` every second as its liveness and reports its
+    /// tunnel in `EgressTunnel` NODE. Stopping it leaves the kernel as is.
+    Agent(agent::AgentArgs),
+    /// Run the controller: allocations, gateway choice and status.
+    ///
+    /// One replica is active at a time (Lease `egressgw-controller`). It
+    /// allocates EIPs and tunnel identities, picks each EIP's gateway node,
+    /// moves EIPs away from nodes whose agent stopped renewing its Lease,
+    /// writes every object's status with server-side apply, and records
+    /// Events on EIP moves and invalid policies.
+    Controller(controller::ControllerArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -119,6 +138,8 @@ fn main() -> ExitCode {
         Command::Plan(args) => plan(&args),
         Command::Apply(args) => dataplane::apply(&args),
         Command::Cleanup(args) => dataplane::cleanup(&args),
+        Command::Agent(args) => agent::run(&args),
+        Command::Controller(args) => controller::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -180,6 +201,20 @@ fn load(file: &Path, config: Option<&Path>) -> anyhow::Result<egressgw_core::Sna
         );
     }
     Ok(snapshot)
+}
+
+/// Logs of the daemons: to stderr, `RUST_LOG` filters (default `info`,
+/// without kube's per-request connection errors, which the daemons report
+/// themselves once per outage).
+fn init_daemon_logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("info,kube_client::client::builder=off")
+    });
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
 }
 
 fn load_config(path: Option<&Path>) -> anyhow::Result<egressgw_core::model::Config> {

@@ -86,9 +86,22 @@ fn node_links(topo: &Topology, node: &Node) -> anyhow::Result<()> {
 }
 
 /// host-gw: every other node's pod CIDR via that node's underlay address.
+///
+/// A node without an external interface gets a default route through the
+/// underlay's router address, which nobody holds: like a private node whose
+/// default route leads nowhere, it cannot reach the target by itself, yet
+/// has a route for every destination, as real nodes do (loose reverse-path
+/// filtering needs one for replies coming back through the tunnel).
 fn node_routes(topo: &Topology, node: &Node) -> anyhow::Result<()> {
     for other in topo.nodes.iter().filter(|o| o.name != node.name) {
         net::add_route(&node.netns, &other.pod_cidr, &other.ip.to_string())?;
+    }
+    if node.external.is_none() {
+        net::add_route(
+            &node.netns,
+            "default",
+            &topology::UNDERLAY_ROUTER.to_string(),
+        )?;
     }
     Ok(())
 }

@@ -25,6 +25,8 @@ pub const MAX_NODES: u8 = 100;
 
 /// The underlay segment joining the control plane and the nodes.
 pub const UNDERLAY_CIDR: &str = "172.18.0.0/24";
+/// The underlay's router address: routed to, held by nobody.
+pub const UNDERLAY_ROUTER: Ipv4Addr = Ipv4Addr::new(172, 18, 0, 1);
 const UNDERLAY_PREFIX_LEN: u8 = 24;
 /// The pod network: node `i` owns `10.244.i.0/24`.
 pub const CLUSTER_CIDR: &str = "10.244.0.0/16";

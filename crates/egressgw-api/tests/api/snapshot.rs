@@ -419,6 +419,38 @@ fn a_node_whose_agent_failed_or_timed_out_is_not_ready_but_one_initialising_is()
 }
 
 #[test]
+fn with_agents_required_only_a_node_whose_agent_reports_ready_is_ready() {
+    for (phase, ready) in [
+        (Some("Ready"), true),
+        (Some("Init"), false),
+        (Some("Pending"), false),
+        (Some("HeartbeatTimeout"), false),
+        (None, false),
+    ] {
+        let tunnels: Vec<_> = phase
+            .map(|p| tunnel(&TUNNEL.replace("PHASE", p)))
+            .into_iter()
+            .collect();
+        let snapshot = SnapshotBuilder::new(Config::default())
+            .agents_required()
+            .tunnels(tunnels)
+            .nodes([node(READY_NODE)])
+            .build();
+        assert_eq!(snapshot.nodes[0].ready, ready, "{phase:?}");
+    }
+}
+
+#[test]
+fn with_agents_required_a_node_that_is_not_ready_stays_not_ready_whatever_its_agent_says() {
+    let snapshot = SnapshotBuilder::new(Config::default())
+        .agents_required()
+        .tunnels([tunnel(&TUNNEL.replace("PHASE", "Ready"))])
+        .nodes([node(&READY_NODE.replace("\"True\"", "\"False\""))])
+        .build();
+    assert!(!snapshot.nodes[0].ready);
+}
+
+#[test]
 fn the_builder_takes_objects_in_any_form_and_keeps_the_config() {
     let config = Config {
         enable_ipv6: true,

@@ -1,0 +1,163 @@
+//! The objects a daemon watches, each kept in a reflector store, and the
+//! snapshot the planner takes from them.
+//!
+//! Watch events only update the stores and wake the daemon's reconcile
+//! loop ([`Notify`]); the loop reads the stores as a whole (level-based).
+
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::Duration;
+
+use egressgw_api::{
+    EgressClusterPolicy, EgressGateway, EgressPolicy, EgressTunnel, SnapshotBuilder,
+};
+use egressgw_core::Snapshot;
+use egressgw_core::model::Config;
+use futures_util::{StreamExt as _, TryStreamExt as _};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::utils::Backoff;
+use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+/// Reflector stores of everything the planner reads.
+#[derive(Clone)]
+pub struct Stores {
+    pub nodes: Store<Node>,
+    pub namespaces: Store<Namespace>,
+    pub pods: Store<Pod>,
+    pub gateways: Store<EgressGateway>,
+    pub policies: Store<EgressPolicy>,
+    pub cluster_policies: Store<EgressClusterPolicy>,
+    pub tunnels: Store<EgressTunnel>,
+}
+
+impl Debug for Stores {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stores").finish_non_exhaustive()
+    }
+}
+
+impl Stores {
+    /// Starts one watch per kind, cluster-wide; every change wakes `changed`.
+    pub fn start(client: &Client, changed: &Arc<Notify>) -> (Self, Vec<JoinHandle<()>>) {
+        let mut tasks = Vec::new();
+        let stores = Self {
+            nodes: watch(Api::all(client.clone()), changed, &mut tasks),
+            namespaces: watch(Api::all(client.clone()), changed, &mut tasks),
+            pods: watch(Api::all(client.clone()), changed, &mut tasks),
+            gateways: watch(Api::all(client.clone()), changed, &mut tasks),
+            policies: watch(Api::all(client.clone()), changed, &mut tasks),
+            cluster_policies: watch(Api::all(client.clone()), changed, &mut tasks),
+            tunnels: watch(Api::all(client.clone()), changed, &mut tasks),
+        };
+        (stores, tasks)
+    }
+
+    /// Waits until every store holds its first complete list.
+    pub async fn ready(&self) -> anyhow::Result<()> {
+        let waits = [
+            self.nodes.wait_until_ready().await,
+            self.namespaces.wait_until_ready().await,
+            self.pods.wait_until_ready().await,
+            self.gateways.wait_until_ready().await,
+            self.policies.wait_until_ready().await,
+            self.cluster_policies.wait_until_ready().await,
+            self.tunnels.wait_until_ready().await,
+        ];
+        for wait in waits {
+            wait.map_err(|_| anyhow::anyhow!("a watch stopped before its first list"))?;
+        }
+        Ok(())
+    }
+
+    /// The planner's view of the stores now. A node counts as ready only
+    /// while its agent reports (see [`SnapshotBuilder::agents_required`]).
+    pub fn snapshot(&self, config: Config) -> Snapshot {
+        SnapshotBuilder::new(config)
+            .agents_required()
+            .nodes(self.nodes.state())
+            .namespaces(self.namespaces.state())
+            .pods(self.pods.state())
+            .gateways(self.gateways.state())
+            .policies(self.policies.state())
+            .cluster_policies(self.cluster_policies.state())
+            .tunnels(self.tunnels.state())
+            .build()
+    }
+}
+
+/// Retries of a failed watch: 250 ms doubling up to 4 s, each with up to
+/// 50 % jitter, back to 250 ms after a success. A node that lost the API for
+/// a while sees the cluster again within seconds (kube's default backoff
+/// waits up to 30 s).
+#[derive(Debug, Clone, Copy)]
+struct WatchBackoff {
+    next: Duration,
+}
+
+impl WatchBackoff {
+    const MIN: Duration = Duration::from_millis(250);
+    const MAX: Duration = Duration::from_secs(4);
+}
+
+impl Default for WatchBackoff {
+    fn default() -> Self {
+        Self { next: Self::MIN }
+    }
+}
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let delay = self.next;
+        self.next = (self.next * 2).min(Self::MAX);
+        // Jitter from the clock's nanoseconds spreads agents retrying at once.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        Some(delay + delay.mul_f64(f64::from(nanos % 500) / 1000.0))
+    }
+}
+
+impl Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.next = Self::MIN;
+    }
+}
+
+/// Starts a reflector for `api` and returns its store. Errors are logged
+/// and retried with backoff; the store keeps its last state meanwhile.
+pub fn watch<K>(api: Api<K>, changed: &Arc<Notify>, tasks: &mut Vec<JoinHandle<()>>) -> Store<K>
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+{
+    let (store, writer) = reflector::store();
+    let changed = Arc::clone(changed);
+    let kind = K::kind(&()).into_owned();
+    let stream = watcher(api, watcher::Config::default().any_semantic())
+        .map_ok(|event| {
+            event.modify(|object| {
+                // Nothing egressgw reads; dropping it keeps the stores small.
+                let meta = object.meta_mut();
+                meta.managed_fields = None;
+                meta.annotations = None;
+            })
+        })
+        .backoff(WatchBackoff::default())
+        .reflect(writer);
+    tasks.push(tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(_) => changed.notify_one(),
+                Err(e) => tracing::warn!(kind, error = %e, "watch failed; retrying"),
+            }
+        }
+    }));
+    store
+}

@@ -1,0 +1,691 @@
+//! `egressgw controller`: allocations, gateway choice and status.
+//!
+//! One replica acts at a time, the holder of the Lease
+//! `egressgw-controller`; the others watch and wait. The active one plans
+//! the whole cluster with `egressgw-core` on every change (debounced,
+//! level-based) and writes the result with server-side apply: each node's
+//! `EgressTunnel` (created with the Node as owner, so it goes with it), and
+//! the status of every gateway and policy. It also watches the agents'
+//! Leases: an agent that stops renewing for `--agent-timeout` gets its
+//! tunnel marked `HeartbeatTimeout`, which makes its node unready, so its
+//! EIPs move to another ready node of the same gateway.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use egressgw_api::status::{gateway_status, policy_status, tunnel_status};
+use egressgw_api::{EgressClusterPolicy, EgressGateway, EgressPolicy, EgressTunnel, TunnelPhase};
+use egressgw_core::Snapshot;
+use egressgw_core::model::{Config, PolicyRef};
+use egressgw_core::status::ClusterStatus;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::Store;
+use kube::{Api, Client, Resource, ResourceExt as _};
+use serde::Serialize;
+use tokio::sync::{Notify, watch};
+
+use crate::cluster::health::{self, Health};
+use crate::cluster::lease::{self, Elector, Liveness};
+use crate::cluster::watch::{Stores, watch as watch_kind};
+use crate::cluster::{self, ClusterArgs};
+use crate::load_config;
+
+/// Field manager of the controller's writes.
+const MANAGER: &str = "egressgw-controller";
+/// Field manager of the `HeartbeatTimeout` phase alone (see
+/// docs/tunnel-identity.md).
+const PHASE_MANAGER: &str = "egressgw-controller-phase";
+/// Name of the leader-election Lease.
+const LEADER_LEASE: &str = "egressgw-controller";
+const DEBOUNCE: Duration = Duration::from_millis(50);
+/// How often agent Leases are checked for expiry between events.
+const LIVENESS_TICK: Duration = Duration::from_millis(200);
+/// Full replan at least this often.
+const RESYNC: Duration = Duration::from_secs(60);
+
+#[derive(Debug, clap::Args)]
+pub struct ControllerArgs {
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    /// This replica's name in the leader Lease (default: host name and pid).
+    #[arg(long, value_name = "ID", env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// Address of the health endpoint (`/healthz`, `/readyz`, `/status`).
+    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:9811")]
+    pub health_addr: SocketAddr,
+    /// An agent whose Lease is not renewed for this long is unavailable
+    /// and its node's EIPs move.
+    #[arg(long, value_name = "SECONDS", default_value_t = 3.0)]
+    pub agent_timeout: f64,
+    /// Duration of the leader Lease: how long a replica that stopped
+    /// renewing blocks the others.
+    #[arg(long, value_name = "SECONDS", default_value_t = 15)]
+    pub leader_lease_duration: u64,
+}
+
+pub fn run(args: &ControllerArgs) -> anyhow::Result<()> {
+    crate::init_daemon_logs();
+    let config = load_config(args.cluster.config.as_deref())?;
+    if !(args.agent_timeout.is_finite() && args.agent_timeout > 0.0) {
+        anyhow::bail!(
+            "--agent-timeout {}: must be a positive number of seconds",
+            args.agent_timeout
+        );
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?
+        .block_on(async { controller(args, config).await })
+}
+
+fn default_identity() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "controller".to_owned());
+    format!("{host}-{}", std::process::id())
+}
+
+async fn controller(args: &ControllerArgs, config: Config) -> anyhow::Result<()> {
+    let identity = args.identity.clone().unwrap_or_else(default_identity);
+    tracing::info!(identity, "egressgw controller starting");
+    let client = cluster::client(args.cluster.kubeconfig.as_deref()).await?;
+    let health = Arc::new(Health::default());
+    health::serve(args.health_addr, Arc::clone(&health)).await?;
+
+    let changed = Arc::new(Notify::new());
+    let (stores, mut watches) = Stores::start(&client, &changed);
+    // Renewals do not wake the loop (three agents would replan the cluster
+    // three times a second); the liveness tick reads the Lease store.
+    let renewed = Arc::new(Notify::new());
+    let leases: Store<Lease> = watch_kind(
+        Api::namespaced(client.clone(), &args.cluster.namespace),
+        &renewed,
+        &mut watches,
+    );
+    stores.ready().await?;
+    leases
+        .wait_until_ready()
+        .await
+        .map_err(|_| anyhow::anyhow!("the Lease watch stopped before its first list"))?;
+    tracing::info!("watches synced");
+    health.set_ready(true);
+
+    let (leading_tx, mut leading) = watch::channel(false);
+    let lease_client = client.clone();
+    let elector = || {
+        Elector::new(
+            lease_client.clone(),
+            &args.cluster.namespace,
+            LEADER_LEASE,
+            &identity,
+            Duration::from_secs(args.leader_lease_duration.max(2)),
+        )
+    };
+    let election = tokio::spawn(elect(elector(), leading_tx));
+    let mut shutdown = std::pin::pin!(cluster::shutdown_signal());
+
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: MANAGER.into(),
+            instance: Some(identity.clone()),
+        },
+    );
+    let mut control = Control {
+        config,
+        client,
+        stores,
+        leases,
+        liveness: Liveness::default(),
+        started: Instant::now(),
+        agent_timeout: Duration::from_secs_f64(args.agent_timeout),
+        recorder,
+        health,
+        unavailable: BTreeSet::new(),
+        invalid_reported: HashMap::new(),
+    };
+    let mut last_run = Instant::now();
+    let mut pending = true;
+    loop {
+        tokio::select! {
+            () = changed.notified() => {
+                tokio::time::sleep(DEBOUNCE).await;
+                pending = true;
+            }
+            result = leading.changed() => {
+                result.context("the leader election stopped")?;
+                pending = true;
+            }
+            () = tokio::time::sleep(LIVENESS_TICK) => {}
+            () = &mut shutdown => {
+                election.abort();
+                if let Err(e) = elector().release().await {
+                    tracing::warn!(error = format!("{e:#}"), "cannot release the leader Lease");
+                }
+                tracing::info!("stopped");
+                return Ok(());
+            }
+        }
+        if !*leading.borrow() {
+            continue;
+        }
+        let unavailable = control.unavailable_agents();
+        if unavailable != control.unavailable {
+            pending = true;
+        }
+        if pending || last_run.elapsed() > RESYNC {
+            pending = !control.reconcile(&unavailable).await;
+            control.unavailable = unavailable;
+            last_run = Instant::now();
+        }
+    }
+}
+
+/// Runs leader election forever, publishing whether this replica leads.
+async fn elect(mut elector: Elector, leading: watch::Sender<bool>) {
+    const RETRY: Duration = Duration::from_secs(2);
+    let mut last_success: Option<Instant> = None;
+    loop {
+        let result = tokio::time::timeout(RETRY, elector.try_acquire_or_renew())
+            .await
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("leader election: timed out")));
+        let now_leading = match result {
+            Ok(held) => {
+                last_success = held.then(Instant::now);
+                held
+            }
+            Err(e) => {
+                tracing::warn!(error = format!("{e:#}"), "leader election failed");
+                // Keep leading through short API outages, not past the
+                // point where another replica may take over.
+                *leading.borrow() && last_success.is_some_and(|t| t.elapsed() < RETRY * 4)
+            }
+        };
+        if now_leading != *leading.borrow() {
+            if now_leading {
+                tracing::info!("became the active controller");
+            } else {
+                tracing::warn!("no longer the active controller");
+            }
+            let _ = leading.send(now_leading);
+        }
+        tokio::time::sleep(RETRY).await;
+    }
+}
+
+struct Control {
+    config: Config,
+    client: Client,
+    stores: Stores,
+    leases: Store<Lease>,
+    liveness: Liveness,
+    started: Instant,
+    agent_timeout: Duration,
+    recorder: Recorder,
+    health: Arc<Health>,
+    /// Nodes whose agent was unavailable at the last run.
+    unavailable: BTreeSet<String>,
+    /// Invalid objects already reported by an Event, with their problems.
+    invalid_reported: HashMap<(String, Option<String>, String), Vec<String>>,
+}
+
+impl Control {
+    /// Nodes whose agent reported `Ready` but has not renewed its Lease
+    /// within the timeout (a Lease never seen counts from the controller's
+    /// start).
+    fn unavailable_agents(&mut self) -> BTreeSet<String> {
+        let now = Instant::now();
+        let leases = self.leases.state();
+        self.liveness.observe(leases.iter().map(AsRef::as_ref), now);
+        self.stores
+            .nodes
+            .state()
+            .iter()
+            .filter_map(|n| n.metadata.name.clone())
+            .filter(|node| {
+                let name = lease::agent_lease_name(node);
+                match self.liveness.alive(&name, self.agent_timeout, now) {
+                    Some(alive) => !alive,
+                    None => now.saturating_duration_since(self.started) > self.agent_timeout,
+                }
+            })
+            .collect()
+    }
+
+    /// One full run. Returns false when something could not be written.
+    async fn reconcile(&mut self, unavailable: &BTreeSet<String>) -> bool {
+        let started = Instant::now();
+        let mut ok = true;
+        ok &= self.mark_timeouts(unavailable).await;
+        let mut snapshot = self.stores.snapshot(self.config.clone());
+        for node in &mut snapshot.nodes {
+            if unavailable.contains(&node.name) {
+                node.ready = false;
+            }
+        }
+        let plan = egressgw_core::plan(&snapshot);
+        ok &= self.write_tunnels(&plan.status).await;
+        ok &= self.write_policies(&plan.status).await;
+        ok &= self.write_gateways(&plan.status).await;
+        self.report_moves(&snapshot, &plan.status).await;
+        self.report_invalid(&snapshot).await;
+        let eips: BTreeMap<String, String> = plan
+            .status
+            .eip_nodes
+            .iter()
+            .map(|(ip, node)| (ip.to_string(), node.clone()))
+            .collect();
+        self.health.set_status(serde_json::json!({
+            "eips": eips,
+            "unavailableAgents": unavailable,
+            "invalid": snapshot.invalid.len(),
+        }));
+        tracing::debug!(
+            eips = ?eips,
+            unavailable = ?unavailable,
+            took_ms = started.elapsed().as_millis(),
+            "planned"
+        );
+        ok
+    }
+
+    /// Marks the tunnels of unavailable agents `HeartbeatTimeout`.
+    async fn mark_timeouts(&self, unavailable: &BTreeSet<String>) -> bool {
+        let api: Api<EgressTunnel> = Api::all(self.client.clone());
+        let mut ok = true;
+        for tunnel in self.stores.tunnels.state() {
+            let name = tunnel.name_any();
+            let phase = tunnel.phase();
+            if !unavailable.contains(&name)
+                || !matches!(phase, Some(TunnelPhase::Ready | TunnelPhase::Init))
+            {
+                continue;
+            }
+            let body = serde_json::json!({
+                "apiVersion": api_version(),
+                "kind": "EgressTunnel",
+                "metadata": { "name": name },
+                "status": { "phase": TunnelPhase::HeartbeatTimeout },
+            });
+            let result = api
+                .patch_status(
+                    &name,
+                    &PatchParams::apply(PHASE_MANAGER).force(),
+                    &Patch::Apply(&body),
+                )
+                .await;
+            match result {
+                Ok(_) => {
+                    tracing::warn!(
+                        node = name,
+                        "agent stopped renewing its Lease: HeartbeatTimeout"
+                    );
+                    self.event(
+                        &tunnel.object_ref(&()),
+                        EventType::Warning,
+                        "AgentHeartbeatTimeout",
+                        format!(
+                            "the agent of node {name} has not renewed its Lease for {:.1} s; its EIPs move to other ready nodes",
+                            self.agent_timeout.as_secs_f64()
+                        ),
+                    )
+                    .await;
+                }
+                Err(e) => {
+                    tracing::warn!(node = name, error = %e, "cannot mark the tunnel HeartbeatTimeout");
+                    ok = false;
+                }
+            }
+        }
+        ok
+    }
+
+    /// Creates missing `EgressTunnel`s and writes their allocations.
+    async fn write_tunnels(&self, status: &ClusterStatus) -> bool {
+        let api: Api<EgressTunnel> = Api::all(self.client.clone());
+        let params = PatchParams::apply(MANAGER).force();
+        let mut ok = true;
+        for allocation in &status.tunnels {
+            let name = allocation.node.as_str();
+            let existing = self
+                .stores
+                .tunnels
+                .state()
+                .into_iter()
+                .find(|t| t.name_any() == name);
+            if existing.is_none() {
+                let owner = self
+                    .stores
+                    .nodes
+                    .state()
+                    .into_iter()
+                    .find(|n| n.name_any() == name);
+                let owners: Vec<serde_json::Value> = owner
+                    .and_then(|n| n.metadata.uid.clone())
+                    .map(|uid| {
+                        serde_json::json!({
+                            "apiVersion": "v1", "kind": "Node", "name": name, "uid": uid,
+                        })
+                    })
+                    .into_iter()
+                    .collect();
+                let body = serde_json::json!({
+                    "apiVersion": api_version(),
+                    "kind": "EgressTunnel",
+                    "metadata": { "name": name, "ownerReferences": owners },
+                    "spec": {},
+                });
+                if let Err(e) = api.patch(name, &params, &Patch::Apply(&body)).await {
+                    tracing::warn!(node = name, error = %e, "cannot create the EgressTunnel");
+                    ok = false;
+                    continue;
+                }
+            }
+            let wanted = tunnel_status(allocation);
+            let current = existing
+                .as_ref()
+                .and_then(|t| t.status.clone())
+                .unwrap_or_default();
+            let current_alloc = egressgw_api::EgressTunnelStatus {
+                tunnel: current
+                    .tunnel
+                    .map(|t| egressgw_api::tunnel::TunnelEndpoint { parent: None, ..t }),
+                phase: None,
+                mark: current.mark,
+                last_heartbeat_time: None,
+            };
+            if existing.is_some() && current_alloc == wanted {
+                continue;
+            }
+            let body = serde_json::json!({
+                "apiVersion": api_version(),
+                "kind": "EgressTunnel",
+                "metadata": { "name": name },
+                "status": wanted,
+            });
+            match api.patch_status(name, &params, &Patch::Apply(&body)).await {
+                Ok(_) => tracing::info!(node = name, "tunnel identity written"),
+                Err(e) => {
+                    tracing::warn!(node = name, error = %e, "cannot write the tunnel identity");
+                    ok = false;
+                }
+            }
+        }
+        ok
+    }
+
+    async fn write_policies(&self, status: &ClusterStatus) -> bool {
+        let now = Timestamp::now();
+        let mut ok = true;
+        for s in &status.policies {
+            let id = &s.policy;
+            let written = match &id.namespace {
+                Some(ns) => {
+                    let current = self.stores.policies.state().into_iter().find(|p| {
+                        p.namespace().as_deref() == Some(ns.as_str()) && p.name_any() == id.name
+                    });
+                    let Some(current) = current else { continue };
+                    let new =
+                        policy_status(s, current.status.as_ref(), current.metadata.generation, now);
+                    apply_status::<EgressPolicy, _>(
+                        &self.client,
+                        Some(ns),
+                        &id.name,
+                        current.status.as_ref(),
+                        &new,
+                    )
+                    .await
+                }
+                None => {
+                    let current = self
+                        .stores
+                        .cluster_policies
+                        .state()
+                        .into_iter()
+                        .find(|p| p.name_any() == id.name);
+                    let Some(current) = current else { continue };
+                    let new =
+                        policy_status(s, current.status.as_ref(), current.metadata.generation, now);
+                    apply_status::<EgressClusterPolicy, _>(
+                        &self.client,
+                        None,
+                        &id.name,
+                        current.status.as_ref(),
+                        &new,
+                    )
+                    .await
+                }
+            };
+            if let Err(e) = written {
+                tracing::warn!(policy = %describe(id), error = format!("{e:#}"), "cannot write status");
+                ok = false;
+            }
+        }
+        ok
+    }
+
+    async fn write_gateways(&self, status: &ClusterStatus) -> bool {
+        let now = Timestamp::now();
+        let mut ok = true;
+        for s in &status.gateways {
+            let current = self
+                .stores
+                .gateways
+                .state()
+                .into_iter()
+                .find(|g| g.name_any() == s.gateway);
+            let Some(current) = current else { continue };
+            let new = gateway_status(s, current.status.as_ref(), current.metadata.generation, now);
+            if let Err(e) = apply_status::<EgressGateway, _>(
+                &self.client,
+                None,
+                &s.gateway,
+                current.status.as_ref(),
+                &new,
+            )
+            .await
+            {
+                tracing::warn!(
+                    gateway = s.gateway,
+                    error = format!("{e:#}"),
+                    "cannot write status"
+                );
+                ok = false;
+            }
+        }
+        ok
+    }
+
+    /// An Event on each gateway and policy whose EIP changed node since
+    /// the last status write.
+    async fn report_moves(&self, snapshot: &Snapshot, status: &ClusterStatus) {
+        for gateway in &snapshot.gateways {
+            for (ip, old) in &gateway.previous_nodes {
+                let Some(new) = status.eip_nodes.get(ip) else {
+                    continue;
+                };
+                if new == old {
+                    continue;
+                }
+                let why = if self.unavailable.contains(old)
+                    || snapshot.nodes.iter().any(|n| &n.name == old && !n.ready)
+                {
+                    format!("{old} is not ready")
+                } else {
+                    format!("{old} no longer carries it")
+                };
+                let note = format!("EIP {ip} moved from node {old} to node {new} ({why})");
+                tracing::warn!("{note}");
+                if let Some(object) = self
+                    .stores
+                    .gateways
+                    .state()
+                    .into_iter()
+                    .find(|g| g.name_any() == gateway.name)
+                {
+                    self.event(
+                        &object.object_ref(&()),
+                        EventType::Normal,
+                        "EipMoved",
+                        note.clone(),
+                    )
+                    .await;
+                }
+                for policy in users_of(status, *ip) {
+                    if let Some(reference) = self.policy_ref(&policy) {
+                        self.event(&reference, EventType::Normal, "EipMoved", note.clone())
+                            .await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// A Warning Event on each invalid policy, once per set of problems.
+    async fn report_invalid(&mut self, snapshot: &Snapshot) {
+        let mut seen = HashMap::new();
+        for invalid in &snapshot.invalid {
+            let key = (
+                invalid.kind.clone(),
+                invalid.namespace.clone(),
+                invalid.name.clone(),
+            );
+            if self.invalid_reported.get(&key) != Some(&invalid.errors) {
+                let id = PolicyRef {
+                    namespace: invalid.namespace.clone(),
+                    name: invalid.name.clone(),
+                };
+                let reference = match invalid.kind.as_str() {
+                    "EgressPolicy" | "EgressClusterPolicy" => self.policy_ref(&id),
+                    _ => None,
+                };
+                tracing::warn!(kind = invalid.kind, name = %describe(&id), errors = invalid.errors.join("; "), "invalid object ignored");
+                if let Some(reference) = reference {
+                    self.event(
+                        &reference,
+                        EventType::Warning,
+                        "InvalidPolicy",
+                        format!(
+                            "ignored, its traffic is not steered: {}",
+                            invalid.errors.join("; ")
+                        ),
+                    )
+                    .await;
+                }
+            }
+            seen.insert(key, invalid.errors.clone());
+        }
+        self.invalid_reported = seen;
+    }
+
+    fn policy_ref(&self, id: &PolicyRef) -> Option<ObjectReference> {
+        match &id.namespace {
+            Some(ns) => self
+                .stores
+                .policies
+                .state()
+                .into_iter()
+                .find(|p| p.namespace().as_deref() == Some(ns.as_str()) && p.name_any() == id.name)
+                .map(|p| p.object_ref(&())),
+            None => self
+                .stores
+                .cluster_policies
+                .state()
+                .into_iter()
+                .find(|p| p.name_any() == id.name)
+                .map(|p| p.object_ref(&())),
+        }
+    }
+
+    async fn event(
+        &self,
+        reference: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, reference).await {
+            tracing::warn!(reason, error = %e, "cannot record an Event");
+        }
+    }
+}
+
+/// The policies using `ip`.
+fn users_of(status: &ClusterStatus, ip: IpAddr) -> Vec<PolicyRef> {
+    status
+        .gateways
+        .iter()
+        .flat_map(|g| &g.nodes)
+        .flat_map(|n| &n.eips)
+        .filter(|e| e.ip == Some(ip))
+        .flat_map(|e| e.policies.clone())
+        .collect()
+}
+
+fn describe(id: &PolicyRef) -> String {
+    match &id.namespace {
+        Some(ns) => format!("{ns}/{}", id.name),
+        None => id.name.clone(),
+    }
+}
+
+fn api_version() -> String {
+    format!("{}/{}", egressgw_api::GROUP, egressgw_api::VERSION)
+}
+
+/// Applies `new` as the status of `K` `name` unless it equals `current`.
+async fn apply_status<K, S>(
+    client: &Client,
+    namespace: Option<&str>,
+    name: &str,
+    current: Option<&S>,
+    new: &S,
+) -> anyhow::Result<()>
+where
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    S: Serialize + PartialEq,
+{
+    if current == Some(new) {
+        return Ok(());
+    }
+    let resource = ApiResource::erase::<K>(&());
+    let api: Api<DynamicObject> = match namespace {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+        None => Api::all_with(client.clone(), &resource),
+    };
+    let mut metadata = serde_json::json!({ "name": name });
+    if let Some(ns) = namespace {
+        metadata["namespace"] = ns.into();
+    }
+    let body = serde_json::json!({
+        "apiVersion": api_version(),
+        "kind": K::kind(&()),
+        "metadata": metadata,
+        "status": new,
+    });
+    api.patch_status(
+        name,
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await
+    .with_context(|| format!("applying {} {name} status", K::kind(&())))?;
+    tracing::info!(kind = %K::kind(&()), namespace, name, "status written");
+    Ok(())
+}
