@@ -124,6 +124,25 @@ fn policy_gives_web_pods_on_every_node_the_eip(run: &mut Run) -> anyhow::Result<
     Ok(())
 }
 
+/// `status.phase` of the EgressTunnel of `node` (`-` when it has none).
+fn tunnel_phase(run: &Run, node: &str) -> anyhow::Result<String> {
+    let tunnel = run.get("egresstunnel", None, node)?;
+    Ok(tunnel["status"]["phase"].as_str().unwrap_or("-").to_owned())
+}
+
+/// Waits until the EgressTunnel of `node` is in `phase`.
+fn wait_tunnel_phase(run: &Run, node: &str, phase: &str) -> anyhow::Result<()> {
+    eventually(
+        &format!("EgressTunnel {node} to be {phase}"),
+        SETTLE,
+        || match tunnel_phase(run, node) {
+            Ok(seen) if seen == phase => Ok(()),
+            Ok(seen) => Err(format!("phase {seen}")),
+            Err(e) => Err(format!("{e:#}")),
+        },
+    )
+}
+
 /// (name, status.phase) of every EgressTunnel.
 fn tunnel_phases(run: &Run) -> anyhow::Result<Vec<(String, String)>> {
     let text = run
@@ -368,6 +387,10 @@ fn killed_agent_keeps_traffic_flowing_and_restarts_without_changes(
         result.retransmits
     ));
 
+    // The cluster noticed the dead agent while the transfer went on.
+    wait_tunnel_phase(run, node, "HeartbeatTimeout")
+        .context("the controller should mark the killed agent's node")?;
+
     let offset = run.start_agent(node)?;
     let log = run
         .lab
@@ -383,8 +406,10 @@ fn killed_agent_keeps_traffic_flowing_and_restarts_without_changes(
         "the restarted agent's first reconcile changed the kernel: {line}"
     );
     run.note(format!(
-        "restarted agent's first reconcile: applied={applied} failed={failed}"
+        "{node} was HeartbeatTimeout meanwhile; the restarted agent's first reconcile: \
+         applied={applied} failed={failed}"
     ));
+    wait_tunnel_phase(run, node, "Ready").context("after the agent was restarted")?;
     run.expect_steady("web-3", Expect::Source(eip), 3)
 }
 
@@ -437,13 +462,14 @@ fn eip_fails_over_to_the_other_gateway_node(run: &mut Run) -> anyhow::Result<()>
         .iter()
         .filter(|s| s.at >= down_at && s.at < down_at + back && !s.seen.is(&Expect::Source(eip)))
         .count();
-    let line = format!(
-        "failover: EIP {eip} moved {from} -> {to}, traffic back after {:.1} s ({lost} probes of 100 ms unanswered)",
+    let total = samples.iter().filter(|s| s.at >= down_at).count();
+    run.note(format!(
+        "failover: EIP {eip} moved {from} -> {to}, traffic back after {:.1} s \
+         ({lost} of {total} probes unanswered)",
         back.as_secs_f64()
-    );
-    println!("    {line}");
-    run.note(line);
+    ));
 
+    let up_at = Instant::now();
     run.node_links(&from, true)?;
     let holders = eventually("exactly one node to hold the EIP", SETTLE, || {
         let holders = eip_holders(run.lab, eip).map_err(|e| format!("{e:#}"))?;
@@ -453,6 +479,15 @@ fn eip_fails_over_to_the_other_gateway_node(run: &mut Run) -> anyhow::Result<()>
             Err(format!("held by {holders:?}"))
         }
     })?;
+    let single_after = up_at.elapsed();
+    // Settled: the old node's agent is back in touch; the EIP must still be
+    // held once, where the status says, and the target must reach it there.
+    wait_tunnel_phase(run, &from, "Ready").context("after the node came back")?;
+    let holders_now = eip_holders(run.lab, eip)?;
+    ensure!(
+        holders_now == holders,
+        "{eip} was held by {holders:?}, then by {holders_now:?} once {from}'s agent was back"
+    );
     let status = PolicyStatus::of(&run.get(POLICY, Some(TEAM_A), "web")?);
     ensure!(
         status.node.as_deref() == Some(holders[0].as_str()),
@@ -460,11 +495,50 @@ fn eip_fails_over_to_the_other_gateway_node(run: &mut Run) -> anyhow::Result<()>
         holders[0]
     );
     run.expect_steady("web-3", Expect::Source(eip), 5)?;
-    run.note(format!(
-        "{from} back up: {eip} held by {} alone, status.node agrees, web-3 still seen as {eip}",
+    let (target_mac, holder_mac) = neighbour_macs(run, eip, &holders[0])?;
+    ensure!(
+        target_mac == holder_mac,
+        "the target reaches {eip} at {target_mac}, but its holder {}'s external link is {holder_mac}",
         holders[0]
+    );
+    run.note(format!(
+        "{from} back up: {eip} held by {} alone ({:.1} s after), status.node agrees, \
+         the target's ARP entry points at it, web-3 still seen as {eip}",
+        holders[0],
+        single_after.as_secs_f64()
     ));
     Ok(())
+}
+
+/// The MAC address the target's neighbour table has for `eip`, and the MAC
+/// of `holder`'s external link.
+fn neighbour_macs(run: &Run, eip: Ipv4Addr, holder: &str) -> anyhow::Result<(String, String)> {
+    let target = &run.lab.state.topology.target.netns;
+    let node = run.lab.node(holder)?;
+    let ext = node
+        .external
+        .as_ref()
+        .context("the holder has no external link")?;
+    let neigh = crate::lab::cmd::run(
+        "ip",
+        &["-n", target.as_str(), "neigh", "show", &eip.to_string()],
+    )?;
+    let target_mac = word_after(&neigh, "lladdr")
+        .with_context(|| format!("the target has no neighbour entry for {eip}: {neigh:?}"))?;
+    let link = crate::lab::cmd::run(
+        "ip",
+        &["-n", node.netns.as_str(), "link", "show", &ext.interface],
+    )?;
+    let holder_mac =
+        word_after(&link, "link/ether").with_context(|| format!("no MAC in {link:?}"))?;
+    Ok((target_mac, holder_mac))
+}
+
+/// The word following `key` in `text`.
+fn word_after(text: &str, key: &str) -> Option<String> {
+    let mut words = text.split_whitespace();
+    words.find(|w| *w == key)?;
+    words.next().map(str::to_owned)
 }
 
 /// How long after `since` the target first saw `eip` again, counted to the
@@ -509,6 +583,24 @@ mod tests {
             Some((12, 3))
         );
         assert_eq!(reconcile_counts("reconciled nothing"), None);
+    }
+
+    #[test]
+    fn macs_are_read_from_ip_output() {
+        let neigh = "198.51.100.236 dev egx-ext lladdr 6a:1f:00:aa:bb:cc REACHABLE\n";
+        assert_eq!(
+            word_after(neigh, "lladdr").as_deref(),
+            Some("6a:1f:00:aa:bb:cc")
+        );
+        let link = "5: eth1@if9: <BROADCAST,UP> mtu 1500\n    link/ether 02:00:00:00:00:01 brd ff:ff:ff:ff:ff:ff";
+        assert_eq!(
+            word_after(link, "link/ether").as_deref(),
+            Some("02:00:00:00:00:01")
+        );
+        assert_eq!(
+            word_after("198.51.100.236 dev egx-ext FAILED", "lladdr"),
+            None
+        );
     }
 
     #[test]

@@ -18,6 +18,10 @@ use crate::lab::topology::Netns;
 
 /// How long one probe may take to connect, and then to read the answer.
 pub const PROBE_TIMEOUT: Duration = Duration::from_millis(1000);
+/// The same for a [`Prober`] that probes every 100 ms: a lost SYN is
+/// retransmitted only after a second, so a longer wait would only blur the
+/// measurement.
+pub const FAST_PROBE_TIMEOUT: Duration = Duration::from_millis(300);
 
 /// What one probe saw.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,7 +69,12 @@ impl fmt::Display for Expect {
 
 /// One connection from `netns` to whoami at `target`: the source address it saw.
 pub fn whoami(netns: &Netns, target: SocketAddr) -> Seen {
-    match probe::read_reply(netns, target, PROBE_TIMEOUT) {
+    whoami_within(netns, target, PROBE_TIMEOUT)
+}
+
+/// [`whoami`] with its own timeout for connecting, and for reading.
+pub fn whoami_within(netns: &Netns, target: SocketAddr, timeout: Duration) -> Seen {
+    match probe::read_reply(netns, target, timeout) {
         Ok(text) => match text.parse() {
             Ok(ip) => Seen::Source(ip),
             Err(_) => Seen::NoAnswer(format!("answered {text:?}")),
@@ -99,8 +108,9 @@ pub struct Sample {
     pub seen: Seen,
 }
 
-/// Probes whoami from one namespace every `interval` on a thread of its own,
-/// until stopped (or for at most `limit`), keeping every sample.
+/// Probes whoami from one namespace every `interval` (each probe waiting at
+/// most [`FAST_PROBE_TIMEOUT`]) on a thread of its own, until stopped (or
+/// for at most `limit`), keeping every sample.
 #[derive(Debug)]
 pub struct Prober {
     stop: Arc<AtomicBool>,
@@ -118,7 +128,7 @@ impl Prober {
                 let begun = Instant::now();
                 while !stop.load(Ordering::Relaxed) && begun.elapsed() < limit {
                     let at = Instant::now();
-                    let seen = whoami(&netns, target);
+                    let seen = whoami_within(&netns, target, FAST_PROBE_TIMEOUT);
                     let sample = Sample {
                         at,
                         took: at.elapsed(),
