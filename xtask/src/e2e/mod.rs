@@ -25,6 +25,11 @@ mod traffic;
 
 use run::Run;
 
+/// The lab the e2e tests use unless `EGRESSGW_LAB_PREFIX` names another:
+/// a lab of its own, so a run never touches the lab someone is using
+/// (`egl`, the default of the `lab` commands).
+pub const E2E_PREFIX: &str = "e2e";
+
 /// Addresses of the free range each scenario's gateway gets: scenario `k`
 /// uses `198.51.100.(200 + 4k) ..= (203 + 4k)`.
 const POOL_SLICE: u8 = 4;
@@ -64,7 +69,7 @@ impl Drop for Teardown<'_> {
 }
 
 pub fn run(args: &E2eArgs) -> anyhow::Result<ExitCode> {
-    let paths = Paths::from_env()?;
+    let paths = Paths::from_env_or(E2E_PREFIX)?;
     let selected: Vec<(usize, &scenarios::Scenario)> = scenarios::ALL
         .iter()
         .enumerate()

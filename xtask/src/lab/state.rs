@@ -38,12 +38,18 @@ const LAB_ENTRIES: [&str; 8] = [
 ];
 
 impl Paths {
+    /// The lab named by `$EGRESSGW_LAB_PREFIX`, else the default lab (`egl`).
     pub fn from_env() -> anyhow::Result<Self> {
+        Self::from_env_or(super::topology::DEFAULT_PREFIX)
+    }
+
+    /// The lab named by `$EGRESSGW_LAB_PREFIX`, else the lab `prefix`.
+    pub fn from_env_or(prefix: &str) -> anyhow::Result<Self> {
         let cache = match std::env::var_os("EGRESSGW_CACHE") {
             Some(dir) => PathBuf::from(dir),
             None => xdg_cache()?.join("egressgw"),
         };
-        let prefix = Prefix::from_env()?;
+        let prefix = Prefix::from_env_or(prefix)?;
         let default_lab = || {
             if prefix.is_default() {
                 cache.join("lab")

@@ -65,11 +65,11 @@ const PODS_PER_NODE: [(&str, &str); 2] = [("team-a", "web"), ("team-b", "batch")
 pub struct Prefix(String);
 
 impl Prefix {
-    /// `$EGRESSGW_LAB_PREFIX`, else [`DEFAULT_PREFIX`].
-    pub fn from_env() -> anyhow::Result<Self> {
+    /// `$EGRESSGW_LAB_PREFIX`, else `default`.
+    pub fn from_env_or(default: &str) -> anyhow::Result<Self> {
         match std::env::var(PREFIX_ENV) {
             Ok(value) if !value.is_empty() => Self::new(&value),
-            Ok(_) | Err(std::env::VarError::NotPresent) => Self::new(DEFAULT_PREFIX),
+            Ok(_) | Err(std::env::VarError::NotPresent) => Self::new(default),
             Err(std::env::VarError::NotUnicode(value)) => {
                 bail!("{PREFIX_ENV} is not valid UTF-8: {value:?}")
             }
