@@ -1,33 +1,156 @@
 #!/usr/bin/env bash
-# The demo: what egressgw would set up on each node of the example cluster.
+# The demo: egressgw on the lab, a Kubernetes cluster in network namespaces
+# on this machine (docs/lab.md), with real traffic.
 #
-#   scripts/demo.sh [NODE]
+#   scripts/demo.sh
 #
-# Prepares the machine (scripts/setup.sh), plans deploy/examples/cluster.yaml
-# (allocations and status for every object, and every node's dataplane), then
-# shows the dataplane of NODE alone (default: node-1, a worker whose selected
-# pods leave through a gateway node).
+# Prepares the machine (scripts/lab-deps.sh, which runs scripts/setup.sh),
+# builds egressgw, brings up a fresh lab (removing a leftover one), deploys
+# the controller and an agent per node, applies deploy/examples/lab/, and
+# shows what the target sees from the pods: web-3, on a node with no way out
+# of its own, leaves with the EIP through a gateway node; batch-1 leaves the
+# normal way, from its node's address. Then it takes the gateway node down
+# and measures how long web-3's traffic takes to come back with the same
+# EIP through the other gateway node. The lab stays up at the end.
+#
+# Needs root (network namespaces). EGRESSGW_LAB_PREFIX picks another lab
+# than the default `egl` (e.g. to leave someone's lab alone).
 
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-CLUSTER="deploy/examples/cluster.yaml"
-NODE="${1:-node-1}"
+PREFIX="${EGRESSGW_LAB_PREFIX:-egl}"
+CACHE="${EGRESSGW_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/egressgw}"
+if [[ -n "${EGRESSGW_LAB_DIR:-}" ]]; then
+    LAB_DIR="$EGRESSGW_LAB_DIR"
+elif [[ "$PREFIX" == egl ]]; then
+    LAB_DIR="$CACHE/lab"
+else
+    LAB_DIR="$CACHE/lab-$PREFIX"
+fi
+KUBECTL="$LAB_DIR/kubectl"
+# The lab commands as a person types them for this lab.
+XTASK="cargo xtask"
+if [[ "$PREFIX" != egl ]]; then
+    XTASK="EGRESSGW_LAB_PREFIX=$PREFIX cargo xtask"
+fi
+TARGET=198.51.100.1
+WHOAMI_PORT=8080
 
 header() { printf '\n=== %s\n\n' "$*"; }
+run() {
+    printf '$ %s\n' "$*"
+    "$@"
+}
 
-bash scripts/setup.sh
+# whoami POD: what the target saw from POD (one connection, bounded).
+whoami() {
+    ip netns exec "$PREFIX-pod-$1" timeout "${2:-2}" \
+        bash -c "exec 3<>/dev/tcp/$TARGET/$WHOAMI_PORT && cat <&3" 2>/dev/null || echo "no answer"
+}
+
+# jsonpath KIND NAME PATH: a field of a team-a object.
+field() {
+    "$KUBECTL" get "$1" -n team-a "$2" -o "jsonpath={$3}" 2>/dev/null || true
+}
+
+# now: seconds since the epoch, with milliseconds.
+now() { date +%s.%3N; }
+
+wait_for_eip() {
+    local deadline=$((SECONDS + 60)) eip ready
+    printf 'waiting for team-a/web to get its EIP'
+    while ((SECONDS < deadline)); do
+        eip="$(field egresspolicy web .status.eip.ipv4)"
+        ready="$(field egresspolicy web '.status.conditions[?(@.type=="Ready")].status')"
+        if [[ -n "$eip" && "$ready" == True ]]; then
+            printf ' %s\n' "$eip"
+            EIP="$eip"
+            return 0
+        fi
+        printf '.'
+        sleep 1
+    done
+    printf '\n'
+    echo "demo: team-a/web has no EIP after 60 s; its status:" >&2
+    "$KUBECTL" get egresspolicy -n team-a web -o yaml >&2
+    exit 1
+}
+
+# wait_for_source POD ADDRESS LIMIT: probes every 100 ms until the target
+# sees ADDRESS from POD; prints the time it took.
+wait_for_source() {
+    local pod="$1" want="$2" limit="$3" start seen
+    start="$(now)"
+    while true; do
+        seen="$(whoami "$pod" 0.3)"
+        if [[ "$seen" == "$want" ]]; then
+            awk -v a="$start" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'
+            return 0
+        fi
+        if awk -v a="$start" -v b="$(now)" -v l="$limit" 'BEGIN { exit !(b - a > l) }'; then
+            echo "demo: $pod still sees '$seen' after ${limit}s, not $want" >&2
+            return 1
+        fi
+        sleep 0.1
+    done
+}
+
+header "Preparing the machine (scripts/lab-deps.sh)"
+bash scripts/lab-deps.sh
 if ! command -v cargo >/dev/null; then
     export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
 fi
 
-header "Building egressgw"
-cargo build --locked -p egressgw
+header "Building egressgw and the lab tool"
+cargo build --locked -p egressgw -p xtask
 
-header "The plan for $CLUSTER: allocations, status and every node's dataplane"
-cargo run --quiet --locked -p egressgw -- plan -f "$CLUSTER"
+header "A fresh lab ($PREFIX)"
+run cargo xtask lab down
+run cargo xtask lab up
 
-header "The dataplane of $NODE alone (what its agent would apply)"
-cargo run --quiet --locked -p egressgw -- plan -f "$CLUSTER" --node "$NODE"
+header "egressgw: a controller in the control plane, an agent on every node"
+run cargo xtask lab deploy
+
+header "The lab's examples (deploy/examples/lab/)"
+run "$KUBECTL" apply -f deploy/examples/lab/
+wait_for_eip
+run "$KUBECTL" get egressgateways,egresspolicies,egressclusterpolicies,egresstunnels -A -o wide
+
+header "Traffic: what the target ($TARGET) sees"
+NODE="$(field egresspolicy web .status.node)"
+printf 'web-3   (team-a, app=web, on node-3, which has no route out): %s\n' "$(whoami web-3)"
+printf 'web-1   (team-a, app=web, on gateway node-1):                 %s\n' "$(whoami web-1)"
+printf 'batch-1 (team-b, no policy to the target, on node-1):         %s\n' "$(whoami batch-1)"
+printf '\nteam-a/web leaves with %s through %s; batch-1 from its node address.\n' "$EIP" "$NODE"
+
+header "Failover: $NODE goes down"
+run cargo xtask lab node down "$NODE"
+if took="$(wait_for_source web-3 "$EIP" 60)"; then
+    NEW_NODE="$(field egresspolicy web .status.node)"
+    printf 'failover: EIP %s moved %s -> %s, traffic back after %s s\n' "$EIP" "$NODE" "$NEW_NODE" "$took"
+fi
+run cargo xtask lab node up "$NODE"
+sleep 3
+run "$KUBECTL" get egresspolicies -A -o wide
+printf 'web-3 now: %s\n' "$(whoami web-3)"
+
+header "The lab stays up"
+cat <<EOF
+Look around:
+  $KUBECTL get egressgw -A -o wide
+  $KUBECTL describe egresspolicy -n team-a web
+  ip netns exec $PREFIX-pod-web-3 bash -c 'exec 3<>/dev/tcp/$TARGET/$WHOAMI_PORT; cat <&3'
+  ip netns exec $PREFIX-node-1 nft list table inet egressgw
+  ip -n $PREFIX-node-2 -br addr show dev egress.eip
+  less $LAB_DIR/logs/egressgw-agent-node-3.log
+  $XTASK lab status
+Change it:
+  $XTASK lab agent kill node-3; $XTASK lab agent start node-3
+  $XTASK lab node down node-2; $XTASK lab node up node-2
+  $XTASK lab pod add web-4 --node node-3 --namespace team-a --labels app=web
+Remove it:
+  $XTASK lab down
+EOF

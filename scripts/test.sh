@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: everything CI checks, in order, stopping at the first
-# failure and naming the step that failed.
+# failure and naming the step that failed. The e2e step brings up a lab of
+# network namespaces (docs/lab.md) and needs root.
 #
 #   scripts/test.sh
 #
@@ -54,6 +55,19 @@ run_tests() {
 }
 
 step "tests" run_tests
+# The end-to-end tests run on the lab (docs/e2e.md): what it needs first
+# (packages, the control plane built into the cache), then the binaries the
+# lab runs, then the scenarios; their results count with the others.
+step "lab dependencies" env EGRESSGW_SKIP_SETUP=1 bash scripts/lab-deps.sh
+step "build egressgw and xtask" cargo build --locked -p egressgw -p xtask
+
+# run_e2e: a fresh lab, egressgw deployed, every scenario; output appended
+# to the same log.
+run_e2e() {
+    cargo xtask e2e 2>&1 | tee -a "$TEST_LOG"
+}
+
+step "e2e on the lab" run_e2e
 step "generated CRDs are up to date" cargo xtask gen-crds --check
 # Bench targets only: compiling every library's unit tests in the bench
 # profile as well would double the time and check nothing new.

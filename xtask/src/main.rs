@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
+mod e2e;
 mod gen_crds;
 mod lab;
 
@@ -28,11 +29,15 @@ enum Task {
     /// A Kubernetes cluster on this machine, in network namespaces (see docs/lab.md).
     #[command(subcommand)]
     Lab(lab::LabCommand),
+    /// End-to-end tests: a fresh lab, egressgw deployed, every scenario with
+    /// real traffic (see docs/e2e.md).
+    E2e(e2e::E2eArgs),
 }
 
 fn main() -> anyhow::Result<ExitCode> {
     match Cli::parse().task {
         Task::Lab(command) => lab::run(command),
+        Task::E2e(args) => e2e::run(&args),
         Task::GenCrds { check } => {
             let dir = workspace_root().join(gen_crds::CRD_DIR);
             if check {

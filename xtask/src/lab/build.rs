@@ -126,7 +126,7 @@ fn cache_key(module: &Path) -> anyhow::Result<String> {
 
 /// 64-bit FNV-1a: stable across Rust versions, unlike `DefaultHasher`.
 #[derive(Debug)]
-struct Fnv1a(u64);
+pub struct Fnv1a(u64);
 
 impl Default for Fnv1a {
     fn default() -> Self {
@@ -135,7 +135,11 @@ impl Default for Fnv1a {
 }
 
 impl Fnv1a {
-    fn write(&mut self, bytes: &[u8]) {
+    pub fn finish(&self) -> u64 {
+        self.0
+    }
+
+    pub fn write(&mut self, bytes: &[u8]) {
         for &b in bytes {
             self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
         }

@@ -30,6 +30,40 @@ pub fn register(kubectl: &Kubectl, topo: &Topology) -> anyhow::Result<()> {
         .context("setting the status of nodes and pods")
 }
 
+/// Registers one more pod on `node`, as kubelet would: the Pod, then its status.
+pub fn register_pod(kubectl: &Kubectl, added: &Pod, node: &Node) -> anyhow::Result<()> {
+    apply(kubectl, &pod(added), None)
+        .with_context(|| format!("creating pod {}/{}", added.namespace, added.name))?;
+    apply(
+        kubectl,
+        &pod_status(added, &node.ip.to_string()),
+        Some("status"),
+    )
+    .with_context(|| {
+        format!(
+            "setting the status of pod {}/{}",
+            added.namespace, added.name
+        )
+    })
+}
+
+/// Deletes a pod from the API; it is gone at once (grace period 0), and it
+/// is no error if it was gone already.
+pub fn unregister_pod(kubectl: &Kubectl, gone: &Pod) -> anyhow::Result<()> {
+    kubectl
+        .run(&[
+            "delete",
+            "pod",
+            "--namespace",
+            &gone.namespace,
+            &gone.name,
+            "--ignore-not-found",
+            "--wait=false",
+        ])
+        .map(drop)
+        .with_context(|| format!("deleting pod {}/{}", gone.namespace, gone.name))
+}
+
 /// Every object as one `v1` List.
 fn objects(topo: &Topology) -> Value {
     let items: Vec<Value> = topo
@@ -213,10 +247,11 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::lab::topology::Prefix;
 
     #[test]
     fn objects_hold_every_namespace_node_and_pod_once() {
-        let topo = Topology::new(3, 2).unwrap();
+        let topo = Topology::new(&Prefix::new("egl").unwrap(), 3, 2).unwrap();
         let list = objects(&topo);
         let kinds: Vec<&str> = list["items"]
             .as_array()
@@ -230,7 +265,7 @@ mod tests {
 
     #[test]
     fn gateway_nodes_carry_the_gateway_label_and_their_pod_cidr() {
-        let topo = Topology::new(2, 1).unwrap();
+        let topo = Topology::new(&Prefix::new("egl").unwrap(), 2, 1).unwrap();
         let gw = node(&topo.nodes[0]);
         assert_eq!(gw["metadata"]["labels"]["egressgw.io/gateway"], "true");
         assert_eq!(gw["spec"]["podCIDR"], "10.244.1.0/24");
@@ -252,7 +287,7 @@ mod tests {
 
     #[test]
     fn pod_status_reports_its_address_and_its_nodes() {
-        let topo = Topology::new(1, 1).unwrap();
+        let topo = Topology::new(&Prefix::new("egl").unwrap(), 1, 1).unwrap();
         let status = pod_status(&topo.pods[0], "172.18.0.11");
         assert_eq!(status["metadata"]["name"], "web-1");
         assert_eq!(status["status"]["podIPs"][0]["ip"], "10.244.1.2");

@@ -2,7 +2,7 @@
 //! a lab is in (up, half made by a failed `up`, or half removed).
 //!
 //! What it removes is found, not remembered: the network namespaces named
-//! `egl-*`, every process living in one of them, the processes of the pid
+//! `<prefix>-*` (this lab's prefix only), every process living in one of them, the processes of the pid
 //! files (if they are still the programs the lab started), and the lab
 //! directory's entries. Running it again finds nothing and does nothing.
 
@@ -21,7 +21,7 @@ pub fn down(paths: &Paths) -> anyhow::Result<()> {
 /// Stops the processes, deletes the namespaces, removes the files. Keeps
 /// going past failures and reports them all at the end.
 pub fn teardown(paths: &Paths) -> anyhow::Result<()> {
-    let namespaces = net::lab_netns().context("listing network namespaces")?;
+    let namespaces = net::lab_netns(&paths.prefix).context("listing network namespaces")?;
     let mut errors = Vec::new();
     let mut pids: BTreeSet<u32> = process::recorded_pids(paths).into_iter().collect();
     for ns in &namespaces {
@@ -43,7 +43,8 @@ pub fn teardown(paths: &Paths) -> anyhow::Result<()> {
     let had_files = paths.any_present();
     errors.extend(paths.remove_all());
     println!(
-        "lab down: stopped {} processes, deleted {} network namespaces, {}",
+        "lab down ({}): stopped {} processes, deleted {} network namespaces, {}",
+        paths.prefix,
         pids.len() - survivors.len(),
         namespaces.len(),
         if had_files {

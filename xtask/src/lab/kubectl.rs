@@ -3,8 +3,10 @@
 //! address is reachable.
 
 use std::fs;
+use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
 
 use anyhow::Context;
 
@@ -47,6 +49,30 @@ impl Kubectl {
         let mut all = vec!["--kubeconfig", &self.kubeconfig];
         all.extend_from_slice(args);
         net::exec_with_input(&self.netns, &self.program, &all, input)
+    }
+
+    /// `kubectl args...` with `input` on stdin, whatever its exit status:
+    /// for callers that expect it to fail and read why.
+    pub fn output(&self, args: &[&str], input: Option<&str>) -> anyhow::Result<Output> {
+        let mut command = Command::new("ip");
+        command
+            .args(["netns", "exec", self.netns.as_str(), &self.program])
+            .args(["--kubeconfig", &self.kubeconfig])
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = command
+            .spawn()
+            .with_context(|| format!("running kubectl {}", args.join(" ")))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin
+                .write_all(input.unwrap_or_default().as_bytes())
+                .context("writing kubectl's input")?;
+        }
+        child
+            .wait_with_output()
+            .with_context(|| format!("waiting for kubectl {}", args.join(" ")))
     }
 
     /// Writes a script that runs this kubectl from the host: `<lab>/kubectl get pods -A`.

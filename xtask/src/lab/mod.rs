@@ -4,9 +4,13 @@
 //! CNI, which the lab plays itself: it wires node and pod namespaces and
 //! registers them as Nodes and Pods. See docs/lab.md.
 //!
+//! `lab deploy` runs egressgw's controller and agents in it; `lab agent`,
+//! `lab node` and `lab pod` change it while it runs (for the e2e tests).
+//!
 //! Safety: every link, address, route and process the lab makes lives in a
-//! namespace named `egl-*` that it created; the host namespace is never
-//! changed, and nothing in the lab has a route out of it.
+//! namespace named `<prefix>-*` that it created (`EGRESSGW_LAB_PREFIX`,
+//! default `egl`); the host namespace is never changed, and nothing in the
+//! lab has a route out of it.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -16,22 +20,26 @@ use clap::Subcommand;
 mod build;
 mod certs;
 mod cluster;
-mod cmd;
+pub mod cmd;
 mod controlplane;
-mod down;
-mod kubectl;
+pub mod down;
+pub mod egressgw;
+pub mod kubectl;
 mod net;
 mod network;
-mod preflight;
-mod process;
-mod state;
+pub mod pods;
+pub mod preflight;
+pub mod probe;
+pub mod process;
+pub mod session;
+pub mod state;
 mod status;
 mod target;
-mod topology;
-mod up;
+pub mod topology;
+pub mod up;
 mod whoami;
 
-use state::Paths;
+pub use state::Paths;
 
 /// `cargo xtask lab <command>`.
 #[derive(Debug, Subcommand)]
@@ -44,12 +52,29 @@ pub enum LabCommand {
     Status,
     /// Build the control-plane binaries into the cache (`up` does this itself).
     Build,
+    /// Run egressgw in the lab: CRDs, a controller, an agent per node.
+    Deploy(egressgw::DeployArgs),
+    /// Kill or start one node's agent.
+    #[command(subcommand)]
+    Agent(egressgw::AgentCommand),
+    /// Take a node off the network, or bring it back.
+    #[command(subcommand)]
+    Node(egressgw::NodeCommand),
+    /// Add or delete a pod.
+    #[command(subcommand)]
+    Pod(pods::PodCommand),
     /// The target's TCP service: answers each connection with the client's address.
     #[command(hide = true)]
     Whoami {
         #[arg(long)]
         listen: SocketAddr,
     },
+}
+
+/// Whether anything of the lab of `paths` (its prefix) exists: a network
+/// namespace or a state file.
+pub fn leftovers(paths: &Paths) -> anyhow::Result<bool> {
+    Ok(!net::lab_netns(&paths.prefix)?.is_empty() || paths.any_present())
 }
 
 pub fn run(command: LabCommand) -> anyhow::Result<ExitCode> {
@@ -63,6 +88,10 @@ pub fn run(command: LabCommand) -> anyhow::Result<ExitCode> {
         LabCommand::Down => down::down(&paths)?,
         LabCommand::Status => return status::status(&paths),
         LabCommand::Build => drop(build::ensure(&paths)?),
+        LabCommand::Deploy(args) => egressgw::deploy(&args, &paths)?,
+        LabCommand::Agent(command) => egressgw::agent(&command, &paths)?,
+        LabCommand::Node(command) => egressgw::node(&command, &paths)?,
+        LabCommand::Pod(command) => pods::pod(&command, &paths)?,
         LabCommand::Whoami { .. } => unreachable!("handled above"),
     }
     Ok(ExitCode::SUCCESS)

@@ -12,7 +12,7 @@ use std::path::Path;
 use anyhow::Context;
 
 use super::cmd;
-use super::topology::Netns;
+use super::topology::{Netns, Prefix};
 
 fn ip(ns: &Netns, args: &[&str]) -> anyhow::Result<()> {
     let mut all = vec!["-n", ns.as_str()];
@@ -48,13 +48,13 @@ pub fn delete_netns(ns: &Netns) -> anyhow::Result<()> {
     cmd::run("ip", &["netns", "delete", ns.as_str()]).map(drop)
 }
 
-/// The lab namespaces that exist now (from `ip netns list`).
-pub fn lab_netns() -> anyhow::Result<Vec<Netns>> {
+/// The namespaces of the lab `prefix` that exist now (from `ip netns list`).
+pub fn lab_netns(prefix: &Prefix) -> anyhow::Result<Vec<Netns>> {
     let list = cmd::run("ip", &["netns", "list"])?;
     Ok(list
         .lines()
         .filter_map(|line| line.split_whitespace().next())
-        .filter_map(Netns::existing)
+        .filter_map(|name| prefix.owns(name))
         .collect())
 }
 
@@ -118,6 +118,11 @@ pub fn add_addr(ns: &Netns, link: &str, addr: &str) -> anyhow::Result<()> {
 /// Adds a route to `dst` (a CIDR or `default`) via `gateway`.
 pub fn add_route(ns: &Netns, dst: &str, gateway: &str) -> anyhow::Result<()> {
     ip(ns, &["route", "add", dst, "via", gateway])
+}
+
+/// Adds the route to `dst` via `gateway`, or replaces the one there.
+pub fn replace_route(ns: &Netns, dst: &str, gateway: &str) -> anyhow::Result<()> {
+    ip(ns, &["route", "replace", dst, "via", gateway])
 }
 
 /// Sets a sysctl inside `ns` (`net.*` keys are per namespace).

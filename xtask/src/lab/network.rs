@@ -33,8 +33,8 @@ pub fn create(topo: &Topology) -> anyhow::Result<()> {
 /// kube-apiserver could call webhooks or aggregated APIs served by pods.
 fn control_plane(topo: &Topology) -> anyhow::Result<()> {
     let cp = &topo.control_plane;
-    uplink(topo, &cp.underlay_port, &cp.netns, cp.interface)?;
-    net::add_addr(&cp.netns, cp.interface, &topology::underlay_addr(cp.ip))?;
+    uplink(topo, &cp.underlay_port, &cp.netns, &cp.interface)?;
+    net::add_addr(&cp.netns, &cp.interface, &topology::underlay_addr(cp.ip))?;
     for node in &topo.nodes {
         net::add_route(&cp.netns, &node.pod_cidr, &node.ip.to_string())?;
     }
@@ -58,25 +58,29 @@ fn target(topo: &Topology) -> anyhow::Result<()> {
 }
 
 fn node_links(topo: &Topology, node: &Node) -> anyhow::Result<()> {
-    uplink(topo, &node.underlay_port, &node.netns, node.interface)?;
+    uplink(topo, &node.underlay_port, &node.netns, &node.interface)?;
     net::add_addr(
         &node.netns,
-        node.interface,
+        &node.interface,
         &topology::underlay_addr(node.ip),
     )?;
-    net::add_bridge(&node.netns, node.pod_bridge)?;
+    net::add_bridge(&node.netns, &node.pod_bridge)?;
     let pod_len = prefix_len(&node.pod_cidr);
     net::add_addr(
         &node.netns,
-        node.pod_bridge,
+        &node.pod_bridge,
         &with_len(node.pod_gateway, pod_len),
     )?;
     net::sysctl(&node.netns, "net.ipv4.ip_forward", "1")?;
     if let Some(ext) = &node.external {
         let target = &topo.target;
-        net::add_veth(&target.netns, &ext.target_port, &node.netns, ext.interface)?;
+        net::add_veth(&target.netns, &ext.target_port, &node.netns, &ext.interface)?;
         net::set_master(&target.netns, &ext.target_port, &target.bridge)?;
-        net::add_addr(&node.netns, ext.interface, &topology::external_addr(ext.ip))?;
+        net::add_addr(
+            &node.netns,
+            &ext.interface,
+            &topology::external_addr(ext.ip),
+        )?;
     }
     Ok(())
 }
@@ -88,12 +92,16 @@ fn node_links(topo: &Topology, node: &Node) -> anyhow::Result<()> {
 /// default route leads nowhere, it cannot reach the target by itself, yet
 /// has a route for every destination, as real nodes do (loose reverse-path
 /// filtering needs one for replies coming back through the tunnel).
-fn node_routes(topo: &Topology, node: &Node) -> anyhow::Result<()> {
+///
+/// Also what a CNI does when a node's link comes back: the kernel drops
+/// routes through a link that goes down, so `lab node up` calls this again
+/// (it replaces routes that are there).
+pub fn node_routes(topo: &Topology, node: &Node) -> anyhow::Result<()> {
     for other in topo.nodes.iter().filter(|o| o.name != node.name) {
-        net::add_route(&node.netns, &other.pod_cidr, &other.ip.to_string())?;
+        net::replace_route(&node.netns, &other.pod_cidr, &other.ip.to_string())?;
     }
     if node.external.is_none() {
-        net::add_route(
+        net::replace_route(
             &node.netns,
             "default",
             &topology::UNDERLAY_ROUTER.to_string(),
@@ -115,11 +123,11 @@ fn masquerade(node: &Node) -> anyhow::Result<()> {
     net::iptables(&node.netns, &rule)
 }
 
-fn pod_links(node: &Node, pod: &Pod) -> anyhow::Result<()> {
-    net::add_veth(&node.netns, &pod.node_veth, &pod.netns, pod.interface)?;
-    net::set_master(&node.netns, &pod.node_veth, node.pod_bridge)?;
+pub fn pod_links(node: &Node, pod: &Pod) -> anyhow::Result<()> {
+    net::add_veth(&node.netns, &pod.node_veth, &pod.netns, &pod.interface)?;
+    net::set_master(&node.netns, &pod.node_veth, &node.pod_bridge)?;
     let addr = with_len(pod.ip, prefix_len(&node.pod_cidr));
-    net::add_addr(&pod.netns, pod.interface, &addr)?;
+    net::add_addr(&pod.netns, &pod.interface, &addr)?;
     net::add_route(&pod.netns, "default", &node.pod_gateway.to_string())
 }
 

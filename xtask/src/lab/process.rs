@@ -2,7 +2,8 @@
 //! each the leader of its own process group, output to a log file, pid
 //! recorded in a pid file; stopped by process group.
 
-use std::fs::{self, File};
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -56,8 +57,43 @@ pub fn start(
     program: &Path,
     args: &[String],
 ) -> anyhow::Result<Started> {
-    let log = paths.logs().join(format!("{name}.log"));
+    let log = log_path(paths, name);
     let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+    spawn(paths, ns, name, program, args, out)
+}
+
+/// Starts again the process `record` describes, as [`start`] would, but
+/// appending to its log after a line that marks the restart. Returns the
+/// process and the log's length before that line: what the new process
+/// writes starts there.
+pub fn restart(paths: &Paths, record: &ProcessRecord) -> anyhow::Result<(Started, u64)> {
+    let log = log_path(paths, &record.name);
+    let mut out = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .with_context(|| format!("opening {}", log.display()))?;
+    let offset = out.metadata().map_or(0, |m| m.len());
+    writeln!(out, "--- egressgw lab: {} started again", record.name)
+        .with_context(|| format!("writing to {}", log.display()))?;
+    let ns = Netns::parse(&record.netns);
+    let started = spawn(paths, &ns, &record.name, &record.program, &record.args, out)?;
+    Ok((started, offset))
+}
+
+fn log_path(paths: &Paths, name: &str) -> PathBuf {
+    paths.logs().join(format!("{name}.log"))
+}
+
+fn spawn(
+    paths: &Paths,
+    ns: &Netns,
+    name: &str,
+    program: &Path,
+    args: &[String],
+    out: File,
+) -> anyhow::Result<Started> {
+    let log = log_path(paths, name);
     let err = out.try_clone().context("duplicating the log file handle")?;
     // `ip netns exec` enters the namespace and execs the program: same pid.
     let child = Command::new("ip")
@@ -75,6 +111,8 @@ pub fn start(
         netns: ns.to_string(),
         pid: child.id(),
         log,
+        program: program.to_path_buf(),
+        args: args.to_vec(),
     };
     write_pid_file(paths, &record, program)?;
     Ok(Started { record, child })
@@ -123,6 +161,18 @@ pub fn alive(pid: u32) -> bool {
         stat.rsplit_once(')')
             .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
     })
+}
+
+/// SIGKILL to the process group led by `pid` (or the process alone), with
+/// no chance to clean up; waits until it is gone. Fails if it survives.
+pub fn kill_now(pid: u32) -> anyhow::Result<()> {
+    signal_all(&[pid], "KILL");
+    let deadline = Instant::now() + STOP_GRACE;
+    while alive(pid) {
+        anyhow::ensure!(Instant::now() < deadline, "pid {pid} survived SIGKILL");
+        thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
 }
 
 /// Stops the process groups led by `pids` (or the processes, if they lead

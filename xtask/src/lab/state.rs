@@ -8,23 +8,27 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
-use super::topology::Topology;
+use super::topology::{Prefix, Topology};
 
 /// Bumped when the shape of `lab.json` changes incompatibly.
 pub const LAB_JSON_VERSION: u32 = 1;
 
-/// The lab's directories.
+/// Which lab, and its directories.
 #[derive(Debug, Clone)]
 pub struct Paths {
+    /// The lab's name (`$EGRESSGW_LAB_PREFIX`, default `egl`).
+    pub prefix: Prefix,
     /// egressgw's cache: `$EGRESSGW_CACHE`, else `$XDG_CACHE_HOME/egressgw`, else `~/.cache/egressgw`.
     pub cache: PathBuf,
-    /// The lab's state: `$EGRESSGW_LAB_DIR`, else `<cache>/lab`.
+    /// The lab's state: `$EGRESSGW_LAB_DIR`, else `<cache>/lab` for the
+    /// default prefix and `<cache>/lab-<prefix>` for any other.
     pub lab: PathBuf,
 }
 
 /// Entries of the lab directory that `lab up` creates and `lab down` removes.
-const LAB_ENTRIES: [&str; 7] = [
+const LAB_ENTRIES: [&str; 8] = [
     "lab.json",
+    "egressgw",
     "kubeconfig",
     "kubectl",
     "pki",
@@ -34,14 +38,41 @@ const LAB_ENTRIES: [&str; 7] = [
 ];
 
 impl Paths {
+    /// The lab named by `$EGRESSGW_LAB_PREFIX`, else the default lab (`egl`).
     pub fn from_env() -> anyhow::Result<Self> {
+        Self::from_env_or(super::topology::DEFAULT_PREFIX)
+    }
+
+    /// The lab named by `$EGRESSGW_LAB_PREFIX`, else the lab `prefix`.
+    pub fn from_env_or(prefix: &str) -> anyhow::Result<Self> {
         let cache = match std::env::var_os("EGRESSGW_CACHE") {
             Some(dir) => PathBuf::from(dir),
             None => xdg_cache()?.join("egressgw"),
         };
-        let lab =
-            std::env::var_os("EGRESSGW_LAB_DIR").map_or_else(|| cache.join("lab"), PathBuf::from);
-        Ok(Self { cache, lab })
+        let prefix = Prefix::from_env_or(prefix)?;
+        let default_lab = || {
+            if prefix.is_default() {
+                cache.join("lab")
+            } else {
+                cache.join(format!("lab-{prefix}"))
+            }
+        };
+        let lab = std::env::var_os("EGRESSGW_LAB_DIR").map_or_else(default_lab, PathBuf::from);
+        Ok(Self { prefix, cache, lab })
+    }
+
+    /// `cargo xtask <command>` as a person types it for this lab: with
+    /// `EGRESSGW_LAB_PREFIX=...` in front unless the prefix is the default.
+    pub fn command(&self, command: &str) -> String {
+        if self.prefix.is_default() {
+            format!("cargo xtask {command}")
+        } else {
+            format!(
+                "{}={} cargo xtask {command}",
+                super::topology::PREFIX_ENV,
+                self.prefix
+            )
+        }
     }
 
     pub fn lab_json(&self) -> PathBuf {
@@ -68,6 +99,10 @@ impl Paths {
     /// Pid files, and a copy of the xtask binary that serves whoami.
     pub fn run(&self) -> PathBuf {
         self.lab.join("run")
+    }
+    /// What `lab deploy` writes: the config and the copy of the egressgw binary.
+    pub fn egressgw(&self) -> PathBuf {
+        self.lab.join("egressgw")
     }
 
     /// Creates the lab directory and its subdirectories; `pki` (keys and
@@ -136,10 +171,13 @@ pub struct LabState {
     /// Every network namespace of the lab.
     pub netns: Vec<String>,
     pub processes: Vec<ProcessRecord>,
-    /// The topology (`underlay`, `control_plane`, `namespaces`, `nodes`,
-    /// `pods`, `target`), as [`Topology`] serializes it.
+    /// egressgw as `lab deploy` started it; absent before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egressgw: Option<Deployment>,
+    /// The topology (`prefix`, `underlay`, `control_plane`, `namespaces`,
+    /// `nodes`, `pods`, `target`).
     #[serde(flatten)]
-    pub topology: serde_json::Map<String, serde_json::Value>,
+    pub topology: Topology,
 }
 
 /// One process the lab started.
@@ -149,16 +187,42 @@ pub struct ProcessRecord {
     pub netns: String,
     pub pid: u32,
     pub log: PathBuf,
+    /// The program and its arguments, to start it again the same way.
+    #[serde(default)]
+    pub program: PathBuf,
+    #[serde(default)]
+    pub args: Vec<String>,
+}
+
+/// egressgw in the lab: where its files are and how to reach its health endpoints.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Deployment {
+    /// The copy of the egressgw binary the daemons run.
+    pub binary: PathBuf,
+    /// The config file every daemon reads.
+    pub config: PathBuf,
+    /// The Kubernetes namespace of the Leases.
+    pub namespace: String,
+    /// The controller's health endpoint, reachable in the control-plane namespace.
+    pub controller_health: String,
+    /// The agents' health port, on every node's underlay address.
+    pub agent_health_port: u16,
 }
 
 impl LabState {
-    /// `topo` as the map [`LabState::topology`] holds.
-    pub fn topology_map(
-        topo: &Topology,
-    ) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
-        match serde_json::to_value(topo).context("serializing the topology")? {
-            serde_json::Value::Object(map) => Ok(map),
-            other => anyhow::bail!("the topology serialized to {other}, not an object"),
+    /// The record of the process called `name`.
+    pub fn process(&self, name: &str) -> anyhow::Result<&ProcessRecord> {
+        self.processes
+            .iter()
+            .find(|p| p.name == name)
+            .with_context(|| format!("lab.json records no process named {name:?}"))
+    }
+
+    /// Records `record`, replacing an earlier record of the same name.
+    pub fn set_process(&mut self, record: ProcessRecord) {
+        match self.processes.iter_mut().find(|p| p.name == record.name) {
+            Some(old) => *old = record,
+            None => self.processes.push(record),
         }
     }
 
@@ -167,6 +231,17 @@ impl LabState {
         let mut text = serde_json::to_string_pretty(self).context("serializing lab.json")?;
         text.push('\n');
         fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
+    }
+
+    /// The running lab's state, or an error telling to bring one up.
+    pub fn require(paths: &Paths) -> anyhow::Result<Self> {
+        Self::read(paths)?.with_context(|| {
+            format!(
+                "no lab is up ({} is missing; prefix {}): run `cargo xtask lab up` first",
+                paths.lab_json().display(),
+                paths.prefix
+            )
+        })
     }
 
     /// The running lab's state, or `None` when there is no `lab.json`.

@@ -31,7 +31,7 @@ pub fn status(paths: &Paths) -> anyhow::Result<ExitCode> {
 }
 
 fn no_lab(paths: &Paths) -> anyhow::Result<ExitCode> {
-    let left = net::lab_netns()?;
+    let left = net::lab_netns(&paths.prefix)?;
     if left.is_empty() && !paths.any_present() {
         println!("no lab is up ({} has no lab.json)", paths.lab.display());
     } else {
@@ -64,7 +64,7 @@ fn processes(state: &LabState) -> bool {
 }
 
 fn namespaces(state: &LabState) -> anyhow::Result<bool> {
-    let present = net::lab_netns()?;
+    let present = net::lab_netns(&state.topology.prefix)?;
     let missing: Vec<&String> = state
         .netns
         .iter()
@@ -90,14 +90,12 @@ fn namespaces(state: &LabState) -> anyhow::Result<bool> {
 }
 
 fn api(state: &LabState, paths: &Paths) -> bool {
-    let cp = state.topology["control_plane"]["netns"]
-        .as_str()
-        .and_then(Netns::existing);
-    let Some(cp) = cp.filter(net::netns_exists) else {
+    let cp = &state.topology.control_plane.netns;
+    if !net::netns_exists(cp) {
         println!("api: the control-plane namespace is missing");
         return false;
-    };
-    let kubectl = Kubectl::at(&state.bin_dir.join("kubectl"), &paths.kubeconfig(), &cp);
+    }
+    let kubectl = Kubectl::at(&state.bin_dir.join("kubectl"), &paths.kubeconfig(), cp);
     match kubectl.run(&["get", "--raw", "/readyz"]) {
         Ok(out) if out.trim() == "ok" => println!("api: {} ready (/readyz ok)", state.api_server),
         Ok(out) => {

@@ -1,17 +1,25 @@
-//! The lab's names and addresses, computed from the node and gateway counts.
+//! The lab's names and addresses, computed from its prefix and the node and
+//! gateway counts.
 //!
 //! Pure: nothing here touches the system. Every network namespace name starts
-//! with [`PREFIX`], which is how `lab down` finds what a lab left behind, and
-//! every address lies in a range that exists only inside the lab's namespaces.
+//! with the lab's [`Prefix`] and a dash, which is how `lab down` finds what a
+//! lab left behind (and only that lab: another lab's prefix never matches),
+//! and every address lies in a range that exists only inside the lab's
+//! namespaces.
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
-use anyhow::ensure;
-use serde::Serialize;
+use anyhow::{bail, ensure};
+use serde::{Deserialize, Serialize};
 
-/// Prefix of every network namespace (and lab plumbing interface) the lab creates.
-pub const PREFIX: &str = "egl-";
+/// The prefix of a lab when `EGRESSGW_LAB_PREFIX` is not set.
+pub const DEFAULT_PREFIX: &str = "egl";
+/// The environment variable naming the lab to work on.
+pub const PREFIX_ENV: &str = "EGRESSGW_LAB_PREFIX";
+/// The longest prefix: `<prefix>-` and an 8-character suffix must fit the
+/// kernel's 15-byte interface names.
+pub const MAX_PREFIX_LEN: usize = 6;
 /// The most nodes a lab can have: node addresses are `172.18.0.(10 + i)`.
 pub const MAX_NODES: u8 = 100;
 
@@ -45,20 +53,80 @@ pub const GATEWAY_LABEL: &str = "egressgw.io/gateway";
 /// The pods every node gets: (namespace, app). Pod `k` of node `i` is `<app>-<i>`.
 const PODS_PER_NODE: [(&str, &str); 2] = [("team-a", "web"), ("team-b", "batch")];
 
-/// Name of a lab network namespace; always starts with [`PREFIX`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// A lab's name. Its network namespaces are `<prefix>-<suffix>`, and so are
+/// the plumbing interfaces it creates (inside its own namespaces only), so
+/// two labs with different prefixes run side by side without sharing a name.
+///
+/// One to [`MAX_PREFIX_LEN`] lowercase letters and digits, starting with a
+/// letter. No dash: `<a>-` can then never be the start of `<b>-...` for
+/// another prefix `b`, so one lab's `down` never matches another lab's names.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Prefix(String);
+
+impl Prefix {
+    /// `$EGRESSGW_LAB_PREFIX`, else `default`.
+    pub fn from_env_or(default: &str) -> anyhow::Result<Self> {
+        match std::env::var(PREFIX_ENV) {
+            Ok(value) if !value.is_empty() => Self::new(&value),
+            Ok(_) | Err(std::env::VarError::NotPresent) => Self::new(default),
+            Err(std::env::VarError::NotUnicode(value)) => {
+                bail!("{PREFIX_ENV} is not valid UTF-8: {value:?}")
+            }
+        }
+    }
+
+    pub fn new(name: &str) -> anyhow::Result<Self> {
+        let valid = name.len() <= MAX_PREFIX_LEN
+            && name.starts_with(|c: char| c.is_ascii_lowercase())
+            && name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+        ensure!(
+            valid,
+            "{PREFIX_ENV}={name:?} is not a lab prefix: 1 to {MAX_PREFIX_LEN} lowercase letters \
+             and digits, starting with a letter (e.g. `egx`)"
+        );
+        Ok(Self(name.to_owned()))
+    }
+
+    pub fn is_default(&self) -> bool {
+        self.0 == DEFAULT_PREFIX
+    }
+
+    /// The name `<prefix>-<suffix>` (a namespace or an interface).
+    pub fn name(&self, suffix: &str) -> String {
+        format!("{}-{suffix}", self.0)
+    }
+
+    /// The lab namespace `<prefix>-<suffix>`.
+    pub fn netns(&self, suffix: &str) -> Netns {
+        Netns(self.name(suffix))
+    }
+
+    /// A name read back from `ip netns list`, if it is one of this lab's.
+    pub fn owns(&self, name: &str) -> Option<Netns> {
+        name.strip_prefix(self.0.as_str())
+            .is_some_and(|rest| rest.starts_with('-'))
+            .then(|| Netns(name.to_owned()))
+    }
+}
+
+impl std::fmt::Display for Prefix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Name of a lab network namespace; always starts with its lab's prefix.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct Netns(String);
 
 impl Netns {
-    /// The lab namespace `egl-<suffix>`.
-    pub fn lab(suffix: &str) -> Self {
-        Self(format!("{PREFIX}{suffix}"))
-    }
-
-    /// A name read back from `ip netns list`, if it is one of the lab's.
-    pub fn existing(name: &str) -> Option<Self> {
-        name.starts_with(PREFIX).then(|| Self(name.to_owned()))
+    /// A name recorded in `lab.json`, taken as it is.
+    pub fn parse(name: &str) -> Self {
+        Self(name.to_owned())
     }
 
     pub fn as_str(&self) -> &str {
@@ -73,8 +141,9 @@ impl std::fmt::Display for Netns {
 }
 
 /// The whole lab: who lives where, with which addresses.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Topology {
+    pub prefix: Prefix,
     pub underlay: Underlay,
     pub control_plane: ControlPlane,
     pub namespaces: Vec<Namespace>,
@@ -84,18 +153,18 @@ pub struct Topology {
 }
 
 /// The bridge joining the control plane and the nodes, alone in its namespace.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Underlay {
     pub netns: Netns,
     pub bridge: String,
-    pub cidr: &'static str,
+    pub cidr: String,
 }
 
 /// The namespace running etcd, kube-apiserver and kube-controller-manager.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ControlPlane {
     pub netns: Netns,
-    pub interface: &'static str,
+    pub interface: String,
     pub ip: Ipv4Addr,
     /// The bridge port of `interface`, in the underlay namespace.
     pub underlay_port: String,
@@ -103,19 +172,19 @@ pub struct ControlPlane {
 }
 
 /// A Kubernetes namespace the lab's pods live in.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Namespace {
-    pub name: &'static str,
+    pub name: String,
     pub labels: BTreeMap<String, String>,
 }
 
 /// One node: a namespace on the underlay, with its pods behind a bridge.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Node {
     pub name: String,
     pub netns: Netns,
     /// The underlay interface (the node's "eth0").
-    pub interface: &'static str,
+    pub interface: String,
     pub ip: Ipv4Addr,
     /// The bridge port of `interface`, in the underlay namespace.
     pub underlay_port: String,
@@ -123,7 +192,7 @@ pub struct Node {
     /// The node's address on its pod bridge, the pods' default gateway.
     pub pod_gateway: Ipv4Addr,
     /// The pod bridge.
-    pub pod_bridge: &'static str,
+    pub pod_bridge: String,
     pub labels: BTreeMap<String, String>,
     /// Gateway-capable: labelled [`GATEWAY_LABEL`] and attached to the external segment.
     pub gateway: bool,
@@ -132,22 +201,22 @@ pub struct Node {
 }
 
 /// A gateway node's interface on the external segment.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ExternalLeg {
-    pub interface: &'static str,
+    pub interface: String,
     pub ip: Ipv4Addr,
     /// The bridge port of `interface`, in the target namespace.
     pub target_port: String,
 }
 
 /// One pod: a namespace attached to its node's pod bridge by a veth.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Pod {
     pub name: String,
-    pub namespace: &'static str,
+    pub namespace: String,
     pub node: String,
     pub netns: Netns,
-    pub interface: &'static str,
+    pub interface: String,
     pub ip: Ipv4Addr,
     pub labels: BTreeMap<String, String>,
     /// The node's end of the pod's veth, in the node namespace.
@@ -155,21 +224,21 @@ pub struct Pod {
 }
 
 /// The external host: what pods try to reach.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Target {
     pub netns: Netns,
     pub bridge: String,
     pub ip: Ipv4Addr,
-    pub cidr: &'static str,
+    pub cidr: String,
     pub whoami_port: u16,
     pub iperf3_port: u16,
     /// Addresses on the segment that no lab host uses (for EIP pools).
-    pub free_range: &'static str,
+    pub free_range: String,
 }
 
 impl Topology {
     /// The lab with `nodes` nodes, the first `gateways` of them gateway-capable.
-    pub fn new(nodes: u8, gateways: u8) -> anyhow::Result<Self> {
+    pub fn new(prefix: &Prefix, nodes: u8, gateways: u8) -> anyhow::Result<Self> {
         ensure!(
             (1..=MAX_NODES).contains(&nodes),
             "--nodes must be between 1 and {MAX_NODES}, not {nodes}"
@@ -178,23 +247,26 @@ impl Topology {
             gateways <= nodes,
             "--gateways ({gateways}) cannot exceed --nodes ({nodes})"
         );
-        let nodes: Vec<Node> = (1..=nodes).map(|i| node(i, i <= gateways)).collect();
+        let nodes: Vec<Node> = (1..=nodes)
+            .map(|i| node(prefix, i, i <= gateways))
+            .collect();
         let pods = nodes
             .iter()
             .enumerate()
-            .flat_map(|(i, n)| pods_of(i, n))
+            .flat_map(|(i, n)| pods_of(prefix, i, n))
             .collect();
         Ok(Self {
+            prefix: prefix.clone(),
             underlay: Underlay {
-                netns: Netns::lab("underlay"),
-                bridge: format!("{PREFIX}br"),
-                cidr: UNDERLAY_CIDR,
+                netns: prefix.netns("underlay"),
+                bridge: prefix.name("br"),
+                cidr: UNDERLAY_CIDR.to_owned(),
             },
-            control_plane: control_plane(),
+            control_plane: control_plane(prefix),
             namespaces: namespaces(),
             nodes,
             pods,
-            target: target(),
+            target: target(prefix),
         })
     }
 
@@ -214,6 +286,64 @@ impl Topology {
     pub fn pods_on<'a>(&'a self, node: &'a Node) -> impl Iterator<Item = &'a Pod> {
         self.pods.iter().filter(move |p| p.node == node.name)
     }
+
+    /// The node called `name`, or an error listing the nodes there are.
+    pub fn node(&self, name: &str) -> anyhow::Result<&Node> {
+        match self.nodes.iter().find(|n| n.name == name) {
+            Some(node) => Ok(node),
+            None => {
+                let names: Vec<&str> = self.nodes.iter().map(|n| n.name.as_str()).collect();
+                bail!(
+                    "the lab has no node {name:?} (its nodes: {})",
+                    names.join(", ")
+                )
+            }
+        }
+    }
+
+    /// A new pod on `node`, wired like the others: the first free address of
+    /// the node's pod CIDR, a namespace `<prefix>-pod-<name>`, and a node-side
+    /// veth named after a hash of the pod (as CNIs name theirs), so any pod
+    /// name fits the 15-byte limit.
+    pub fn new_pod(
+        &self,
+        name: &str,
+        namespace: &str,
+        node: &Node,
+        labels: BTreeMap<String, String>,
+    ) -> anyhow::Result<Pod> {
+        let netns = self.prefix.netns(&format!("pod-{name}"));
+        ensure!(
+            !self.pods.iter().any(|p| p.name == name || p.netns == netns),
+            "the lab already has a pod named {name:?} (pod names are unique in the lab: each is a namespace {netns})"
+        );
+        let taken: Vec<Ipv4Addr> = self.pods_on(node).map(|p| p.ip).collect();
+        let [a, b, c, _] = node.pod_gateway.octets();
+        let Some(ip) = (2..=254)
+            .map(|host| Ipv4Addr::new(a, b, c, host))
+            .find(|ip| !taken.contains(ip))
+        else {
+            bail!(
+                "{} has no free pod address left in {}",
+                node.name,
+                node.pod_cidr
+            );
+        };
+        let mut hash = super::build::Fnv1a::default();
+        hash.write(format!("{namespace}/{name}").as_bytes());
+        Ok(Pod {
+            name: name.to_owned(),
+            namespace: namespace.to_owned(),
+            node: node.name.clone(),
+            netns,
+            interface: "eth0".to_owned(),
+            ip,
+            labels,
+            node_veth: self
+                .prefix
+                .name(&format!("{:08x}", hash.finish() & 0xffff_ffff)),
+        })
+    }
 }
 
 /// Address with its prefix length, as `ip addr add` takes it.
@@ -231,13 +361,13 @@ pub fn external_addr(ip: Ipv4Addr) -> String {
     with_len(ip, EXTERNAL_PREFIX_LEN)
 }
 
-fn control_plane() -> ControlPlane {
+fn control_plane(prefix: &Prefix) -> ControlPlane {
     let ip = Ipv4Addr::new(172, 18, 0, 2);
     ControlPlane {
-        netns: Netns::lab("cp"),
-        interface: "eth0",
+        netns: prefix.netns("cp"),
+        interface: "eth0".to_owned(),
         ip,
-        underlay_port: format!("{PREFIX}cp"),
+        underlay_port: prefix.name("cp"),
         api_server: format!("https://{ip}:{API_PORT}"),
     }
 }
@@ -246,13 +376,13 @@ fn namespaces() -> Vec<Namespace> {
     ["team-a", "team-b"]
         .into_iter()
         .map(|name| Namespace {
-            name,
+            name: name.to_owned(),
             labels: labels(&[("team", name.trim_start_matches("team-"))]),
         })
         .collect()
 }
 
-fn node(i: u8, gateway: bool) -> Node {
+fn node(prefix: &Prefix, i: u8, gateway: bool) -> Node {
     let name = format!("node-{i}");
     let mut node_labels = labels(&[
         ("kubernetes.io/hostname", &name),
@@ -262,25 +392,25 @@ fn node(i: u8, gateway: bool) -> Node {
         node_labels.insert(GATEWAY_LABEL.to_owned(), "true".to_owned());
     }
     Node {
-        netns: Netns::lab(&name),
-        interface: "eth0",
+        netns: prefix.netns(&name),
+        interface: "eth0".to_owned(),
         ip: Ipv4Addr::new(172, 18, 0, 10 + i),
-        underlay_port: format!("{PREFIX}n{i}"),
+        underlay_port: prefix.name(&format!("n{i}")),
         pod_cidr: format!("10.244.{i}.0/24"),
         pod_gateway: Ipv4Addr::new(10, 244, i, 1),
-        pod_bridge: "cni0",
+        pod_bridge: "cni0".to_owned(),
         labels: node_labels,
         gateway,
         external: gateway.then(|| ExternalLeg {
-            interface: "eth1",
+            interface: "eth1".to_owned(),
             ip: Ipv4Addr::new(198, 51, 100, 10 + i),
-            target_port: format!("{PREFIX}x{i}"),
+            target_port: prefix.name(&format!("x{i}")),
         }),
         name,
     }
 }
 
-fn pods_of(node_index: usize, node: &Node) -> Vec<Pod> {
+fn pods_of(prefix: &Prefix, node_index: usize, node: &Node) -> Vec<Pod> {
     let i = node_index + 1;
     PODS_PER_NODE
         .iter()
@@ -289,28 +419,28 @@ fn pods_of(node_index: usize, node: &Node) -> Vec<Pod> {
             let name = format!("{app}-{i}");
             let [a, b, c, _] = node.pod_gateway.octets();
             Pod {
-                netns: Netns::lab(&format!("pod-{name}")),
-                namespace,
+                netns: prefix.netns(&format!("pod-{name}")),
+                namespace: namespace.to_owned(),
                 node: node.name.clone(),
-                interface: "eth0",
+                interface: "eth0".to_owned(),
                 ip: Ipv4Addr::new(a, b, c, host),
                 labels: labels(&[("app", app)]),
-                node_veth: format!("{PREFIX}{app}"),
+                node_veth: prefix.name(app),
                 name,
             }
         })
         .collect()
 }
 
-fn target() -> Target {
+fn target(prefix: &Prefix) -> Target {
     Target {
-        netns: Netns::lab("target"),
-        bridge: format!("{PREFIX}ext"),
+        netns: prefix.netns("target"),
+        bridge: prefix.name("ext"),
         ip: Ipv4Addr::new(198, 51, 100, 1),
-        cidr: EXTERNAL_CIDR,
+        cidr: EXTERNAL_CIDR.to_owned(),
         whoami_port: WHOAMI_PORT,
         iperf3_port: IPERF3_PORT,
-        free_range: EXTERNAL_FREE_RANGE,
+        free_range: EXTERNAL_FREE_RANGE.to_owned(),
     }
 }
 
@@ -325,6 +455,10 @@ fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
 mod tests {
     use super::*;
 
+    fn egl() -> Prefix {
+        Prefix::new(DEFAULT_PREFIX).unwrap()
+    }
+
     fn interface_names(t: &Topology) -> Vec<&str> {
         let mut names = vec![
             t.underlay.bridge.as_str(),
@@ -332,7 +466,7 @@ mod tests {
             &t.target.bridge,
         ];
         for n in &t.nodes {
-            names.extend([n.underlay_port.as_str(), n.interface, n.pod_bridge]);
+            names.extend([n.underlay_port.as_str(), &n.interface, &n.pod_bridge]);
             names.extend(n.external.iter().map(|e| e.target_port.as_str()));
         }
         names.extend(t.pods.iter().map(|p| p.node_veth.as_str()));
@@ -341,9 +475,9 @@ mod tests {
 
     #[test]
     fn every_namespace_carries_the_prefix_and_is_unique() {
-        let t = Topology::new(MAX_NODES, 2).unwrap();
+        let t = Topology::new(&egl(), MAX_NODES, 2).unwrap();
         let all = t.all_netns();
-        assert!(all.iter().all(|n| n.as_str().starts_with(PREFIX)));
+        assert!(all.iter().all(|n| n.as_str().starts_with("egl-")));
         let mut names: Vec<_> = all.iter().map(|n| n.as_str()).collect();
         names.sort_unstable();
         names.dedup();
@@ -351,16 +485,104 @@ mod tests {
     }
 
     #[test]
+    fn the_default_prefix_keeps_the_names_labs_always_had() {
+        let t = Topology::new(&egl(), 3, 2).unwrap();
+        assert_eq!(t.control_plane.netns.as_str(), "egl-cp");
+        assert_eq!(t.nodes[2].netns.as_str(), "egl-node-3");
+        assert_eq!(t.pods[0].netns.as_str(), "egl-pod-web-1");
+        assert_eq!(t.underlay.bridge, "egl-br");
+        assert_eq!(t.pods[1].node_veth, "egl-batch");
+    }
+
+    #[test]
+    fn two_prefixes_share_no_namespace_or_interface_name() {
+        let a = Topology::new(&egl(), 3, 2).unwrap();
+        let b = Topology::new(&Prefix::new("egx").unwrap(), 3, 2).unwrap();
+        for ns in a.all_netns() {
+            assert!(!b.all_netns().contains(&ns), "{ns} is in both labs");
+        }
+        for name in interface_names(&a) {
+            if name.starts_with("egl-") {
+                assert!(
+                    !interface_names(&b).contains(&name),
+                    "{name} is in both labs"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_lab_owns_only_the_names_of_its_own_prefix() {
+        let egl = egl();
+        assert!(egl.owns("egl-node-1").is_some());
+        assert!(egl.owns("egx-node-1").is_none());
+        assert!(egl.owns("eglx-node-1").is_none());
+        assert!(egl.owns("egl").is_none());
+        assert!(Prefix::new("eg").unwrap().owns("egl-node-1").is_none());
+    }
+
+    #[test]
+    fn prefixes_that_could_match_another_labs_names_are_refused() {
+        for bad in ["", "egl-x", "EGL", "1ab", "abcdefg", "e_l", "e.l"] {
+            let err = Prefix::new(bad).unwrap_err().to_string();
+            assert!(err.contains("EGRESSGW_LAB_PREFIX"), "{bad:?}: {err}");
+        }
+        for good in ["e", "egx", "lab2", "abcdef"] {
+            assert!(Prefix::new(good).is_ok(), "{good:?}");
+        }
+    }
+
+    #[test]
     fn interface_names_fit_the_kernel_limit_at_the_largest_size() {
-        let t = Topology::new(MAX_NODES, MAX_NODES).unwrap();
+        let prefix = Prefix::new("abcdef").unwrap();
+        let mut t = Topology::new(&prefix, MAX_NODES, MAX_NODES).unwrap();
+        let node = t.nodes[99].clone();
+        let added = t
+            .new_pod(
+                "a-pod-with-a-rather-long-name",
+                "team-a",
+                &node,
+                BTreeMap::new(),
+            )
+            .unwrap();
+        t.pods.push(added);
         for name in interface_names(&t) {
             assert!(name.len() <= 15, "{name} is longer than 15 bytes");
         }
     }
 
     #[test]
+    fn a_new_pod_takes_the_first_free_address_of_its_node() {
+        let mut t = Topology::new(&egl(), 3, 2).unwrap();
+        let node = t.nodes[2].clone();
+        let labels = labels(&[("app", "web")]);
+        let pod = t
+            .new_pod("web-new", "team-a", &node, labels.clone())
+            .unwrap();
+        assert_eq!(pod.ip, Ipv4Addr::new(10, 244, 3, 4));
+        assert_eq!(pod.netns.as_str(), "egl-pod-web-new");
+        assert_eq!(pod.node, "node-3");
+        assert!(pod.node_veth.starts_with("egl-") && pod.node_veth.len() == 12);
+        t.pods.push(pod);
+        let again = t.new_pod("web-new", "team-b", &node, labels.clone());
+        assert!(again.unwrap_err().to_string().contains("already has a pod"));
+        let next = t.new_pod("web-next", "team-a", &node, labels).unwrap();
+        assert_eq!(next.ip, Ipv4Addr::new(10, 244, 3, 5));
+    }
+
+    #[test]
+    fn asking_for_a_missing_node_lists_the_nodes() {
+        let t = Topology::new(&egl(), 2, 1).unwrap();
+        let err = t.node("node-9").unwrap_err().to_string();
+        assert!(
+            err.contains("node-9") && err.contains("node-1, node-2"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn only_the_first_gateways_nodes_are_labelled_and_reach_the_external_segment() {
-        let t = Topology::new(3, 2).unwrap();
+        let t = Topology::new(&egl(), 3, 2).unwrap();
         let gateways: Vec<_> = t
             .nodes
             .iter()
@@ -384,7 +606,7 @@ mod tests {
 
     #[test]
     fn pods_take_addresses_from_their_nodes_pod_cidr() {
-        let t = Topology::new(2, 1).unwrap();
+        let t = Topology::new(&egl(), 2, 1).unwrap();
         let pods: Vec<_> = t
             .pods
             .iter()
@@ -405,8 +627,16 @@ mod tests {
 
     #[test]
     fn sizes_outside_the_supported_range_are_refused() {
-        assert!(Topology::new(0, 0).is_err());
-        assert!(Topology::new(MAX_NODES + 1, 0).is_err());
-        assert!(Topology::new(2, 3).is_err());
+        assert!(Topology::new(&egl(), 0, 0).is_err());
+        assert!(Topology::new(&egl(), MAX_NODES + 1, 0).is_err());
+        assert!(Topology::new(&egl(), 2, 3).is_err());
+    }
+
+    #[test]
+    fn the_topology_reads_back_as_it_was_written() {
+        let t = Topology::new(&egl(), 3, 2).unwrap();
+        let text = serde_json::to_string(&t).unwrap();
+        let back: Topology = serde_json::from_str(&text).unwrap();
+        assert_eq!(serde_json::to_string(&back).unwrap(), text);
     }
 }

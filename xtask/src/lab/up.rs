@@ -31,16 +31,20 @@ pub struct UpArgs {
 
 pub fn up(args: &UpArgs, paths: &Paths) -> anyhow::Result<()> {
     preflight::check()?;
-    let topo = Topology::new(args.nodes, args.gateways)?;
+    let topo = Topology::new(&paths.prefix, args.nodes, args.gateways)?;
     refuse_leftovers(paths)?;
     let bins = build::ensure(paths)?;
     let started = Instant::now();
-    println!("creating the lab in {}", paths.lab.display());
+    println!(
+        "creating the lab {} in {}",
+        paths.prefix,
+        paths.lab.display()
+    );
     let mut processes = Vec::new();
     match create(&topo, paths, &bins, &mut processes) {
         Ok(state) => {
             println!("lab up in {:.1}s\n", started.elapsed().as_secs_f64());
-            print_usage(&state, &topo);
+            print_usage(&state, &topo, paths);
             Ok(())
         }
         Err(e) => {
@@ -67,12 +71,14 @@ fn after_failure(keep: bool, paths: &Paths, processes: &mut [Started]) {
 /// A lab that is up, or the remains of one, must be taken down first: `up`
 /// would otherwise clean up someone else's lab when it fails.
 fn refuse_leftovers(paths: &Paths) -> anyhow::Result<()> {
-    let netns = net::lab_netns().context("listing network namespaces")?;
+    let netns = net::lab_netns(&paths.prefix).context("listing network namespaces")?;
     anyhow::ensure!(
         netns.is_empty() && !paths.any_present(),
-        "a lab is up or left over ({} namespaces named egl-*, state in {}): run `cargo xtask lab down` first",
+        "a lab is up or left over ({} namespaces named {}-*, state in {}): run `{}` first",
         netns.len(),
-        paths.lab.display()
+        paths.prefix,
+        paths.lab.display(),
+        paths.command("lab down")
     );
     Ok(())
 }
@@ -111,7 +117,7 @@ fn create(
 }
 
 /// Runs one step, printing its name and how long it took.
-fn step<T>(name: &str, f: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<T> {
+pub fn step<T>(name: &str, f: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<T> {
     print!("  {name} ... ");
     let _ = std::io::stdout().flush();
     let started = Instant::now();
@@ -120,7 +126,7 @@ fn step<T>(name: &str, f: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<
         Ok(_) => println!("ok ({:.1}s)", started.elapsed().as_secs_f64()),
         Err(_) => println!("FAILED"),
     }
-    result.with_context(|| format!("lab up failed at: {name}"))
+    result.with_context(|| format!("failed at: {name}"))
 }
 
 fn write_state(
@@ -142,7 +148,8 @@ fn write_state(
         service_cidr: SERVICE_CIDR.to_owned(),
         netns: topo.all_netns().iter().map(ToString::to_string).collect(),
         processes: processes.iter().map(|p| p.record.clone()).collect(),
-        topology: LabState::topology_map(topo)?,
+        egressgw: None,
+        topology: topo.clone(),
     };
     state.write(paths)?;
     Ok(state)
@@ -156,11 +163,12 @@ fn show_logs(processes: &[Started]) {
     }
 }
 
-fn print_usage(state: &LabState, topo: &Topology) {
+fn print_usage(state: &LabState, topo: &Topology, paths: &Paths) {
     print_access(state, topo);
     print_hosts(topo);
-    println!("status:     cargo xtask lab status");
-    println!("remove:     cargo xtask lab down");
+    println!("egressgw:   {}", paths.command("lab deploy"));
+    println!("status:     {}", paths.command("lab status"));
+    println!("remove:     {}", paths.command("lab down"));
 }
 
 fn print_access(state: &LabState, topo: &Topology) {

@@ -1,0 +1,245 @@
+//! `cargo xtask e2e`: egressgw end to end on a fresh lab. Brings a lab up,
+//! deploys egressgw, runs every scenario (through the API, checked with real
+//! traffic), and takes the lab down again unless `--keep`.
+//!
+//! Output follows libtest's (`test e2e::<name> ... ok`, then `test result:`),
+//! so the scripts that count test results count these too. See docs/e2e.md.
+
+use std::net::Ipv4Addr;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::Context;
+
+use crate::lab::egressgw::{self, DeployArgs};
+use crate::lab::session::Lab;
+use crate::lab::state::Paths;
+use crate::lab::up::{self, UpArgs};
+use crate::lab::{down, process};
+
+mod objects;
+mod run;
+mod scenarios;
+mod traffic;
+
+use run::Run;
+
+/// The lab the e2e tests use unless `EGRESSGW_LAB_PREFIX` names another:
+/// a lab of its own, so a run never touches the lab someone is using
+/// (`egl`, the default of the `lab` commands).
+pub const E2E_PREFIX: &str = "e2e";
+
+/// Addresses of the free range each scenario's gateway gets: scenario `k`
+/// uses `198.51.100.(200 + 4k) ..= (203 + 4k)`.
+const POOL_SLICE: u8 = 4;
+const POOL_START: u8 = 200;
+
+/// `cargo xtask e2e`.
+#[derive(Debug, clap::Args)]
+pub struct E2eArgs {
+    /// Leave the lab up at the end (for a look around; `lab down` removes it).
+    #[arg(long)]
+    keep: bool,
+    /// Run only the scenarios whose name contains this.
+    #[arg(long, value_name = "SUBSTR")]
+    filter: Option<String>,
+    /// The egressgw binary to deploy [default: beside this xtask binary].
+    #[arg(long, value_name = "PATH")]
+    egressgw: Option<std::path::PathBuf>,
+}
+
+/// Takes the lab down when dropped, also on an error or a panic, unless kept.
+struct Teardown<'a> {
+    paths: &'a Paths,
+    keep: bool,
+}
+
+impl Drop for Teardown<'_> {
+    fn drop(&mut self) {
+        if self.keep {
+            println!(
+                "\nthe lab is left up (--keep): remove it with `{}`",
+                self.paths.command("lab down")
+            );
+        } else if let Err(e) = down::teardown(self.paths) {
+            eprintln!("e2e: taking the lab down failed: {e:#}");
+        }
+    }
+}
+
+pub fn run(args: &E2eArgs) -> anyhow::Result<ExitCode> {
+    let paths = Paths::from_env_or(E2E_PREFIX)?;
+    let selected: Vec<(usize, &scenarios::Scenario)> = scenarios::ALL
+        .iter()
+        .enumerate()
+        .filter(|(_, (name, _))| args.filter.as_deref().is_none_or(|f| name.contains(f)))
+        .collect();
+    let filtered_out = scenarios::ALL.len() - selected.len();
+    let begun = Instant::now();
+    remove_leftover(&paths)?;
+    let teardown = Teardown {
+        paths: &paths,
+        keep: args.keep,
+    };
+    let mut lab = match bring_up(&paths, args) {
+        Ok(lab) => lab,
+        Err(e) => {
+            println!("\nrunning {} tests", selected.len());
+            println!("test e2e::lab_setup ... FAILED\n    {e:#}");
+            print_result(0, 1, filtered_out, begun);
+            drop(teardown);
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    println!("\nrunning {} tests", selected.len());
+    let mut failures = Vec::new();
+    for (index, (name, body)) in &selected {
+        if let Err(e) = run_one(&mut lab, *index, name, *body) {
+            failures.push((*name, e));
+        }
+    }
+    if !failures.is_empty() {
+        println!("\nfailures:");
+        for (name, e) in &failures {
+            println!("\n---- e2e::{name} ----\n{e:#}");
+        }
+        show_daemon_logs(&lab);
+    }
+    let passed = selected.len() - failures.len();
+    print_result(passed, failures.len(), filtered_out, begun);
+    drop(teardown);
+    Ok(if failures.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// An e2e run starts from nothing: a lab of this prefix left by an earlier
+/// run (`--keep`, a crash) is removed first.
+fn remove_leftover(paths: &Paths) -> anyhow::Result<()> {
+    crate::lab::preflight::check()?;
+    if crate::lab::leftovers(paths)? {
+        println!(
+            "e2e: removing the lab {} left over from an earlier run",
+            paths.prefix
+        );
+        down::teardown(paths)?;
+    }
+    Ok(())
+}
+
+fn bring_up(paths: &Paths, args: &E2eArgs) -> anyhow::Result<Lab> {
+    let up_args = UpArgs {
+        nodes: 3,
+        gateways: 2,
+        keep_on_failure: false,
+    };
+    up::up(&up_args, paths).context("lab up")?;
+    let deploy = DeployArgs {
+        egressgw: args.egressgw.clone(),
+        config: None,
+    };
+    egressgw::deploy(&deploy, paths).context("lab deploy")?;
+    Lab::open(paths)
+}
+
+/// Runs one scenario with its own pool slice, then its cleanup; prints its
+/// result line and notes. A panic counts as a failure.
+fn run_one(
+    lab: &mut Lab,
+    index: usize,
+    name: &str,
+    body: fn(&mut Run) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let begun = Instant::now();
+    let mut run = Run::new(lab, pool(index));
+    let outcome = catch_unwind(AssertUnwindSafe(|| body(&mut run)))
+        .unwrap_or_else(|panic| Err(anyhow::anyhow!("panicked: {}", panic_message(&panic))));
+    let cleanup = run.clean_up();
+    let outcome = match (outcome, cleanup.is_empty()) {
+        (Ok(()), true) => Ok(()),
+        (Ok(()), false) => Err(anyhow::anyhow!("cleanup failed: {}", join(&cleanup))),
+        (Err(e), true) => Err(e),
+        (Err(e), false) => Err(e.context(format!("(and cleanup failed: {})", join(&cleanup)))),
+    };
+    let word = if outcome.is_ok() { "ok" } else { "FAILED" };
+    println!("test e2e::{name} ... {word}");
+    for note in run.notes() {
+        println!("    {note}");
+    }
+    println!("    took {:.1} s", begun.elapsed().as_secs_f64());
+    outcome
+}
+
+fn pool(index: usize) -> Vec<Ipv4Addr> {
+    let start = u8::try_from(index)
+        .ok()
+        .and_then(|i| i.checked_mul(POOL_SLICE))
+        .and_then(|o| o.checked_add(POOL_START))
+        .unwrap_or(POOL_START);
+    (0..POOL_SLICE)
+        .map(|k| Ipv4Addr::new(198, 51, 100, start.saturating_add(k)))
+        .collect()
+}
+
+fn join(errors: &[anyhow::Error]) -> String {
+    errors
+        .iter()
+        .map(|e| format!("{e:#}"))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_else(|| "(no message)".to_owned())
+}
+
+fn print_result(passed: usize, failed: usize, filtered_out: usize, begun: Instant) {
+    let word = if failed == 0 { "ok" } else { "FAILED" };
+    println!(
+        "\ntest result: {word}. {passed} passed; {failed} failed; 0 ignored; 0 measured; \
+         {filtered_out} filtered out; finished in {:.2}s",
+        begun.elapsed().as_secs_f64()
+    );
+}
+
+/// The end of every egressgw daemon's log, to read beside a failure.
+fn show_daemon_logs(lab: &Lab) {
+    for record in lab
+        .state
+        .processes
+        .iter()
+        .filter(|p| p.name.starts_with("egressgw-"))
+    {
+        println!(
+            "\n---- the end of {} ({}) ----\n{}",
+            record.name,
+            record.log.display(),
+            process::log_tail(&record.log, 15)
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_scenario_gets_its_own_slice_of_the_free_range() {
+        let all: Vec<Vec<Ipv4Addr>> = (0..scenarios::ALL.len()).map(pool).collect();
+        assert_eq!(all[0][0], Ipv4Addr::new(198, 51, 100, 200));
+        let last = all.last().unwrap().last().unwrap();
+        assert!(last.octets()[3] <= 250, "{last} is past the free range");
+        let mut flat: Vec<Ipv4Addr> = all.concat();
+        let n = flat.len();
+        flat.sort_unstable();
+        flat.dedup();
+        assert_eq!(flat.len(), n);
+    }
+}
