@@ -75,6 +75,14 @@ pub fn run(args: &E2eArgs) -> anyhow::Result<ExitCode> {
         .enumerate()
         .filter(|(_, (name, _))| args.filter.as_deref().is_none_or(|f| name.contains(f)))
         .collect();
+    if selected.is_empty() {
+        let names: Vec<&str> = scenarios::ALL.iter().map(|(name, _)| *name).collect();
+        anyhow::bail!(
+            "no scenario name contains {:?}; the scenarios:\n  {}",
+            args.filter.as_deref().unwrap_or_default(),
+            names.join("\n  ")
+        );
+    }
     let filtered_out = scenarios::ALL.len() - selected.len();
     let begun = Instant::now();
     remove_leftover(&paths)?;
@@ -85,14 +93,14 @@ pub fn run(args: &E2eArgs) -> anyhow::Result<ExitCode> {
     let mut lab = match bring_up(&paths, args) {
         Ok(lab) => lab,
         Err(e) => {
-            println!("\nrunning {} tests", selected.len());
+            print_running(selected.len());
             println!("test e2e::lab_setup ... FAILED\n    {e:#}");
             print_result(0, 1, filtered_out, begun);
             drop(teardown);
             return Ok(ExitCode::FAILURE);
         }
     };
-    println!("\nrunning {} tests", selected.len());
+    print_running(selected.len());
     let mut failures = Vec::new();
     for (index, (name, body)) in &selected {
         if let Err(e) = run_one(&mut lab, *index, name, *body) {
@@ -198,6 +206,11 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
         .cloned()
         .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
         .unwrap_or_else(|| "(no message)".to_owned())
+}
+
+fn print_running(count: usize) {
+    let plural = if count == 1 { "" } else { "s" };
+    println!("\nrunning {count} test{plural}");
 }
 
 fn print_result(passed: usize, failed: usize, filtered_out: usize, begun: Instant) {

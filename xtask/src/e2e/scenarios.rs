@@ -55,8 +55,8 @@ pub const ALL: [Scenario; 10] = [
         killed_agent_keeps_traffic_flowing_and_restarts_without_changes,
     ),
     (
-        "eip_fails_over_to_the_other_gateway_node",
-        eip_fails_over_to_the_other_gateway_node,
+        "failover_moves_the_eip_to_the_other_gateway_node",
+        failover_moves_the_eip_to_the_other_gateway_node,
     ),
 ];
 
@@ -430,7 +430,7 @@ fn reconcile_counts(line: &str) -> Option<(u64, u64)> {
     Some((applied, failed))
 }
 
-fn eip_fails_over_to_the_other_gateway_node(run: &mut Run) -> anyhow::Result<()> {
+fn failover_moves_the_eip_to_the_other_gateway_node(run: &mut Run) -> anyhow::Result<()> {
     let eip = setup_gateway(run, "e2e-failover")?;
     let status = setup_web_policy(run, "e2e-failover")?;
     let from = status.node.context("the policy has no node")?;
