@@ -7,7 +7,7 @@ use egressgw_core::state::NodeState;
 use crate::Report;
 use tracing::Instrument as _;
 
-use crate::kernel::{self, Desired, KernelOp, KernelPlan, Scope};
+use crate::kernel::{self, Desired, KernelOp, KernelPlan, Parent, Scope};
 use crate::netlink::Netlink;
 use crate::nft::{self, Firewall, FirewallSpec};
 
@@ -19,6 +19,8 @@ pub struct Dataplane<N, F> {
     firewall: F,
     config: Config,
     scope: Scope,
+    /// The tunnel's parent interface as the last reconcile found it.
+    parent: Option<Parent>,
 }
 
 impl<N: Netlink, F: Firewall> Dataplane<N, F> {
@@ -30,7 +32,15 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
             firewall,
             config,
             scope,
+            parent: None,
         }
+    }
+
+    /// The tunnel's parent interface as the last reconcile found it (`None`
+    /// before, or when the node has no tunnel or no interface holds its
+    /// underlay address).
+    pub fn parent(&self) -> Option<&Parent> {
+        self.parent.as_ref()
     }
 
     /// The backends, for tests that look inside fakes.
@@ -73,12 +83,17 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
     /// cannot be found, so that a transient lookup failure (an underlay
     /// address being moved, a netlink hiccup) never tears the tunnel down.
     async fn desired(&mut self, state: &NodeState, report: &mut Report) -> Option<Desired> {
+        self.parent = None;
         let Some(v) = &state.vxlan else {
             return Some(Desired::new(state, &self.config, None));
         };
         let op = format!("find the parent interface of {}", v.name);
         match self.netlink.parent(v.local).await {
-            Ok(Some(parent)) => Some(Desired::new(state, &self.config, Some(&parent))),
+            Ok(Some(parent)) => {
+                let desired = Desired::new(state, &self.config, Some(&parent));
+                self.parent = Some(parent);
+                Some(desired)
+            }
             Ok(None) => {
                 report.record(
                     op,

@@ -18,13 +18,14 @@ use egressgw_api::tunnel::{EgressTunnelStatus, TunnelEndpoint, TunnelParent, Tun
 use egressgw_core::model::Config;
 use egressgw_core::state::NodeState;
 use egressgw_dataplane::Report;
-use egressgw_dataplane::netlink::{Netlink as _, Rtnetlink};
+use egressgw_dataplane::netlink::Rtnetlink;
 use egressgw_dataplane::nft::Nft;
 use egressgw_dataplane::reconcile::Dataplane;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client};
 use tokio::sync::Notify;
 
@@ -278,7 +279,6 @@ impl Agent {
         }
         self.health.set_status(serde_json::json!({
             "node": self.node,
-            "ready": ok || self.reconciles > 1,
             "reconciles": self.reconciles,
             "last": report,
             "eips": state.eips,
@@ -306,9 +306,7 @@ impl Agent {
         let seen = self
             .stores
             .tunnels
-            .state()
-            .into_iter()
-            .find(|t| t.metadata.name.as_deref() == Some(&self.node))
+            .get(&ObjectRef::new(&self.node))
             .and_then(|t| {
                 t.status
                     .as_ref()
@@ -324,29 +322,18 @@ impl Agent {
     /// Writes the agent's part of its `EgressTunnel` status when it changed
     /// (or the heartbeat is due): parent, phase, heartbeat.
     async fn report_tunnel(&mut self, ok: bool, underlay: Option<IpAddr>) -> anyhow::Result<()> {
-        let parent = match underlay {
-            Some(ip) => {
-                let mut netlink = self.dataplane.backends().0.clone();
-                let found = netlink.parent(ip).await.ok().flatten();
-                Some(TunnelParent {
-                    name: found.map(|p| p.name),
-                    ipv4: ip.is_ipv4().then(|| ip.to_string()),
-                    ipv6: ip.is_ipv6().then(|| ip.to_string()),
-                })
-            }
-            None => None,
-        };
+        // The interface the reconcile just found: no lookup of its own.
+        let parent = underlay.map(|ip| TunnelParent {
+            name: self.dataplane.parent().map(|p| p.name.clone()),
+            ipv4: ip.is_ipv4().then(|| ip.to_string()),
+            ipv6: ip.is_ipv6().then(|| ip.to_string()),
+        });
         let phase = if ok {
             TunnelPhase::Ready
         } else {
             TunnelPhase::Failed
         };
-        let current = self
-            .stores
-            .tunnels
-            .state()
-            .into_iter()
-            .find(|t| t.metadata.name.as_deref() == Some(&self.node));
+        let current = self.stores.tunnels.get(&ObjectRef::new(&self.node));
         let api_phase = current.as_ref().and_then(|t| t.phase());
         let status = EgressTunnelStatus {
             tunnel: Some(TunnelEndpoint {

@@ -26,7 +26,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt as _};
 use serde::Serialize;
 use tokio::sync::{Notify, watch};
@@ -356,19 +356,9 @@ impl Control {
         let mut ok = true;
         for allocation in &status.tunnels {
             let name = allocation.node.as_str();
-            let existing = self
-                .stores
-                .tunnels
-                .state()
-                .into_iter()
-                .find(|t| t.name_any() == name);
+            let existing = self.stores.tunnels.get(&ObjectRef::new(name));
             if existing.is_none() {
-                let owner = self
-                    .stores
-                    .nodes
-                    .state()
-                    .into_iter()
-                    .find(|n| n.name_any() == name);
+                let owner = self.stores.nodes.get(&ObjectRef::new(name));
                 let owners: Vec<serde_json::Value> = owner
                     .and_then(|n| n.metadata.uid.clone())
                     .map(|uid| {
@@ -430,9 +420,10 @@ impl Control {
             let id = &s.policy;
             let written = match &id.namespace {
                 Some(ns) => {
-                    let current = self.stores.policies.state().into_iter().find(|p| {
-                        p.namespace().as_deref() == Some(ns.as_str()) && p.name_any() == id.name
-                    });
+                    let current = self
+                        .stores
+                        .policies
+                        .get(&ObjectRef::new(&id.name).within(ns));
                     let Some(current) = current else { continue };
                     let new =
                         policy_status(s, current.status.as_ref(), current.metadata.generation, now);
@@ -446,12 +437,7 @@ impl Control {
                     .await
                 }
                 None => {
-                    let current = self
-                        .stores
-                        .cluster_policies
-                        .state()
-                        .into_iter()
-                        .find(|p| p.name_any() == id.name);
+                    let current = self.stores.cluster_policies.get(&ObjectRef::new(&id.name));
                     let Some(current) = current else { continue };
                     let new =
                         policy_status(s, current.status.as_ref(), current.metadata.generation, now);
@@ -477,12 +463,7 @@ impl Control {
         let now = Timestamp::now();
         let mut ok = true;
         for s in &status.gateways {
-            let current = self
-                .stores
-                .gateways
-                .state()
-                .into_iter()
-                .find(|g| g.name_any() == s.gateway);
+            let current = self.stores.gateways.get(&ObjectRef::new(&s.gateway));
             let Some(current) = current else { continue };
             let new = gateway_status(s, current.status.as_ref(), current.metadata.generation, now);
             if let Err(e) = apply_status::<EgressGateway, _>(
@@ -516,22 +497,15 @@ impl Control {
                 if new == old {
                     continue;
                 }
-                let why = if self.unavailable.contains(old)
-                    || snapshot.nodes.iter().any(|n| &n.name == old && !n.ready)
-                {
+                // Unavailable agents are already unready in the snapshot.
+                let why = if snapshot.nodes.iter().any(|n| &n.name == old && !n.ready) {
                     format!("{old} is not ready")
                 } else {
                     format!("{old} no longer carries it")
                 };
                 let note = format!("EIP {ip} moved from node {old} to node {new} ({why})");
                 tracing::warn!("{note}");
-                if let Some(object) = self
-                    .stores
-                    .gateways
-                    .state()
-                    .into_iter()
-                    .find(|g| g.name_any() == gateway.name)
-                {
+                if let Some(object) = self.stores.gateways.get(&ObjectRef::new(&gateway.name)) {
                     self.event(
                         &object.object_ref(&()),
                         EventType::Normal,
@@ -592,16 +566,12 @@ impl Control {
             Some(ns) => self
                 .stores
                 .policies
-                .state()
-                .into_iter()
-                .find(|p| p.namespace().as_deref() == Some(ns.as_str()) && p.name_any() == id.name)
+                .get(&ObjectRef::new(&id.name).within(ns))
                 .map(|p| p.object_ref(&())),
             None => self
                 .stores
                 .cluster_policies
-                .state()
-                .into_iter()
-                .find(|p| p.name_any() == id.name)
+                .get(&ObjectRef::new(&id.name))
                 .map(|p| p.object_ref(&())),
         }
     }
