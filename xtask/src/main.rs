@@ -3,7 +3,6 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 mod e2e;
@@ -20,7 +19,7 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Task {
-    /// Write the CRD manifests in deploy/crds/ from the Rust types in egressgw-api.
+    /// Write the CRD manifests (deploy/crds/ and the Helm chart's crds/) from the Rust types in egressgw-api.
     GenCrds {
         /// Write nothing; exit non-zero if the files are out of date.
         #[arg(long)]
@@ -38,29 +37,7 @@ fn main() -> anyhow::Result<ExitCode> {
     match Cli::parse().task {
         Task::Lab(command) => lab::run(command),
         Task::E2e(args) => e2e::run(&args),
-        Task::GenCrds { check } => {
-            let dir = workspace_root().join(gen_crds::CRD_DIR);
-            if check {
-                let stale =
-                    gen_crds::check(&dir).with_context(|| format!("checking {}", dir.display()))?;
-                if stale.is_empty() {
-                    println!("{} is up to date", gen_crds::CRD_DIR);
-                    return Ok(ExitCode::SUCCESS);
-                }
-                for problem in &stale {
-                    eprintln!("{problem}");
-                }
-                eprintln!("the CRD manifests are stale: run `cargo xtask gen-crds`");
-                Ok(ExitCode::FAILURE)
-            } else {
-                let written =
-                    gen_crds::write(&dir).with_context(|| format!("writing {}", dir.display()))?;
-                for path in written {
-                    println!("wrote {}", path.display());
-                }
-                Ok(ExitCode::SUCCESS)
-            }
-        }
+        Task::GenCrds { check } => gen_crds::run(check),
     }
 }
 

@@ -1,5 +1,6 @@
 //! The CustomResourceDefinitions, as objects and as the YAML files checked
-//! in under `deploy/crds/` (written by `cargo xtask gen-crds`).
+//! in under `deploy/crds/` and the Helm chart's `crds/` (written by `cargo
+//! xtask gen-crds`).
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
@@ -12,15 +13,26 @@ pub const GENERATED_HEADER: &str = "\
 # change the Rust types and run `cargo xtask gen-crds` again.
 ";
 
+/// The label every CRD carries, so that `kubectl delete crd -l
+/// app.kubernetes.io/part-of=egressgw` removes them all after an uninstall.
+pub const PART_OF: (&str, &str) = ("app.kubernetes.io/part-of", "egressgw");
+
 /// The four CRDs: `EgressGateway`, `EgressPolicy`, `EgressClusterPolicy`,
 /// `EgressTunnel`.
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    vec![
+    let mut crds = vec![
         EgressGateway::crd(),
         EgressPolicy::crd(),
         EgressClusterPolicy::crd(),
         EgressTunnel::crd(),
-    ]
+    ];
+    for crd in &mut crds {
+        crd.metadata
+            .labels
+            .get_or_insert_default()
+            .insert(PART_OF.0.to_owned(), PART_OF.1.to_owned());
+    }
+    crds
 }
 
 /// One generated file.
