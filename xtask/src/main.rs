@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod chart;
 mod e2e;
 mod gen_crds;
 mod lab;
@@ -25,6 +26,9 @@ enum Task {
         #[arg(long)]
         check: bool,
     },
+    /// The Helm chart: its values reference.
+    #[command(subcommand)]
+    Chart(chart::ChartCommand),
     /// A Kubernetes cluster on this machine, in network namespaces (see docs/lab.md).
     #[command(subcommand)]
     Lab(lab::LabCommand),
@@ -38,6 +42,7 @@ fn main() -> anyhow::Result<ExitCode> {
         Task::Lab(command) => lab::run(command),
         Task::E2e(args) => e2e::run(&args),
         Task::GenCrds { check } => gen_crds::run(check),
+        Task::Chart(command) => chart::run(&command),
     }
 }
 
