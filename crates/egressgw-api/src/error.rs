@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use crate::ValidationErrors;
+
 /// Where an object is in a YAML file: its document (counted from 1) and,
 /// inside a list document, its item (counted from 0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,7 +65,7 @@ pub enum Error {
     /// An object of a kind egressgw reads does not have that kind's shape
     /// (a missing required field, a string where a list belongs, an unknown
     /// enum value).
-    #[error("{location}: {kind} {name} does not decode")]
+    #[error("{location}: {kind} {name} does not decode{}", unknown_note(.unknown_fields))]
     Decode {
         /// Where it is.
         location: Location,
@@ -71,10 +73,22 @@ pub enum Error {
         kind: String,
         /// Its `metadata.name`, or `(unnamed)`.
         name: String,
+        /// The fields it has that its kind does not (egressgw's kinds
+        /// only); a missing required field is often one of them misspelled.
+        unknown_fields: ValidationErrors,
         /// What does not fit.
         #[source]
         source: serde_json::Error,
     },
+}
+
+/// The unknown fields, after the message of a decode error.
+fn unknown_note(unknown_fields: &ValidationErrors) -> String {
+    if unknown_fields.is_empty() {
+        String::new()
+    } else {
+        format!(" ({unknown_fields})")
+    }
 }
 
 /// The error of [`objects_from_yaml`](crate::objects_from_yaml).

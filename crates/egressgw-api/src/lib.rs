@@ -7,7 +7,8 @@
 //!   run at admission as CEL rules (see `docs/api.md`).
 //! - [`snapshot`]: watched objects into an [`egressgw_core::Snapshot`].
 //! - [`status`]: the planner's status output into the CRDs' status types.
-//! - [`load`]: objects from a multi-document YAML file.
+//! - [`load`]: objects from a multi-document YAML file, with the
+//!   apiserver's strict check for unknown fields.
 //! - [`crd`]: the CRDs as objects and as the YAML files in `deploy/crds/`.
 
 pub mod crd;
@@ -19,12 +20,13 @@ mod schema;
 pub mod selector;
 pub mod snapshot;
 pub mod status;
+mod strict;
 pub mod tunnel;
 mod validation;
 
 pub use error::{Error, LoadError, Location};
 pub use gateway::{EgressGateway, EgressGatewaySpec, EgressGatewayStatus};
-pub use load::{Objects, Skipped, objects_from_yaml};
+pub use load::{Objects, Skipped, UnknownFields, objects_from_yaml};
 pub use policy::{
     EgressClusterPolicy, EgressClusterPolicySpec, EgressPolicy, EgressPolicySpec,
     EgressPolicyStatus,

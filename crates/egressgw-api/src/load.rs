@@ -11,6 +11,13 @@
 //! unknown kind or version in the `egressgw.io` group is an error: it is
 //! almost certainly a typo. Namespaced objects
 //! without a namespace get `default`, as `kubectl apply` does.
+//!
+//! egressgw's objects are checked for fields their kind does not have, as
+//! the apiserver's strict field validation does (see `strict`): each is
+//! listed in [`Objects::unknown_fields`] and makes its object invalid in the
+//! snapshot, so a misspelled field never silently changes what a policy
+//! means. Kubernetes' own kinds are read as `k8s-openapi` reads them, which
+//! skips fields it does not know.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -23,6 +30,8 @@ use serde_json::Value;
 
 use crate::error::{Error, Location};
 use crate::snapshot::SnapshotBuilder;
+use crate::strict;
+use crate::validation::ValidationErrors;
 use crate::{EgressClusterPolicy, EgressGateway, EgressPolicy, EgressTunnel, GROUP, VERSION};
 
 /// The objects of a file, by kind, in file order.
@@ -44,6 +53,34 @@ pub struct Objects {
     pub tunnels: Vec<EgressTunnel>,
     /// Objects of other API groups, which were left out.
     pub skipped: Vec<Skipped>,
+    /// egressgw objects with fields their kind does not have.
+    pub unknown_fields: Vec<UnknownFields>,
+}
+
+/// An egressgw object with fields its kind does not have. It loads, and
+/// [`Objects::into_snapshot`] makes it invalid.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownFields {
+    /// Where it is in the file.
+    pub location: Location,
+    /// Its `kind`.
+    pub kind: String,
+    /// Its `metadata.namespace`, for namespaced kinds.
+    pub namespace: Option<String>,
+    /// Its `metadata.name`, or `(unnamed)`.
+    pub name: String,
+    /// One error per unknown field, at the field's path.
+    pub errors: ValidationErrors,
+}
+
+impl fmt::Display for UnknownFields {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {} ", self.location, self.kind)?;
+        if let Some(namespace) = &self.namespace {
+            write!(f, "{namespace}/")?;
+        }
+        write!(f, "{}: {}", self.name, self.errors)
+    }
 }
 
 /// An object that was left out because egressgw does not read its kind.
@@ -99,6 +136,7 @@ impl Objects {
             .policies(&self.policies)
             .cluster_policies(&self.cluster_policies)
             .tunnels(&self.tunnels)
+            .unknown_fields(&self.unknown_fields)
             .build();
         add_implied_namespaces(&mut snapshot);
         snapshot
@@ -168,23 +206,36 @@ impl Objects {
         };
         let ours = format!("{GROUP}/{VERSION}");
         match (api_version.as_str(), kind.as_str()) {
-            ("v1", "Node") => self.nodes.push(decode(location, &kind, value)?),
-            ("v1", "Namespace") => self.namespaces.push(decode(location, &kind, value)?),
+            ("v1", "Node") => {
+                let node = self.decode(location, &kind, value)?;
+                self.nodes.push(node);
+            }
+            ("v1", "Namespace") => {
+                let namespace = self.decode(location, &kind, value)?;
+                self.namespaces.push(namespace);
+            }
             ("v1", "Pod") => {
                 default_namespace(&mut value);
-                self.pods.push(decode(location, &kind, value)?);
+                let pod = self.decode(location, &kind, value)?;
+                self.pods.push(pod);
             }
             (v, "EgressGateway") if v == ours => {
-                self.gateways.push(decode(location, &kind, value)?);
+                let gateway = self.decode(location, &kind, value)?;
+                self.gateways.push(gateway);
             }
             (v, "EgressPolicy") if v == ours => {
                 default_namespace(&mut value);
-                self.policies.push(decode(location, &kind, value)?);
+                let policy = self.decode(location, &kind, value)?;
+                self.policies.push(policy);
             }
             (v, "EgressClusterPolicy") if v == ours => {
-                self.cluster_policies.push(decode(location, &kind, value)?);
+                let policy = self.decode(location, &kind, value)?;
+                self.cluster_policies.push(policy);
             }
-            (v, "EgressTunnel") if v == ours => self.tunnels.push(decode(location, &kind, value)?),
+            (v, "EgressTunnel") if v == ours => {
+                let tunnel = self.decode(location, &kind, value)?;
+                self.tunnels.push(tunnel);
+            }
             (v, _) if is_ours(v) => {
                 return Err(Error::UnknownKind {
                     location,
@@ -204,6 +255,44 @@ impl Objects {
         }
         Ok(())
     }
+
+    /// Decodes an object, recording the fields its kind does not have
+    /// (egressgw's kinds only, see `strict`). When it does not decode, they
+    /// go into the error: a missing field is often one of them misspelled.
+    fn decode<T: DeserializeOwned>(
+        &mut self,
+        location: Location,
+        kind: &str,
+        value: Value,
+    ) -> Result<T, Error> {
+        let errors = strict::unknown_fields(kind, &value);
+        let name = object_name(&value);
+        let namespace = value
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        match serde_json::from_value(value) {
+            Ok(object) => {
+                if !errors.is_empty() {
+                    self.unknown_fields.push(UnknownFields {
+                        location,
+                        kind: kind.to_owned(),
+                        namespace,
+                        name,
+                        errors,
+                    });
+                }
+                Ok(object)
+            }
+            Err(source) => Err(Error::Decode {
+                location,
+                kind: kind.to_owned(),
+                name,
+                unknown_fields: errors,
+                source,
+            }),
+        }
+    }
 }
 
 /// Whether an object claims to be egressgw's: its API group is egressgw.io.
@@ -221,18 +310,13 @@ fn default_namespace(value: &mut Value) {
     }
 }
 
-fn decode<T: DeserializeOwned>(location: Location, kind: &str, value: Value) -> Result<T, Error> {
-    let name = value
+/// `metadata.name`, or `(unnamed)`.
+fn object_name(value: &Value) -> String {
+    value
         .pointer("/metadata/name")
         .and_then(Value::as_str)
         .unwrap_or("(unnamed)")
-        .to_owned();
-    serde_json::from_value(value).map_err(|source| Error::Decode {
-        location,
-        kind: kind.to_owned(),
-        name,
-        source,
-    })
+        .to_owned()
 }
 
 fn add_implied_namespaces(snapshot: &mut Snapshot) {

@@ -5,7 +5,9 @@
 //! disturbs the valid ones. An invalid gateway stays in
 //! [`Snapshot::gateways`] with its problems in [`model::Gateway::errors`]:
 //! its policies must learn that it is invalid rather than missing, and its
-//! `clusterDefault` claim must hold (see [`EgressGateway::to_model`]).
+//! `clusterDefault` claim must hold (see [`EgressGateway::to_model`]). An
+//! object read from a file with fields its kind does not have is invalid
+//! the same way (see [`SnapshotBuilder::unknown_fields`]).
 //!
 //! Kubernetes' own objects are taken as the apiserver stored them; values
 //! in them that do not parse (an odd address in a node's status) are
@@ -15,14 +17,16 @@ use std::borrow::Borrow;
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use egressgw_core::model::{self, Age, Config, InvalidObject, Snapshot};
+use egressgw_core::model::{self, Age, Config, InvalidObject, PolicyRef, Snapshot};
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 
 use crate::validation::{ValidationErrors, non_empty};
-use crate::{EgressClusterPolicy, EgressGateway, EgressPolicy, EgressTunnel, TunnelPhase};
+use crate::{
+    EgressClusterPolicy, EgressGateway, EgressPolicy, EgressTunnel, TunnelPhase, UnknownFields,
+};
 
 /// Builds a [`Snapshot`] from watched objects, in any order and from any
 /// store: each method takes anything that borrows as the object (`&T`,
@@ -44,6 +48,7 @@ pub struct SnapshotBuilder {
     unavailable_agents: BTreeSet<String>,
     reporting_agents: BTreeSet<String>,
     agents_required: bool,
+    unknown_fields: Vec<UnknownFields>,
 }
 
 impl SnapshotBuilder {
@@ -57,6 +62,7 @@ impl SnapshotBuilder {
             unavailable_agents: BTreeSet::new(),
             reporting_agents: BTreeSet::new(),
             agents_required: false,
+            unknown_fields: Vec::new(),
         }
     }
 
@@ -186,8 +192,23 @@ impl SnapshotBuilder {
         self
     }
 
+    /// Makes objects with fields their kind does not have invalid, as a
+    /// failed validation does, whenever they are added: a policy or tunnel
+    /// goes to [`Snapshot::invalid`], a gateway carries the errors. The
+    /// unknown fields come first among the object's problems.
+    pub fn unknown_fields<'a, I>(mut self, objects: I) -> Self
+    where
+        I: IntoIterator<Item = &'a UnknownFields>,
+    {
+        self.unknown_fields.extend(objects.into_iter().cloned());
+        self
+    }
+
     /// The snapshot.
     pub fn build(mut self) -> Snapshot {
+        for object in std::mem::take(&mut self.unknown_fields) {
+            self.refuse_unknown_fields(object);
+        }
         for node in &mut self.snapshot.nodes {
             let reporting = self.reporting_agents.contains(&node.name);
             if self.unavailable_agents.contains(&node.name) || (self.agents_required && !reporting)
@@ -196,6 +217,48 @@ impl SnapshotBuilder {
             }
         }
         self.snapshot
+    }
+
+    /// Makes `object` invalid for its unknown fields (see [`Self::unknown_fields`]).
+    fn refuse_unknown_fields(&mut self, object: UnknownFields) {
+        let snapshot = &mut self.snapshot;
+        let mut errors = object.errors.messages();
+        let kind = object.kind.as_str();
+        if kind == EgressGateway::kind(&()) {
+            for gateway in snapshot
+                .gateways
+                .iter_mut()
+                .filter(|g| g.name == object.name)
+            {
+                gateway.errors.splice(0..0, errors.iter().cloned());
+            }
+            return;
+        }
+        if kind == EgressTunnel::kind(&()) {
+            snapshot.tunnels.retain(|t| t.node != object.name);
+        } else {
+            let id = if kind == EgressClusterPolicy::kind(&()) {
+                PolicyRef::cluster(&object.name)
+            } else {
+                PolicyRef::namespaced(object.namespace.clone().unwrap_or_default(), &object.name)
+            };
+            snapshot.policies.retain(|p| p.id != id);
+        }
+        let same = |i: &&mut InvalidObject| {
+            i.kind == object.kind && i.namespace == object.namespace && i.name == object.name
+        };
+        match snapshot.invalid.iter_mut().find(same) {
+            Some(invalid) => {
+                errors.append(&mut invalid.errors);
+                invalid.errors = errors;
+            }
+            None => snapshot.invalid.push(InvalidObject {
+                kind: object.kind,
+                namespace: object.namespace,
+                name: object.name,
+                errors,
+            }),
+        }
     }
 
     fn invalid<K>(&mut self, object: &K, errors: &ValidationErrors)

@@ -9,13 +9,16 @@ use egressgw_dataplane::netlink::Rtnetlink;
 use egressgw_dataplane::nft::Nft;
 use egressgw_dataplane::reconcile::Dataplane;
 
-use crate::{ApplyArgs, CleanupArgs, ReportOutput, known_node, load, load_config};
+use crate::{ApplyArgs, CleanupArgs, ReportOutput, known_node, load, load_config, refuse_invalid};
 
 /// Plans the node and reconciles the kernel to it, once or every
-/// `--every` seconds. Fails when an operation failed (in one-shot mode).
+/// `--every` seconds. Fails when an operation failed (in one-shot mode),
+/// and before any change when an object is invalid, unless
+/// `--skip-invalid`: a policy left out for a typo would lose its rules.
 pub(crate) fn apply(args: &ApplyArgs) -> anyhow::Result<()> {
     init_logs();
-    let snapshot = load(&args.file, args.config.as_deref())?;
+    let (snapshot, invalid) = load(&args.file, args.config.as_deref(), &args.invalid)?;
+    refuse_invalid(invalid, &args.file, &args.invalid)?;
     known_node(&snapshot, &args.node, &args.file)?;
     let plan = egressgw_core::plan_node(&snapshot, &args.node);
     let state = plan

@@ -35,6 +35,11 @@ enum Command {
     /// or a `kubectl get -o yaml` list) and prints, per node, the tunnel
     /// device, peers, policy routes, classification and SNAT entries and
     /// owned EIPs, then the status every object would get. No cluster needed.
+    ///
+    /// egressgw's objects are checked as the API server checks them: a field
+    /// their kind does not have is an error, like a failed validation. The
+    /// plan is printed either way, without the invalid objects, and the exit
+    /// status is non-zero when there are any (see --skip-invalid).
     Plan(PlanArgs),
     /// Make this host's kernel match one node's plan, without a cluster.
     ///
@@ -43,7 +48,8 @@ enum Command {
     /// FDB entries, policy rules and routes, the `inet egressgw` nftables
     /// table and, on gateway nodes, the EIPs on `egress.eip`. Reads the
     /// kernel first and changes only what differs; running it twice changes
-    /// nothing the second time.
+    /// nothing the second time. Changes nothing when an object is invalid
+    /// (see --skip-invalid).
     Apply(ApplyArgs),
     /// Remove everything egressgw created on this host, and nothing else.
     ///
@@ -86,6 +92,20 @@ struct ApplyArgs {
     /// Keep reconciling, every this many seconds, until stopped.
     #[arg(long, value_name = "SECONDS")]
     every: Option<u64>,
+    #[command(flatten)]
+    invalid: InvalidArgs,
+}
+
+/// What `plan` and `apply` do with invalid objects.
+#[derive(Debug, clap::Args)]
+struct InvalidArgs {
+    /// Go on without invalid objects instead of failing: each is reported as
+    /// a warning, an invalid policy or tunnel is left out and an invalid
+    /// gateway carries no traffic. An object is invalid when it has a field
+    /// its kind does not have (a misspelled `destSubnets`) or fails its
+    /// kind's validation.
+    #[arg(long)]
+    skip_invalid: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -120,6 +140,8 @@ struct PlanArgs {
     /// Output format.
     #[arg(short, long, value_enum, default_value_t = Output::Text)]
     output: Output,
+    #[command(flatten)]
+    invalid: InvalidArgs,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -151,7 +173,7 @@ fn main() -> ExitCode {
 }
 
 fn plan(args: &PlanArgs) -> anyhow::Result<()> {
-    let snapshot = load(&args.file, args.config.as_deref())?;
+    let (snapshot, invalid) = load(&args.file, args.config.as_deref(), &args.invalid)?;
     let plan = match &args.node {
         Some(node) => {
             known_node(&snapshot, node, &args.file)?;
@@ -169,11 +191,18 @@ fn plan(args: &PlanArgs) -> anyhow::Result<()> {
     };
     std::io::stdout()
         .write_all(out.as_bytes())
-        .context("writing the plan")
+        .context("writing the plan")?;
+    refuse_invalid(invalid, &args.file, &args.invalid)
 }
 
-/// Reads the config and the objects, and warns about what is ignored.
-fn load(file: &Path, config: Option<&Path>) -> anyhow::Result<egressgw_core::Snapshot> {
+/// Reads the config and the objects, and reports on stderr what is left
+/// out: invalid objects as errors, or as warnings with `--skip-invalid`.
+/// Returns the snapshot and how many objects are invalid.
+fn load(
+    file: &Path,
+    config: Option<&Path>,
+    invalid_args: &InvalidArgs,
+) -> anyhow::Result<(egressgw_core::Snapshot, usize)> {
     let config = load_config(config)?;
     let text = read_input(file)?;
     let objects = egressgw_api::objects_from_yaml(&text)
@@ -182,25 +211,43 @@ fn load(file: &Path, config: Option<&Path>) -> anyhow::Result<egressgw_core::Sna
         eprintln!("note: {skipped}");
     }
     let snapshot = objects.into_snapshot(config);
+    let (level, ignored, no_traffic) = if invalid_args.skip_invalid {
+        ("warning", " and is ignored", " and carries no traffic")
+    } else {
+        ("error", "", "")
+    };
     for invalid in &snapshot.invalid {
         let name = invalid.namespace.as_ref().map_or_else(
             || invalid.name.clone(),
             |ns| format!("{ns}/{}", invalid.name),
         );
         eprintln!(
-            "warning: {} {name} is invalid and is ignored: {}",
+            "{level}: {} {name} is invalid{ignored}: {}",
             invalid.kind,
             invalid.errors.join("; ")
         );
     }
-    for gateway in snapshot.gateways.iter().filter(|g| !g.errors.is_empty()) {
+    let invalid_gateways = snapshot.gateways.iter().filter(|g| !g.errors.is_empty());
+    for gateway in invalid_gateways.clone() {
         eprintln!(
-            "warning: EgressGateway {} is invalid and carries no traffic: {}",
+            "{level}: EgressGateway {} is invalid{no_traffic}: {}",
             gateway.name,
             gateway.errors.join("; ")
         );
     }
-    Ok(snapshot)
+    let count = snapshot.invalid.len() + invalid_gateways.count();
+    Ok((snapshot, count))
+}
+
+/// Fails when `count` objects were found invalid, unless `--skip-invalid`.
+fn refuse_invalid(count: usize, file: &Path, invalid: &InvalidArgs) -> anyhow::Result<()> {
+    if count > 0 && !invalid.skip_invalid {
+        bail!(
+            "{count} invalid object(s) in {}: fix them, or pass --skip-invalid to go on without them",
+            file.display()
+        );
+    }
+    Ok(())
 }
 
 /// Logs of the daemons: to stderr, `RUST_LOG` filters (default `info`,

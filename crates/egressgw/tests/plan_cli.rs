@@ -160,11 +160,12 @@ spec:
 
 #[test]
 fn an_invalid_policy_is_reported_by_field_and_the_valid_one_still_plans() {
-    let out = egressgw(&["plan", "-f", "-"], Some(BROKEN));
+    let out = egressgw(&["plan", "-f", "-", "--skip-invalid"], Some(BROKEN));
     assert!(out.status.success(), "{}", stderr(&out));
     let (text, err) = (stdout(&out), stderr(&out));
     assert!(
-        err.contains("EgressPolicy a/bad is invalid") && err.contains("spec.destSubnet[0]"),
+        err.contains("warning: EgressPolicy a/bad is invalid and is ignored")
+            && err.contains("spec.destSubnet[0]"),
         "{err}"
     );
     assert!(
@@ -172,6 +173,60 @@ fn an_invalid_policy_is_reported_by_field_and_the_valid_one_still_plans() {
         "{text}"
     );
     assert!(text.contains("EgressPolicy a/bad: eip -, node -, 0 pod(s)\n    Allocated=False Invalid: spec.destSubnet[0]"), "{text}");
+}
+
+#[test]
+fn an_invalid_policy_fails_the_plan_after_printing_it() {
+    let out = egressgw(&["plan", "-f", "-"], Some(BROKEN));
+    assert!(!out.status.success());
+    let (text, err) = (stdout(&out), stderr(&out));
+    assert!(
+        err.contains("error: EgressPolicy a/bad is invalid")
+            && err.contains("1 invalid object(s) in -")
+            && err.contains("--skip-invalid"),
+        "{err}"
+    );
+    assert!(text.contains("Invalid: spec.destSubnet[0]"), "{text}");
+}
+
+#[test]
+fn a_misspelled_field_fails_the_plan_and_the_policy_covers_nothing() {
+    let typo = BROKEN.replace(
+        "  destSubnet: [\"203.0.113.0/33\"]",
+        "  destSubnets: [\"198.51.100.0/24\"]",
+    );
+    let out = egressgw(&["plan", "-f", "-"], Some(&typo));
+    assert!(!out.status.success());
+    let (text, err) = (stdout(&out), stderr(&out));
+    assert!(
+        err.contains(
+            "error: EgressPolicy a/bad is invalid: spec.destSubnets: unknown field (did you mean destSubnet?)"
+        ),
+        "{err}"
+    );
+    assert!(!text.contains("0.0.0.0/0"), "{text}");
+    assert!(
+        text.contains("Invalid: spec.destSubnets: unknown field"),
+        "{text}"
+    );
+}
+
+#[test]
+fn every_example_plans_without_a_warning() {
+    for file in [
+        "deploy/examples/cluster.yaml",
+        "deploy/examples/gateway.yaml",
+        "deploy/examples/policy.yaml",
+        "deploy/examples/cluster-policy.yaml",
+    ] {
+        let out = egressgw(&["plan", "-f", file], None);
+        assert!(out.status.success(), "{file}: {}", stderr(&out));
+        assert!(
+            !stderr(&out).contains("warning") && !stderr(&out).contains("error"),
+            "{file}: {}",
+            stderr(&out)
+        );
+    }
 }
 
 #[test]

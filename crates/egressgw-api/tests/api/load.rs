@@ -1,7 +1,7 @@
 //! Objects from multi-document YAML.
 
 use egressgw_api::{Error, Location, objects_from_yaml};
-use egressgw_core::model::{Config, PolicyRef};
+use egressgw_core::model::{Config, PolicyRef, Snapshot};
 
 const ALL_KINDS: &str = r#"
 apiVersion: v1
@@ -223,4 +223,185 @@ fn an_empty_file_holds_no_objects() {
     assert!(objects.nodes.is_empty() && objects.skipped.is_empty());
     let objects = objects_from_yaml("---\n---\n").unwrap();
     assert!(objects.pods.is_empty());
+}
+
+const TYPO: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: team-a}
+---
+apiVersion: egressgw.io/v1alpha1
+kind: EgressPolicy
+metadata: {name: web, namespace: team-a}
+spec:
+  appliedTo: {podSelector: {matchLabels: {app: web}}}
+  destSubnets: ["203.0.113.0/24"]
+---
+apiVersion: egressgw.io/v1alpha1
+kind: EgressPolicy
+metadata: {name: db, namespace: team-a}
+spec:
+  appliedTo: {podSelector: {matchLabels: {app: db}}}
+  destSubnet: ["198.51.100.0/24"]
+"#;
+
+fn snapshot_of(text: &str) -> Snapshot {
+    objects_from_yaml(text)
+        .unwrap()
+        .into_snapshot(Config::default())
+}
+
+#[test]
+fn a_misspelled_field_is_listed_with_its_document_object_and_path() {
+    let objects = objects_from_yaml(TYPO).unwrap();
+    assert_eq!(objects.policies.len(), 2);
+    let unknown: Vec<String> = objects
+        .unknown_fields
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        unknown,
+        [
+            "document 2: EgressPolicy team-a/web: spec.destSubnets: unknown field (did you mean destSubnet?)"
+        ]
+    );
+}
+
+#[test]
+fn a_policy_with_an_unknown_field_is_invalid_and_never_covers_every_destination() {
+    let snapshot = snapshot_of(TYPO);
+    let planned: Vec<_> = snapshot.policies.iter().map(|p| p.id.clone()).collect();
+    assert_eq!(planned, [PolicyRef::namespaced("team-a", "db")]);
+    assert_eq!(snapshot.invalid.len(), 1);
+    assert_eq!(
+        (
+            snapshot.invalid[0].kind.as_str(),
+            snapshot.invalid[0].name.as_str()
+        ),
+        ("EgressPolicy", "web")
+    );
+    assert_eq!(
+        snapshot.invalid[0].errors,
+        ["spec.destSubnets: unknown field (did you mean destSubnet?)"]
+    );
+}
+
+#[test]
+fn unknown_fields_come_before_the_validation_errors_of_the_same_object() {
+    let text = "apiVersion: egressgw.io/v1alpha1\nkind: EgressClusterPolicy\nmetadata: {name: cp}\n\
+                spec: {appliedTo: {podSubnet: [10.244.0.0/33]}, priorty: 5}\n";
+    let snapshot = snapshot_of(text);
+    assert!(snapshot.policies.is_empty());
+    assert_eq!(snapshot.invalid.len(), 1);
+    let errors = &snapshot.invalid[0].errors;
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    assert_eq!(
+        errors[0],
+        "spec.priorty: unknown field (did you mean priority?)"
+    );
+    assert!(
+        errors[1].starts_with("spec.appliedTo.podSubnet[0]"),
+        "{errors:?}"
+    );
+}
+
+#[test]
+fn a_gateway_with_an_unknown_field_stays_known_but_invalid() {
+    let text = "apiVersion: egressgw.io/v1alpha1\nkind: EgressGateway\nmetadata: {name: gw}\n\
+                spec: {nodeSelector: {selector: {}}, ippools: {ipv4: [10.6.1.1], ipv4DefaultEip: 10.6.1.1}}\n";
+    let snapshot = snapshot_of(text);
+    assert_eq!(snapshot.gateways.len(), 1);
+    assert_eq!(
+        snapshot.gateways[0].errors,
+        ["spec.ippools.ipv4DefaultEip: unknown field (did you mean ipv4DefaultEIP?)"]
+    );
+    assert!(snapshot.invalid.is_empty());
+}
+
+#[test]
+fn a_tunnel_with_an_unknown_field_in_its_empty_spec_is_invalid() {
+    let text = "apiVersion: egressgw.io/v1alpha1\nkind: EgressTunnel\nmetadata: {name: n1}\nspec: {node: n1}\n";
+    let snapshot = snapshot_of(text);
+    assert!(snapshot.tunnels.is_empty());
+    assert_eq!(snapshot.invalid[0].errors, ["spec.node: unknown field"]);
+}
+
+#[test]
+fn a_misspelled_required_field_is_named_in_the_decode_error() {
+    let text = "apiVersion: egressgw.io/v1alpha1\nkind: EgressPolicy\nmetadata: {name: p, namespace: a}\n\
+                spec: {appliedTO: {podSubnet: [10.244.0.0/16]}}\n";
+    let err = objects_from_yaml(text).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "document 1: EgressPolicy p does not decode (spec.appliedTO: unknown field (did you mean appliedTo?))"
+    );
+}
+
+#[test]
+fn a_kubectl_dump_with_server_fields_and_status_loads_without_unknown_fields() {
+    let text = r#"
+apiVersion: v1
+kind: List
+items:
+- apiVersion: egressgw.io/v1alpha1
+  kind: EgressPolicy
+  metadata:
+    name: web
+    namespace: team-a
+    uid: 6f1c0c3e-8f5e-4a43-9d0a-0b7d6a9f1e11
+    resourceVersion: "4711"
+    generation: 2
+    creationTimestamp: "2025-01-01T00:00:00Z"
+    annotations: {kubectl.kubernetes.io/last-applied-configuration: "{}"}
+    finalizers: [egressgw.io/cleanup]
+    managedFields:
+    - apiVersion: egressgw.io/v1alpha1
+      fieldsType: FieldsV1
+      fieldsV1: {"f:spec": {"f:appliedTo": {}}}
+      manager: kubectl-client-side-apply
+      operation: Update
+      time: "2025-01-01T00:00:00Z"
+  spec:
+    appliedTo: {podSelector: {matchLabels: {app: web}}}
+    egressIP: {allocatorPolicy: default, useNodeIP: false}
+    priority: 0
+  status:
+    eip: {ipv4: 10.6.1.1}
+    node: node-1
+    conditions:
+    - {type: Ready, status: "True", reason: Ready, message: "", lastTransitionTime: "2025-01-01T00:00:00Z"}
+"#;
+    let objects = objects_from_yaml(text).unwrap();
+    assert_eq!(objects.policies.len(), 1);
+    assert!(
+        objects.unknown_fields.is_empty(),
+        "{:?}",
+        objects.unknown_fields
+    );
+}
+
+#[test]
+fn every_example_loads_without_unknown_fields() {
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/examples");
+    let mut files = vec![];
+    for dir in [examples.clone(), examples.join("lab")] {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "yaml") {
+                files.push(path);
+            }
+        }
+    }
+    assert!(files.len() >= 4, "{files:?}");
+    for path in files {
+        let text = std::fs::read_to_string(&path).unwrap();
+        let objects = objects_from_yaml(&text).unwrap();
+        assert!(
+            objects.unknown_fields.is_empty(),
+            "{}: {:?}",
+            path.display(),
+            objects.unknown_fields
+        );
+    }
 }
