@@ -37,13 +37,21 @@ enum Task {
     E2e(e2e::E2eArgs),
 }
 
-fn main() -> anyhow::Result<ExitCode> {
-    match Cli::parse().task {
+/// Runs the task. An error prints as its message chain, one line: a
+/// `main` returning `anyhow::Result` would print its `Debug` form, which adds
+/// a backtrace whenever `RUST_BACKTRACE` is set (`scripts/test.sh` sets it
+/// for the panics, which keep theirs).
+fn main() -> ExitCode {
+    let result = match Cli::parse().task {
         Task::Lab(command) => lab::run(command),
         Task::E2e(args) => e2e::run(&args),
         Task::GenCrds { check } => gen_crds::run(check),
         Task::Chart(command) => chart::run(&command),
-    }
+    };
+    result.unwrap_or_else(|e| {
+        eprintln!("error: {e:#}");
+        ExitCode::FAILURE
+    })
 }
 
 /// The workspace root: the parent of this crate's directory.
