@@ -6,7 +6,9 @@
 //! Lease renewed every second; its readiness (the `/readyz` endpoint and
 //! the `Ready` phase of its `EgressTunnel`) follows its first successful
 //! reconcile. Stopping the agent leaves the kernel as it is, so traffic
-//! keeps flowing and a restarted agent finds nothing to change.
+//! keeps flowing and a restarted agent finds nothing to change — unless
+//! its DaemonSet is gone (an uninstall, see [`crate::cluster::owner`]):
+//! then it removes everything it created before it exits.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -30,6 +32,7 @@ use kube::{Api, Client};
 use tokio::sync::Notify;
 
 use crate::cluster::health::{self, Health};
+use crate::cluster::owner::Owner;
 use crate::cluster::watch::Stores;
 use crate::cluster::{self, ClusterArgs, lease};
 use crate::load_config;
@@ -58,10 +61,16 @@ pub struct AgentArgs {
     /// Duration written into the agent's Lease.
     #[arg(long, value_name = "SECONDS", default_value_t = 3)]
     pub lease_duration: u64,
+    /// The DaemonSet this agent belongs to, in `--namespace`. When it is
+    /// deleted (an uninstall), the agent removes the datapath as it stops;
+    /// otherwise (a restart, an upgrade), stopping leaves it in place.
+    /// Without this flag stopping never removes anything.
+    #[arg(long, value_name = "NAME", env = "EGRESSGW_DAEMONSET")]
+    pub daemonset: Option<String>,
 }
 
 pub fn run(args: &AgentArgs) -> anyhow::Result<()> {
-    crate::init_daemon_logs();
+    crate::init_daemon_logs(args.cluster.log_format);
     let config = load_config(args.cluster.config.as_deref())?;
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -69,20 +78,55 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?
         .block_on(async {
+            let owner = std::sync::OnceLock::new();
             tokio::select! {
-                result = agent(args, config) => result,
-                () = cluster::shutdown_signal() => {
-                    tracing::info!("stopping; the kernel state stays as it is");
-                    Ok(())
-                }
+                result = agent(args, config.clone(), &owner) => result,
+                () = cluster::shutdown_signal() => stop(owner.get(), config).await,
             }
         })
 }
 
-async fn agent(args: &AgentArgs, config: Config) -> anyhow::Result<()> {
+/// On SIGTERM or SIGINT: keeps the kernel as it is, or, when the agent's
+/// DaemonSet is gone, removes everything egressgw created.
+async fn stop(owner: Option<&Arc<Owner>>, config: Config) -> anyhow::Result<()> {
+    let reason = match owner {
+        Some(owner) => owner.uninstall_reason().await,
+        None => None,
+    };
+    let Some(reason) = reason else {
+        tracing::info!("stopping; the kernel state stays as it is");
+        return Ok(());
+    };
+    tracing::info!(reason, "stopping for an uninstall: removing the datapath");
+    let mut dataplane = Dataplane::new(Rtnetlink::connect()?, Nft::new(), config);
+    let report = dataplane.cleanup().await;
+    for op in &report.applied {
+        tracing::info!(op, "removed");
+    }
+    for failure in &report.failed {
+        tracing::warn!(op = failure.op, error = failure.error, "could not remove");
+    }
+    anyhow::ensure!(
+        report.is_ok(),
+        "{} removal(s) failed; `egressgw cleanup` on the node finishes the job",
+        report.failed.len()
+    );
+    tracing::info!(removed = report.applied.len(), "datapath removed");
+    Ok(())
+}
+
+async fn agent(
+    args: &AgentArgs,
+    config: Config,
+    owner: &std::sync::OnceLock<Arc<Owner>>,
+) -> anyhow::Result<()> {
     let node = args.node.as_str();
     tracing::info!(node, "egressgw agent starting");
     let client = cluster::client(args.cluster.kubeconfig.as_deref()).await?;
+    if let Some(name) = &args.daemonset {
+        let api = Api::namespaced(client.clone(), &args.cluster.namespace);
+        let _ = owner.set(Owner::watch(api, name));
+    }
     let health = Arc::new(Health::default());
     health::serve(args.health_addr, Arc::clone(&health)).await?;
 

@@ -22,11 +22,12 @@ pub struct FileConfig {
     /// IPv6 egress on (default false).
     #[serde(rename = "enableIPv6")]
     pub enable_ipv6: Option<bool>,
-    /// Tunnel IPv4 subnet (default 172.31.0.0/16).
-    #[serde(rename = "tunnelIPv4Subnet")]
+    /// Tunnel IPv4 subnet (default 172.31.0.0/16). The chart spells it
+    /// `tunnelIpv4Subnet`, as the reference system does.
+    #[serde(rename = "tunnelIPv4Subnet", alias = "tunnelIpv4Subnet")]
     pub tunnel_ipv4_subnet: Option<Ipv4Net>,
     /// Tunnel IPv6 subnet (default fd11::/112).
-    #[serde(rename = "tunnelIPv6Subnet")]
+    #[serde(rename = "tunnelIPv6Subnet", alias = "tunnelIpv6Subnet")]
     pub tunnel_ipv6_subnet: Option<Ipv6Net>,
     /// Service CIDRs (default 10.96.0.0/12).
     #[serde(rename = "serviceCIDRs")]
@@ -40,6 +41,17 @@ pub struct FileConfig {
     /// Policy-routing settings.
     #[serde(default)]
     pub route: RouteFile,
+    /// How pod traffic is classified (default and only choice: nftables).
+    pub datapath: Option<Datapath>,
+}
+
+/// `datapath`: what classifies pod traffic on its node.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Datapath {
+    /// The `inet egressgw` nftables table.
+    #[default]
+    Nftables,
 }
 
 /// `vxlan.*`.
@@ -110,6 +122,10 @@ impl FileConfig {
 
     /// The planner's config: defaults filled in, then validated.
     pub fn resolve(self) -> anyhow::Result<Config> {
+        // One datapath today; the match grows with the next.
+        match self.datapath.unwrap_or_default() {
+            Datapath::Nftables => {}
+        }
         let d = Config::default();
         let dv = VxlanSettings::default();
         let config = Config {
@@ -163,6 +179,33 @@ mod tests {
         );
         assert!(c.vxlan.disable_checksum_offload && c.enable_ipv6);
         assert_eq!(c.mark_mask, 0x0f00_0000);
+    }
+
+    #[test]
+    fn the_charts_feature_block_is_a_config_file() {
+        let values = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../deploy/helm/egressgw/values.yaml"
+        ))
+        .unwrap();
+        let values: serde_yaml::Value = serde_yaml::from_str(&values).unwrap();
+        let feature = serde_yaml::to_string(&values["feature"]).unwrap();
+        let c: FileConfig = serde_yaml::from_str(&feature).unwrap();
+        assert_eq!(
+            c.resolve().unwrap(),
+            Config::default(),
+            "the chart's defaults are the daemons' defaults"
+        );
+    }
+
+    #[test]
+    fn the_reference_spelling_of_the_tunnel_subnets_is_read() {
+        let c: FileConfig =
+            serde_yaml::from_str("tunnelIpv4Subnet: 10.9.0.0/16\ntunnelIpv6Subnet: fd12::/112\n")
+                .unwrap();
+        let c = c.resolve().unwrap();
+        assert_eq!(c.tunnel_ipv4_subnet.to_string(), "10.9.0.0/16");
+        assert_eq!(c.tunnel_ipv6_subnet.to_string(), "fd12::/112");
     }
 
     #[test]

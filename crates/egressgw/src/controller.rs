@@ -71,7 +71,7 @@ pub struct ControllerArgs {
 }
 
 pub fn run(args: &ControllerArgs) -> anyhow::Result<()> {
-    crate::init_daemon_logs();
+    crate::init_daemon_logs(args.cluster.log_format);
     let config = load_config(args.cluster.config.as_deref())?;
     if !(args.agent_timeout.is_finite() && args.agent_timeout > 0.0) {
         anyhow::bail!(

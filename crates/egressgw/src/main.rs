@@ -250,18 +250,35 @@ fn refuse_invalid(count: usize, file: &Path, invalid: &InvalidArgs) -> anyhow::R
     Ok(())
 }
 
-/// Logs of the daemons: to stderr, `RUST_LOG` filters (default `info`,
-/// without kube's per-request connection errors, which the daemons report
-/// themselves once per outage).
-fn init_daemon_logs() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new("info,kube_client::client::builder=off")
-    });
-    let _ = tracing_subscriber::fmt()
+/// Logs of the daemons: to stderr as text or one JSON object per line,
+/// `RUST_LOG` filters (default `info`), always without kube's per-request
+/// connection errors, which the daemons report themselves once per outage.
+fn init_daemon_logs(format: cluster::LogFormat) {
+    let directives = std::env::var("RUST_LOG")
+        .ok()
+        .filter(|d| !d.trim().is_empty())
+        .unwrap_or_else(|| "info".to_owned());
+    let filter = tracing_subscriber::EnvFilter::try_new(&directives)
+        .unwrap_or_else(|e| {
+            eprintln!(
+                "warning: RUST_LOG={directives:?} is not a valid filter ({e}); logging at info"
+            );
+            tracing_subscriber::EnvFilter::new("info")
+        })
+        .add_directive(
+            "kube_client::client::builder=off"
+                .parse()
+                .expect("a valid directive"),
+        );
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        cluster::LogFormat::Json => builder.json().try_init(),
+        cluster::LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init(),
+    };
 }
 
 fn load_config(path: Option<&Path>) -> anyhow::Result<egressgw_core::model::Config> {

@@ -3,6 +3,7 @@
 
 pub mod health;
 pub mod lease;
+pub mod owner;
 pub mod watch;
 
 use std::path::Path;
@@ -30,6 +31,24 @@ pub struct ClusterArgs {
         default_value = "egressgw-system"
     )]
     pub namespace: String,
+    /// Log format.
+    #[arg(
+        long,
+        value_enum,
+        value_name = "FORMAT",
+        env = "EGRESSGW_LOG_FORMAT",
+        default_value_t = LogFormat::Text
+    )]
+    pub log_format: LogFormat,
+}
+
+/// How the daemons write their logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line, for log collectors.
+    Json,
 }
 
 /// A client for the cluster: from `kubeconfig` when given, else inferred
