@@ -5,11 +5,17 @@
 #   2. the Debian packages the lab runs: iproute2 (ip, ss), iptables, nftables,
 #      procps (sysctl, kill), openssl, iperf3;
 #   3. a check that Go 1.24 or newer is installed (on PATH or /usr/local/go/bin);
-#   4. the control plane (kube-apiserver, kube-controller-manager, kubectl, etcd)
-#      built from xtask/controlplane into the cache, ~4 minutes the first time.
+#   4. xtask, the lab tool (`cargo build -p xtask`, a minute or two the first
+#      time), then the control plane (kube-apiserver, kube-controller-manager,
+#      kubectl, etcd) built from xtask/controlplane into the cache: about 15 to
+#      20 minutes on 2 cores the first time; Helm, built from Go sources the
+#      same way, takes about 4 more.
 #
 # Idempotent: every step checks first, and the control-plane build is cached
-# by the hash of its Go module, so a second run takes a few seconds.
+# by the hash of its Go module, so a second run takes a few seconds. What
+# apt-get and cargo print goes to ~/.cache/egressgw/logs/lab-deps.log; the
+# screen shows the steps with a progress line every 15 s, and the end of the
+# log when one fails. The Go builds keep their own logs and say where.
 # Runs as root, or as a user with password-less sudo for the packages (the
 # lab itself needs root). Asks nothing.
 #
@@ -63,11 +69,16 @@ step_go() {
 }
 
 step_controlplane() {
-    log "Control plane (cached by the hash of xtask/controlplane)"
+    # Built here, with its progress shown: `cargo xtask` compiles quietly.
+    log "xtask, the lab tool"
+    cargo_build "building xtask" --locked -p xtask
+    detail "ok"
+    log "Control plane and Helm from Go sources (cached; the first time ~15-20 min and ~4 min on 2 cores)"
     cargo xtask lab build
 }
 
 main() {
+    start_log
     step_setup
     step_apt
     step_go

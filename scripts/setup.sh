@@ -5,7 +5,9 @@
 # whether its work is done (by looking at the real state, or, for slow steps
 # whose result is hard to inspect, at a marker file) and skips it if so.
 # Non-interactive: safe with no stdin, as in CI. Works as root on a fresh
-# Debian 12; as another user it uses sudo for system packages.
+# Debian 12; as another user it uses sudo for system packages. What apt-get
+# and rustup print goes to ~/.cache/egressgw/logs/setup.log; the screen shows
+# the steps, and the end of that log when one fails.
 #
 # Environment:
 #   EGRESSGW_CACHE  cache and marker directory (default ~/.cache/egressgw)
@@ -86,7 +88,9 @@ install_rustup() (
     [[ -n "$expected" && "$expected" == "$actual" ]] ||
         die "rustup-init does not match its published checksum ($actual, expected $expected)"
     chmod +x "$tmp/rustup-init"
-    "$tmp/rustup-init" -y --no-modify-path --profile minimal --default-toolchain "$RUST_TOOLCHAIN" </dev/null
+    detail "installing rustup and Rust $RUST_TOOLCHAIN"
+    quietly "rustup-init" "$tmp/rustup-init" -y --no-modify-path --profile minimal \
+        --default-toolchain "$RUST_TOOLCHAIN"
 )
 
 step_rust() {
@@ -109,11 +113,11 @@ step_rust() {
     fi
     if ! grep "^$RUST_TOOLCHAIN-" <<<"$(rustup toolchain list)" >/dev/null; then
         detail "installing the $RUST_TOOLCHAIN toolchain"
-        rustup toolchain install "$RUST_TOOLCHAIN" --profile minimal </dev/null
+        quietly "rustup toolchain install" rustup toolchain install "$RUST_TOOLCHAIN" --profile minimal
     fi
     if ! rustup default >/dev/null 2>&1; then
         detail "making $RUST_TOOLCHAIN the default toolchain"
-        rustup default "$RUST_TOOLCHAIN"
+        quietly "rustup default" rustup default "$RUST_TOOLCHAIN"
     fi
     local installed missing=() component
     installed="$(rustup component list --installed --toolchain "$RUST_TOOLCHAIN")"
@@ -122,13 +126,14 @@ step_rust() {
     done
     if [[ ${#missing[@]} -gt 0 ]]; then
         detail "adding ${missing[*]}"
-        rustup component add --toolchain "$RUST_TOOLCHAIN" "${missing[@]}" </dev/null
+        quietly "rustup component add" rustup component add --toolchain "$RUST_TOOLCHAIN" "${missing[@]}"
     fi
     detail "ok: $(rustc --version)"
 }
 
 main() {
     mkdir -p "$CACHE_DIR"
+    start_log
     step_apt
     step_rust
     if ! (PATH="$ORIGINAL_PATH" && command -v cargo >/dev/null); then
