@@ -13,10 +13,19 @@
 # and measures how long web-3's traffic takes to come back with the same
 # EIP through the other gateway node. The lab stays up at the end.
 #
+# Each step of that story is checked: when one does not happen (no EIP, a
+# pod seen from the wrong address, no failover), the demo says what it
+# expected and what it saw, and exits non-zero.
+#
+# The first run on a fresh 2-core machine takes about 25 minutes, most of it
+# building the control plane and Helm from Go sources into the cache; later
+# runs take a minute or two. What apt-get and cargo print goes to logs under
+# ~/.cache/egressgw/logs/.
+#
 # Needs root (network namespaces). EGRESSGW_LAB_PREFIX picks another lab
 # than the default `egl` (e.g. to leave someone's lab alone).
 
-set -euo pipefail
+set -Eeuo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -39,10 +48,27 @@ fi
 TARGET=198.51.100.1
 WHOAMI_PORT=8080
 
+SCRIPT_NAME=demo
+# shellcheck source=scripts/lib.sh
+source "$ROOT/scripts/lib.sh"
+
+# fail WHAT: the story did not happen. Says so, where to look, and exits 1.
+fail() {
+    printf '\ndemo: FAILED: %s\n' "$*" >&2
+    if [[ -d "$LAB_DIR" ]]; then
+        printf 'demo: the lab stays up to look at: %s lab status; the logs are in %s/logs/\n' \
+            "$XTASK" "$LAB_DIR" >&2
+    fi
+    exit 1
+}
+# Any other command that fails ends the demo the same way, naming it (once:
+# a failure inside $(...) is reported by the command around it).
+trap 'status=$?; ((BASH_SUBSHELL)) || fail "\`$BASH_COMMAND\` exited with status $status"' ERR
+
 header() { printf '\n=== %s\n\n' "$*"; }
 run() {
     printf '$ %s\n' "$*"
-    "$@"
+    "$@" || fail "\`$*\` exited with status $?"
 }
 
 # whoami POD: what the target saw from POD (one connection, bounded).
@@ -74,9 +100,32 @@ wait_for_eip() {
         sleep 1
     done
     printf '\n'
-    echo "demo: team-a/web has no EIP after 60 s; its status:" >&2
-    "$KUBECTL" get egresspolicy -n team-a web -o yaml >&2
-    exit 1
+    "$KUBECTL" get egresspolicy -n team-a web -o yaml >&2 || true
+    fail "team-a/web has no EIP after 60 s (its object is above)"
+}
+
+# show_source POD LABEL ADDRESS WHY: prints what the target sees from POD;
+# fails unless it is ADDRESS.
+show_source() {
+    local seen
+    seen="$(whoami "$1")"
+    printf '%-62s %s\n' "$1 ($2):" "$seen"
+    [[ "$seen" == "$3" ]] || fail "the target saw '$seen' from $1, expected $3 ($4)"
+}
+
+# wait_for_node_change OLD: prints the gateway node team-a/web's status
+# names once it is not OLD; false after 30 s.
+wait_for_node_change() {
+    local deadline=$((SECONDS + 30)) node
+    while ((SECONDS < deadline)); do
+        node="$(field egresspolicy web .status.node)"
+        if [[ -n "$node" && "$node" != "$1" ]]; then
+            printf '%s' "$node"
+            return 0
+        fi
+        sleep 0.5
+    done
+    return 1
 }
 
 # wait_for_source POD ADDRESS LIMIT: probes every 100 ms until the target
@@ -98,14 +147,16 @@ wait_for_source() {
     done
 }
 
-header "Preparing the machine (scripts/lab-deps.sh)"
+start_log
+header "Preparing the machine (scripts/lab-deps.sh; ~25 min the first time on 2 cores, seconds afterwards)"
 bash scripts/lab-deps.sh
 if ! command -v cargo >/dev/null; then
     export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
 fi
 
 header "Building egressgw and the lab tool"
-cargo build --locked -p egressgw -p xtask
+cargo_build "building egressgw and xtask" --locked -p egressgw -p xtask
+echo "built egressgw and xtask"
 
 header "A fresh lab ($PREFIX)"
 run cargo xtask lab down
@@ -121,21 +172,30 @@ run "$KUBECTL" get egressgateways,egresspolicies,egressclusterpolicies,egresstun
 
 header "Traffic: what the target ($TARGET) sees"
 NODE="$(field egresspolicy web .status.node)"
-printf 'web-3   (team-a, app=web, on node-3, which has no route out): %s\n' "$(whoami web-3)"
-printf 'web-1   (team-a, app=web, on gateway node-1):                 %s\n' "$(whoami web-1)"
-printf 'batch-1 (team-b, no policy to the target, on node-1):         %s\n' "$(whoami batch-1)"
+[[ -n "$NODE" ]] || fail "team-a/web has an EIP but its status names no gateway node"
+# node-1's own address on the external segment: where batch-1 leaves from.
+NODE1_ADDRESS="$(ip -n "$PREFIX-node-1" -4 -o addr show dev eth1 | awk '{ split($4, a, "/"); print a[1]; exit }')"
+[[ -n "$NODE1_ADDRESS" ]] || fail "node-1 has no IPv4 address on its external link eth1"
+show_source web-3 "team-a, app=web, on node-3, which has no route out" "$EIP" \
+    "team-a/web's EIP, through gateway node $NODE"
+show_source web-1 "team-a, app=web, on gateway node-1" "$EIP" \
+    "team-a/web's EIP, through gateway node $NODE"
+show_source batch-1 "team-b, no policy to the target, on node-1" "$NODE1_ADDRESS" \
+    "node-1's own address: no policy covers the target"
 printf '\nteam-a/web leaves with %s through %s; batch-1 from its node address.\n' "$EIP" "$NODE"
 
 header "Failover: $NODE goes down"
 run cargo xtask lab node down "$NODE"
-if took="$(wait_for_source web-3 "$EIP" 60)"; then
-    NEW_NODE="$(field egresspolicy web .status.node)"
-    printf 'failover: EIP %s moved %s -> %s, traffic back after %s s\n' "$EIP" "$NODE" "$NEW_NODE" "$took"
-fi
+took="$(wait_for_source web-3 "$EIP" 60)" ||
+    fail "no failover: web-3's traffic did not come back with EIP $EIP within 60 s of $NODE going down"
+NEW_NODE="$(wait_for_node_change "$NODE")" ||
+    fail "web-3's traffic is back, but team-a/web's status does not name another gateway node than $NODE after 30 s"
+printf 'failover: EIP %s moved %s -> %s, traffic back after %s s\n' "$EIP" "$NODE" "$NEW_NODE" "$took"
 run cargo xtask lab node up "$NODE"
-sleep 3
 run "$KUBECTL" get egresspolicies -A -o wide
-printf 'web-3 now: %s\n' "$(whoami web-3)"
+wait_for_source web-3 "$EIP" 30 >/dev/null ||
+    fail "web-3's traffic lost EIP $EIP after $NODE came back"
+show_source web-3 "after $NODE came back" "$EIP" "team-a/web keeps its EIP"
 
 header "The lab stays up"
 cat <<EOF
