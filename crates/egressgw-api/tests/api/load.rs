@@ -247,7 +247,7 @@ spec:
 
 fn snapshot_of(text: &str) -> Snapshot {
     objects_from_yaml(text)
-        .unwrap()
+        .expect("the objects load")
         .into_snapshot(Config::default())
 }
 
