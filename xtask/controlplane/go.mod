@@ -1,8 +1,9 @@
 // The Kubernetes control plane of the egressgw lab (`cargo xtask lab`), built
-// from source: kube-apiserver, kube-controller-manager and kubectl from
-// k8s.io/kubernetes, and etcd (./etcd). `cargo xtask lab build` builds it
-// and caches the binaries by a hash of go.mod, go.sum, etcd/main.go and the
-// build flags (see xtask/src/lab/build.rs and docs/lab.md).
+// from source: kube-apiserver, kube-controller-manager, kube-scheduler and
+// kubectl from k8s.io/kubernetes, and etcd (./etcd). `cargo xtask lab build`
+// builds it and caches the binaries by a hash of go.mod, go.sum,
+// etcd/main.go, the package list and the build flags (see
+// xtask/src/lab/build.rs and docs/lab.md).
 //
 // k8s.io/kubernetes requires its staging modules at v0.0.0 and replaces them
 // with ./staging/...; a module that depends on it must replace each of them
@@ -20,6 +21,7 @@ godebug default=go1.24
 tool (
 	k8s.io/kubernetes/cmd/kube-apiserver
 	k8s.io/kubernetes/cmd/kube-controller-manager
+	k8s.io/kubernetes/cmd/kube-scheduler
 	k8s.io/kubernetes/cmd/kubectl
 )
 

@@ -1,6 +1,7 @@
 //! The control plane's credentials, made with the `openssl` CLI: a
 //! self-signed CA, kube-apiserver's serving certificate, the service-account
-//! signing key, and bearer tokens for the admin and the controller-manager.
+//! signing key, and bearer tokens for the admin, the controller-manager and
+//! the scheduler.
 //! All keys are ECDSA P-256.
 
 use std::fs;
@@ -23,6 +24,9 @@ pub struct Pki {
     pub admin_token: String,
     /// Bearer token of `system:kube-controller-manager` (group `system:masters`).
     pub controller_manager_token: String,
+    /// Bearer token of `system:kube-scheduler`: the user the API server's
+    /// bootstrap RBAC policy grants what a scheduler needs (no other group).
+    pub scheduler_token: String,
 }
 
 impl Pki {
@@ -58,6 +62,7 @@ pub fn create(dir: &Path, api_ip: Ipv4Addr, service_ip: Ipv4Addr) -> anyhow::Res
         dir: dir.to_path_buf(),
         admin_token: random_token()?,
         controller_manager_token: random_token()?,
+        scheduler_token: random_token()?,
     };
     ca(&pki).context("making the CA")?;
     apiserver_cert(&pki, api_ip, service_ip).context("making kube-apiserver's certificate")?;
@@ -148,9 +153,10 @@ fn sa_keys(pki: &Pki) -> anyhow::Result<()> {
 
 fn tokens(pki: &Pki) -> anyhow::Result<()> {
     let kcm = "system:kube-controller-manager";
+    let scheduler = "system:kube-scheduler";
     let text = format!(
-        "{},admin,admin,system:masters\n{},{kcm},{kcm},system:masters\n",
-        pki.admin_token, pki.controller_manager_token
+        "{},admin,admin,system:masters\n{},{kcm},{kcm},system:masters\n{},{scheduler},{scheduler}\n",
+        pki.admin_token, pki.controller_manager_token, pki.scheduler_token
     );
     let path = pki.tokens();
     fs::write(&path, text).with_context(|| format!("writing {}", path.display()))

@@ -1,14 +1,18 @@
 //! Registers the lab in the API as kubelet would: Namespaces, Nodes (with
-//! addresses, pod CIDR and a Ready condition) and Pods (bound to their node,
-//! Running, with their addresses).
+//! addresses, pod CIDR, capacity and a Ready condition) and the lab's own
+//! pods (network namespaces bound to their node, Running, with their
+//! addresses).
 //!
 //! Objects go in with one server-side `kubectl apply`, their status with a
 //! second one on the status subresource (`--subresource=status`), as kubelet
-//! writes it.
+//! writes it. Pods are created once the ServiceAccount controller has made
+//! their namespace's `default` ServiceAccount, which the ServiceAccount
+//! admission plugin requires.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use serde_json::{Value, json};
 
 use super::build::KUBERNETES_VERSION;
@@ -20,18 +24,90 @@ const FIELD_MANAGER: &str = "egressgw-lab";
 /// The one container of every lab pod.
 const CONTAINER: &str = "app";
 /// Never pulled or run: a lab pod is a network namespace, not a container.
-const IMAGE: &str = "egressgw-lab/netns:none";
+/// The kubelet stand-in leaves Pods of this image alone.
+const IMAGE: &str = super::kubelet::LAB_POD_IMAGE;
+/// How long the ServiceAccount controller gets to make a namespace's
+/// `default` ServiceAccount.
+const SERVICE_ACCOUNT_TIMEOUT: Duration = Duration::from_secs(60);
+/// The pods a node takes, as kubelet's default `--max-pods`.
+const MAX_PODS: u32 = 110;
 
-/// Creates the namespaces, nodes and pods, then sets their status.
+/// Creates the namespaces and nodes, then the pods (once their namespaces'
+/// ServiceAccounts exist), then sets the status of nodes and pods.
 pub fn register(kubectl: &Kubectl, topo: &Topology) -> anyhow::Result<()> {
-    apply(kubectl, &objects(topo), None).context("creating namespaces, nodes and pods")?;
+    let namespaces = topo.namespaces.iter().map(namespace);
+    let nodes = topo.nodes.iter().map(node);
+    let items: Vec<Value> = namespaces.chain(nodes).collect();
+    apply(kubectl, &list(&items), None).context("creating namespaces and nodes")?;
     let node_info = NodeInfo::of_this_machine();
-    apply(kubectl, &statuses(topo, &node_info), Some("status"))
-        .context("setting the status of nodes and pods")
+    let now = rfc3339(SystemTime::now());
+    let nodes: Vec<Value> = topo
+        .nodes
+        .iter()
+        .map(|n| node_status(n, &node_info, &now))
+        .collect();
+    apply(kubectl, &list(&nodes), Some("status")).context("setting the status of nodes")?;
+    for n in &topo.nodes {
+        untaint(kubectl, &n.name)?;
+    }
+    for ns in &topo.namespaces {
+        wait_for_service_account(kubectl, &ns.name)?;
+    }
+    let pods: Vec<Value> = topo.pods.iter().map(pod).collect();
+    apply(kubectl, &list(&pods), None).context("creating pods")?;
+    apply(kubectl, &statuses(topo), Some("status")).context("setting the status of pods")
+}
+
+/// Removes the taints of a new node: the API server's `TaintNodesByCondition`
+/// admission gives every new Node `node.kubernetes.io/not-ready:NoSchedule`,
+/// which kube-controller-manager's node-lifecycle controller lifts once the
+/// node reports Ready. The lab does not run that controller (it would want
+/// node heartbeats, and evict Pods when they stop), so it lifts the taint
+/// itself, as soon as the node is Ready.
+fn untaint(kubectl: &Kubectl, node: &str) -> anyhow::Result<()> {
+    kubectl
+        .run(&[
+            "patch",
+            "node",
+            node,
+            "--type=merge",
+            "--patch",
+            r#"{"spec":{"taints":null}}"#,
+        ])
+        .map(drop)
+        .with_context(|| format!("removing the not-ready taint of {node}"))
+}
+
+/// Waits until namespace `ns` has its `default` ServiceAccount (made by
+/// kube-controller-manager's ServiceAccount controller).
+pub fn wait_for_service_account(kubectl: &Kubectl, ns: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + SERVICE_ACCOUNT_TIMEOUT;
+    loop {
+        let found = kubectl.run(&[
+            "get",
+            "serviceaccount",
+            "default",
+            "--namespace",
+            ns,
+            "--ignore-not-found",
+            "-o",
+            "name",
+        ]);
+        match found {
+            Ok(out) if !out.trim().is_empty() => return Ok(()),
+            _ if Instant::now() >= deadline => bail!(
+                "namespace {ns} has no `default` ServiceAccount after {}s: is \
+                 kube-controller-manager's serviceaccount-controller running? (logs/kube-controller-manager.log)",
+                SERVICE_ACCOUNT_TIMEOUT.as_secs()
+            ),
+            _ => thread::sleep(Duration::from_millis(200)),
+        }
+    }
 }
 
 /// Registers one more pod on `node`, as kubelet would: the Pod, then its status.
 pub fn register_pod(kubectl: &Kubectl, added: &Pod, node: &Node) -> anyhow::Result<()> {
+    wait_for_service_account(kubectl, &added.namespace)?;
     apply(kubectl, &pod(added), None)
         .with_context(|| format!("creating pod {}/{}", added.namespace, added.name))?;
     apply(
@@ -64,27 +140,13 @@ pub fn unregister_pod(kubectl: &Kubectl, gone: &Pod) -> anyhow::Result<()> {
         .with_context(|| format!("deleting pod {}/{}", gone.namespace, gone.name))
 }
 
-/// Every object as one `v1` List.
-fn objects(topo: &Topology) -> Value {
-    let items: Vec<Value> = topo
-        .namespaces
-        .iter()
-        .map(namespace)
-        .chain(topo.nodes.iter().map(node))
-        .chain(topo.pods.iter().map(pod))
-        .collect();
-    list(&items)
-}
-
-/// The status of every node and pod as one `v1` List.
-fn statuses(topo: &Topology, info: &NodeInfo) -> Value {
-    let now = rfc3339(SystemTime::now());
-    let nodes = topo.nodes.iter().map(|n| node_status(n, info, &now));
+/// The status of every lab pod as one `v1` List.
+fn statuses(topo: &Topology) -> Value {
     let pods = topo.pods.iter().map(|p| {
         let node = topo.nodes.iter().find(|n| n.name == p.node);
         pod_status(p, &node.map(|n| n.ip.to_string()).unwrap_or_default())
     });
-    list(&nodes.chain(pods).collect::<Vec<_>>())
+    list(&pods.collect::<Vec<_>>())
 }
 
 fn list(items: &[Value]) -> Value {
@@ -92,7 +154,7 @@ fn list(items: &[Value]) -> Value {
 }
 
 /// `t` as `YYYY-MM-DDThh:mm:ssZ` (UTC), the form of `metav1.Time`.
-fn rfc3339(t: SystemTime) -> String {
+pub fn rfc3339(t: SystemTime) -> String {
     let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let (days, rest) = (secs / 86_400, secs % 86_400);
     let (year, month, day) = civil_from_days(days);
@@ -119,19 +181,28 @@ fn civil_from_days(days: u64) -> (u64, u64, u64) {
 struct NodeInfo {
     kernel: String,
     architecture: &'static str,
+    /// Cores, as Kubernetes writes a cpu quantity.
+    cpu: String,
+    /// Memory, in KiB as kubelet writes it (`16384000Ki`).
+    memory: String,
 }
 
 impl NodeInfo {
     fn of_this_machine() -> Self {
+        let (cpu, memory) = super::kubelet::machine();
         let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
         let architecture = match std::env::consts::ARCH {
             "x86_64" => "amd64",
             "aarch64" => "arm64",
             other => other,
         };
+        #[expect(clippy::cast_possible_truncation, reason = "whole cores and KiB")]
+        let (cpu, memory) = (cpu as u64, memory as u64 / 1024);
         Self {
             kernel: kernel.trim().to_owned(),
             architecture,
+            cpu: cpu.to_string(),
+            memory: format!("{memory}Ki"),
         }
     }
 }
@@ -162,11 +233,27 @@ fn pod(pod: &Pod) -> Value {
             "nodeName": pod.node,
             "containers": [{ "name": CONTAINER, "image": IMAGE }],
             "terminationGracePeriodSeconds": 0,
+            // A network namespace runs no program that could use a token.
+            "automountServiceAccountToken": false,
         },
     })
 }
 
+/// A node's status: addresses, capacity (the machine's cores and memory,
+/// 110 pods, as the scheduler needs to place Pods), conditions (Ready, no
+/// pressure: no taint keeps DaemonSet or other Pods off it) and node info.
 fn node_status(node: &Node, info: &NodeInfo, now: &str) -> Value {
+    let capacity = json!({ "cpu": info.cpu, "memory": info.memory, "pods": MAX_PODS.to_string() });
+    let condition = |kind: &str, status: &str, reason: &str, message: &str| {
+        json!({
+            "type": kind,
+            "status": status,
+            "lastHeartbeatTime": now,
+            "lastTransitionTime": now,
+            "reason": reason,
+            "message": message,
+        })
+    };
     json!({
         "apiVersion": "v1",
         "kind": "Node",
@@ -176,14 +263,15 @@ fn node_status(node: &Node, info: &NodeInfo, now: &str) -> Value {
                 { "type": "InternalIP", "address": node.ip.to_string() },
                 { "type": "Hostname", "address": node.name },
             ],
-            "conditions": [{
-                "type": "Ready",
-                "status": "True",
-                "lastHeartbeatTime": now,
-                "lastTransitionTime": now,
-                "reason": "LabNodeReady",
-                "message": "the egressgw lab plays kubelet for this node",
-            }],
+            "capacity": capacity,
+            "allocatable": capacity,
+            "conditions": [
+                condition("MemoryPressure", "False", "KubeletHasSufficientMemory", "the lab does not measure memory pressure"),
+                condition("DiskPressure", "False", "KubeletHasNoDiskPressure", "the lab does not measure disk pressure"),
+                condition("PIDPressure", "False", "KubeletHasSufficientPID", "the lab does not measure PID pressure"),
+                condition("Ready", "True", "LabNodeReady", "the egressgw lab plays kubelet for this node"),
+            ],
+            "daemonEndpoints": { "kubeletEndpoint": { "Port": 0 } },
             "nodeInfo": {
                 "kubeletVersion": KUBERNETES_VERSION,
                 "osImage": "egressgw lab (network namespace)",
@@ -250,17 +338,35 @@ mod tests {
     use crate::lab::topology::Prefix;
 
     #[test]
-    fn objects_hold_every_namespace_node_and_pod_once() {
-        let topo = Topology::new(&Prefix::new("egl").unwrap(), 3, 2).unwrap();
-        let list = objects(&topo);
-        let kinds: Vec<&str> = list["items"]
+    fn nodes_report_capacity_the_scheduler_can_place_pods_on() {
+        let topo = Topology::new(&Prefix::new("egl").unwrap(), 1, 1).unwrap();
+        let info = NodeInfo {
+            kernel: "6.18".to_owned(),
+            architecture: "amd64",
+            cpu: "2".to_owned(),
+            memory: "16384000Ki".to_owned(),
+        };
+        let status = &node_status(&topo.nodes[0], &info, "2026-11-23T00:00:00Z")["status"];
+        assert_eq!(status["allocatable"]["cpu"], "2");
+        assert_eq!(status["allocatable"]["memory"], "16384000Ki");
+        assert_eq!(status["allocatable"]["pods"], "110");
+        let ready = status["conditions"]
             .as_array()
             .unwrap()
             .iter()
-            .map(|o| o["kind"].as_str().unwrap())
-            .collect();
-        let count = |k| kinds.iter().filter(|&&x| x == k).count();
-        assert_eq!((count("Namespace"), count("Node"), count("Pod")), (2, 3, 6));
+            .find(|c| c["type"] == "Ready");
+        assert_eq!(ready.unwrap()["status"], "True");
+    }
+
+    #[test]
+    fn lab_pods_are_never_run_and_get_no_token() {
+        let topo = Topology::new(&Prefix::new("egl").unwrap(), 1, 1).unwrap();
+        let p = pod(&topo.pods[0]);
+        assert_eq!(
+            p["spec"]["containers"][0]["image"],
+            super::super::kubelet::LAB_POD_IMAGE
+        );
+        assert_eq!(p["spec"]["automountServiceAccountToken"], false);
     }
 
     #[test]

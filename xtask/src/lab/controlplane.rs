@@ -1,5 +1,5 @@
-//! Starts etcd, kube-apiserver and kube-controller-manager in the
-//! control-plane namespace and waits until the API answers `/readyz`.
+//! Starts etcd, kube-apiserver, kube-controller-manager and kube-scheduler
+//! in the control-plane namespace and waits until the API answers `/readyz`.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -22,7 +22,7 @@ const READY_TIMEOUT: Duration = Duration::from_secs(90);
 const ETCD_CLIENT: &str = "http://127.0.0.1:2379";
 const ETCD_PEER: &str = "http://127.0.0.1:2380";
 
-/// Writes the kubeconfigs, starts the three components and waits for the API.
+/// Writes the kubeconfigs, starts the four components and waits for the API.
 /// Returns the started processes, etcd first.
 pub fn start(
     topo: &Topology,
@@ -35,6 +35,14 @@ pub fn start(
     let kcm_config = paths.pki().join("controller-manager.kubeconfig");
     let kcm_token = &pki.controller_manager_token;
     write_kubeconfig(&kcm_config, api, pki, "kube-controller-manager", kcm_token)?;
+    let scheduler_config = paths.pki().join("scheduler.kubeconfig");
+    write_kubeconfig(
+        &scheduler_config,
+        api,
+        pki,
+        "kube-scheduler",
+        &pki.scheduler_token,
+    )?;
 
     let ns = &topo.control_plane.netns;
     let mut started = vec![
@@ -49,7 +57,7 @@ pub fn start(
     ];
     let kubectl = Kubectl::new(bins, paths, topo);
     wait_ready(&kubectl, &mut started).context("waiting for kube-apiserver's /readyz")?;
-    let kcm_args = controller_manager_args(&kcm_config);
+    let kcm_args = controller_manager_args(&kcm_config, &pki.ca_cert());
     let kcm = process::start(
         paths,
         ns,
@@ -58,6 +66,14 @@ pub fn start(
         &kcm_args,
     )?;
     started.push(kcm);
+    let scheduler = process::start(
+        paths,
+        ns,
+        "kube-scheduler",
+        &bins.scheduler(),
+        &scheduler_args(&scheduler_config),
+    )?;
+    started.push(scheduler);
     Ok(started)
 }
 
@@ -137,8 +153,6 @@ fn apiserver_args(topo: &Topology, pki: &Pki) -> Vec<String> {
         ("service-account-key-file", &path(pki.sa_pub())),
         ("service-account-signing-key-file", &path(pki.sa_key())),
         ("service-cluster-ip-range", SERVICE_CIDR),
-        // Nothing creates default ServiceAccounts (no controller for them runs).
-        ("disable-admission-plugins", "ServiceAccount"),
         // No kube-proxy: the kubernetes Service needs no endpoints.
         ("endpoint-reconciler-type", "none"),
         ("allow-privileged", "true"),
@@ -146,12 +160,39 @@ fn apiserver_args(topo: &Topology, pki: &Pki) -> Vec<String> {
     ])
 }
 
-/// Only what a lab without kubelet needs: cascading deletes and namespace
-/// deletion. No HTTPS endpoint (nothing scrapes it).
-fn controller_manager_args(kubeconfig: &Path) -> Vec<String> {
+/// The controllers a lab cluster needs (names as in v1.34's
+/// `cmd/kube-controller-manager/names`): cascading deletes and namespace
+/// deletion; DaemonSets, Deployments and their ReplicaSets, so Kubernetes
+/// itself makes the Pods a chart asks for; and what gives Pods their
+/// ServiceAccount token volume: the `default` ServiceAccount of every
+/// namespace and the `kube-root-ca.crt` ConfigMap (the lab's CA). No HTTPS
+/// endpoint (nothing scrapes it).
+pub const CONTROLLERS: [&str; 7] = [
+    "garbage-collector-controller",
+    "namespace-controller",
+    "daemonset-controller",
+    "deployment-controller",
+    "replicaset-controller",
+    "serviceaccount-controller",
+    "root-ca-certificate-publisher-controller",
+];
+
+fn controller_manager_args(kubeconfig: &Path, ca: &Path) -> Vec<String> {
     args(&[
         ("kubeconfig", &kubeconfig.display().to_string()),
-        ("controllers", "garbagecollector,namespace"),
+        ("controllers", &CONTROLLERS.join(",")),
+        ("root-ca-file", &ca.display().to_string()),
+        ("secure-port", "0"),
+        ("leader-elect", "false"),
+        ("profiling", "false"),
+    ])
+}
+
+/// The default scheduler, as `system:kube-scheduler`; one instance, so no
+/// leader election; no HTTPS endpoint.
+fn scheduler_args(kubeconfig: &Path) -> Vec<String> {
+    args(&[
+        ("kubeconfig", &kubeconfig.display().to_string()),
         ("secure-port", "0"),
         ("leader-elect", "false"),
         ("profiling", "false"),

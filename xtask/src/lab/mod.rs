@@ -4,8 +4,13 @@
 //! CNI, which the lab plays itself: it wires node and pod namespaces and
 //! registers them as Nodes and Pods. See docs/lab.md.
 //!
+//! kube-scheduler and kube-controller-manager's workload controllers make
+//! and place Pods as in any cluster; the lab's kubelet stand-in
+//! ([`kubelet`]) runs those whose image it knows ([`images`]).
+//!
 //! `lab deploy` runs egressgw's controller and agents in it; `lab agent`,
-//! `lab node` and `lab pod` change it while it runs (for the e2e tests).
+//! `lab node` and `lab pod` change it while it runs (for the e2e tests);
+//! `lab selftest` checks that the cluster runs Pods as a cluster does.
 //!
 //! Safety: every link, address, route and process the lab makes lives in a
 //! namespace named `<prefix>-*` that it created (`EGRESSGW_LAB_PREFIX`,
@@ -24,17 +29,21 @@ pub mod cmd;
 mod controlplane;
 pub mod down;
 pub mod egressgw;
+pub mod images;
 pub mod kubectl;
+pub mod kubelet;
 mod net;
 mod network;
 pub mod pods;
 pub mod preflight;
 pub mod probe;
 pub mod process;
+mod selftest;
 pub mod session;
 pub mod state;
 mod status;
 mod target;
+mod testpod;
 pub mod topology;
 pub mod up;
 mod whoami;
@@ -50,7 +59,7 @@ pub enum LabCommand {
     Down,
     /// Show what is running and whether the API is healthy; exit 1 if not.
     Status,
-    /// Build the control-plane binaries into the cache (`up` does this itself).
+    /// Build the control-plane binaries and Helm into the cache (`up` does this itself).
     Build,
     /// Run egressgw in the lab: CRDs, a controller, an agent per node.
     Deploy(egressgw::DeployArgs),
@@ -63,6 +72,21 @@ pub enum LabCommand {
     /// Add or delete a pod.
     #[command(subcommand)]
     Pod(pods::PodCommand),
+    /// The images the kubelet stand-in runs (images.json).
+    #[command(subcommand)]
+    Image(images::ImageCommand),
+    /// Check on the running lab that Kubernetes' own controllers, the
+    /// scheduler and the kubelet stand-in run Pods as a cluster does.
+    Selftest(selftest::SelftestArgs),
+    /// The kubelet stand-in (`lab up` starts it).
+    #[command(hide = true)]
+    Kubelet,
+    /// Runs one container of the kubelet stand-in.
+    #[command(hide = true)]
+    ContainerShim { spec: std::path::PathBuf },
+    /// The selftest's program: an HTTP server reporting what it runs as.
+    #[command(hide = true)]
+    Testpod(testpod::TestpodArgs),
     /// The target's TCP service: answers each connection with the client's address.
     #[command(hide = true)]
     Whoami {
@@ -78,9 +102,17 @@ pub fn leftovers(paths: &Paths) -> anyhow::Result<bool> {
 }
 
 pub fn run(command: LabCommand) -> anyhow::Result<ExitCode> {
-    if let LabCommand::Whoami { listen } = command {
-        whoami::serve(listen)?;
-        return Ok(ExitCode::SUCCESS);
+    match command {
+        LabCommand::Whoami { listen } => {
+            whoami::serve(listen)?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        LabCommand::ContainerShim { spec } => kubelet::container_shim(&spec),
+        LabCommand::Testpod(args) => {
+            testpod::serve(&args)?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        _ => {}
     }
     let paths = Paths::from_env()?;
     match command {
@@ -92,7 +124,12 @@ pub fn run(command: LabCommand) -> anyhow::Result<ExitCode> {
         LabCommand::Agent(command) => egressgw::agent(&command, &paths)?,
         LabCommand::Node(command) => egressgw::node(&command, &paths)?,
         LabCommand::Pod(command) => pods::pod(&command, &paths)?,
-        LabCommand::Whoami { .. } => unreachable!("handled above"),
+        LabCommand::Image(command) => images::image(&command, &paths)?,
+        LabCommand::Selftest(args) => selftest::run(&args, &paths)?,
+        LabCommand::Kubelet => kubelet::serve(&paths)?,
+        LabCommand::Whoami { .. } | LabCommand::ContainerShim { .. } | LabCommand::Testpod(_) => {
+            unreachable!("handled above")
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

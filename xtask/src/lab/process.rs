@@ -62,6 +62,21 @@ pub fn start(
     spawn(paths, ns, name, program, args, out)
 }
 
+/// Starts `program args...` as [`start`] does, but in the host's network
+/// namespace (for the kubelet stand-in: it makes network namespaces, which
+/// a process inside one could not publish to the host). Recorded with an
+/// empty `netns`.
+pub fn start_on_host(
+    paths: &Paths,
+    name: &str,
+    program: &Path,
+    args: &[String],
+) -> anyhow::Result<Started> {
+    let log = log_path(paths, name);
+    let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+    spawn(paths, &Netns::parse(""), name, program, args, out)
+}
+
 /// Starts again the process `record` describes, as [`start`] would, but
 /// appending to its log after a line that marks the restart. Returns the
 /// process and the log's length before that line: what the new process
@@ -96,9 +111,14 @@ fn spawn(
     let log = log_path(paths, name);
     let err = out.try_clone().context("duplicating the log file handle")?;
     // `ip netns exec` enters the namespace and execs the program: same pid.
-    let child = Command::new("ip")
-        .args(["netns", "exec", ns.as_str()])
-        .arg(program)
+    let mut command = if ns.as_str().is_empty() {
+        Command::new(program)
+    } else {
+        let mut ip = Command::new("ip");
+        ip.args(["netns", "exec", ns.as_str()]).arg(program);
+        ip
+    };
+    let child = command
         .args(args)
         .stdin(Stdio::null())
         .stdout(out)

@@ -26,8 +26,10 @@ pub struct Paths {
 }
 
 /// Entries of the lab directory that `lab up` creates and `lab down` removes.
-const LAB_ENTRIES: [&str; 8] = [
+const LAB_ENTRIES: [&str; 10] = [
     "lab.json",
+    "images.json",
+    "kubelet",
     "egressgw",
     "kubeconfig",
     "kubectl",
@@ -159,8 +161,16 @@ pub struct LabState {
     pub version: u32,
     pub dir: PathBuf,
     pub kubernetes_version: String,
-    /// The control-plane binaries (kube-apiserver, kube-controller-manager, kubectl, etcd).
+    /// The control-plane binaries (kube-apiserver, kube-controller-manager,
+    /// kube-scheduler, kubectl, etcd).
     pub bin_dir: PathBuf,
+    /// The `helm` binary (Helm 4, pinned).
+    #[serde(default)]
+    pub helm: PathBuf,
+    /// The images the kubelet stand-in runs (`images.json`, see
+    /// [`super::images`]); written by `lab deploy` and tests.
+    #[serde(default)]
+    pub images: PathBuf,
     /// Admin kubeconfig; its server is reachable from the control-plane and node namespaces.
     pub kubeconfig: PathBuf,
     /// `kubectl` wrapper usable from the host: runs kubectl inside the control-plane namespace.

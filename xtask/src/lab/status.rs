@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use super::kubectl::Kubectl;
 use super::state::{LabState, Paths};
 use super::topology::Netns;
-use super::{net, preflight, process};
+use super::{kubelet, net, preflight, process};
 
 pub fn status(paths: &Paths) -> anyhow::Result<ExitCode> {
     preflight::require_root()?;
@@ -18,9 +18,11 @@ pub fn status(paths: &Paths) -> anyhow::Result<ExitCode> {
         state.dir.display(),
         state.kubernetes_version
     );
+    println!("helm: {}", state.helm.display());
     let mut healthy = processes(&state);
     healthy &= namespaces(&state)?;
     healthy &= api(&state, paths);
+    kubelet_pods(paths);
     if healthy {
         println!("healthy");
         Ok(ExitCode::SUCCESS)
@@ -52,11 +54,15 @@ fn processes(state: &LabState) -> bool {
         let alive = process::alive(p.pid);
         ok &= alive;
         let word = if alive { "running" } else { "DEAD" };
+        let netns = if p.netns.is_empty() {
+            "the host namespace"
+        } else {
+            &p.netns
+        };
         println!(
-            "  {:<24} pid {:<8} {word:<8} in {} (log {})",
+            "  {:<24} pid {:<8} {word:<8} in {netns} (log {})",
             p.name,
             p.pid,
-            p.netns,
             p.log.display()
         );
     }
@@ -70,9 +76,11 @@ fn namespaces(state: &LabState) -> anyhow::Result<bool> {
         .iter()
         .filter(|n| !present.iter().any(|p| p.as_str() == n.as_str()))
         .collect();
+    let prefix = &state.topology.prefix;
     let extra: Vec<&Netns> = present
         .iter()
         .filter(|p| !state.netns.iter().any(|n| n == p.as_str()))
+        .filter(|p| !kubelet::is_pod_netns(prefix, p.as_str()))
         .collect();
     println!(
         "network namespaces: {} of {} present",
@@ -87,6 +95,30 @@ fn namespaces(state: &LabState) -> anyhow::Result<bool> {
         println!("  not part of this lab: {names:?}");
     }
     Ok(missing.is_empty())
+}
+
+/// The Pods the kubelet stand-in runs, with their containers' pids.
+fn kubelet_pods(paths: &Paths) {
+    let records = kubelet::records(paths);
+    println!("pods run by the kubelet stand-in: {}", records.len());
+    for r in records {
+        let netns = if r.netns.is_empty() { "-" } else { &r.netns };
+        println!(
+            "  {}/{} on {} ({}) ip {} netns {netns}",
+            r.namespace, r.name, r.node, r.phase, r.ip
+        );
+        for c in r.containers {
+            let pid = c.pid.map_or_else(|| "-".to_owned(), |p| p.to_string());
+            let ready = if c.ready { "ready" } else { "not ready" };
+            println!(
+                "    {:<20} pid {pid:<8} {} {ready}, {} restarts (log {})",
+                c.name,
+                c.state,
+                c.restarts,
+                c.log.display()
+            );
+        }
+    }
 }
 
 fn api(state: &LabState, paths: &Paths) -> bool {

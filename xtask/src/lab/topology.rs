@@ -40,6 +40,10 @@ const EXTERNAL_PREFIX_LEN: u8 = 24;
 /// Addresses of the external segment that no lab host uses: room for EgressGateway pools.
 pub const EXTERNAL_FREE_RANGE: &str = "198.51.100.200-198.51.100.250";
 
+/// Lab pods take host addresses `.2` up to (not including) this one of
+/// their node's pod CIDR; the kubelet stand-in's Pods take the rest.
+pub const LAB_POD_HOSTS_END: u8 = 128;
+
 /// kube-apiserver's port.
 pub const API_PORT: u16 = 6443;
 /// The target's whoami service port.
@@ -302,9 +306,12 @@ impl Topology {
     }
 
     /// A new pod on `node`, wired like the others: the first free address of
-    /// the node's pod CIDR, a namespace `<prefix>-pod-<name>`, and a node-side
-    /// veth named after a hash of the pod (as CNIs name theirs), so any pod
-    /// name fits the 15-byte limit.
+    /// the lower half of the node's pod CIDR (`.2` to `.127`; the kubelet
+    /// stand-in gives the upper half to the Pods it runs), a namespace
+    /// `<prefix>-pod-<name>`, and a node-side veth named after a hash of
+    /// the pod (as CNIs name theirs), so any pod name fits the 15-byte
+    /// limit. A name holds no dot: the stand-in's Pod namespaces do
+    /// (`<prefix>-pod-<namespace>.<name>`), so the two never meet.
     pub fn new_pod(
         &self,
         name: &str,
@@ -312,6 +319,10 @@ impl Topology {
         node: &Node,
         labels: BTreeMap<String, String>,
     ) -> anyhow::Result<Pod> {
+        ensure!(
+            !name.is_empty() && !name.contains(['.', '/']),
+            "a lab pod's name {name:?} must be non-empty, without '.' or '/'"
+        );
         let netns = self.prefix.netns(&format!("pod-{name}"));
         ensure!(
             !self.pods.iter().any(|p| p.name == name || p.netns == netns),
@@ -319,7 +330,7 @@ impl Topology {
         );
         let taken: Vec<Ipv4Addr> = self.pods_on(node).map(|p| p.ip).collect();
         let [a, b, c, _] = node.pod_gateway.octets();
-        let Some(ip) = (2..=254)
+        let Some(ip) = (2..LAB_POD_HOSTS_END)
             .map(|host| Ipv4Addr::new(a, b, c, host))
             .find(|ip| !taken.contains(ip))
         else {
@@ -566,8 +577,12 @@ mod tests {
         t.pods.push(pod);
         let again = t.new_pod("web-new", "team-b", &node, labels.clone());
         assert!(again.unwrap_err().to_string().contains("already has a pod"));
-        let next = t.new_pod("web-next", "team-a", &node, labels).unwrap();
+        let next = t
+            .new_pod("web-next", "team-a", &node, labels.clone())
+            .unwrap();
         assert_eq!(next.ip, Ipv4Addr::new(10, 244, 3, 5));
+        let dotted = t.new_pod("web.next", "team-a", &node, labels);
+        assert!(dotted.unwrap_err().to_string().contains("'.'"));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use super::kubectl::Kubectl;
 use super::process::{self, Started};
 use super::state::{LAB_JSON_VERSION, LabState, Paths};
 use super::topology::{CLUSTER_CIDR, KUBERNETES_SERVICE_IP, Pod, SERVICE_CIDR, Topology};
-use super::{certs, cluster, controlplane, down, net, network, preflight, target};
+use super::{certs, cluster, controlplane, down, kubelet, net, network, preflight, target};
 
 /// What `lab up` was asked for.
 #[derive(Debug, Clone, clap::Args)]
@@ -98,10 +98,13 @@ fn create(
         certs::create(&paths.pki(), cp_ip, KUBERNETES_SERVICE_IP)
     })?;
     let kubectl = Kubectl::new(bins, paths, topo);
-    step("etcd, kube-apiserver, kube-controller-manager", || {
-        let started = controlplane::start(topo, paths, bins, &pki);
-        started.map(|s| processes.extend(s))
-    })?;
+    step(
+        "etcd, kube-apiserver, kube-controller-manager, kube-scheduler",
+        || {
+            let started = controlplane::start(topo, paths, bins, &pki);
+            started.map(|s| processes.extend(s))
+        },
+    )?;
     step("namespaces, nodes and pods in the API", || {
         cluster::register(&kubectl, topo)
     })?;
@@ -111,9 +114,16 @@ fn create(
         processes.extend(started);
         listening
     })?;
-    step("lab.json and the kubectl wrapper", || {
+    let mut state = step("lab.json and the kubectl wrapper", || {
         write_state(topo, paths, bins, &kubectl, processes)
-    })
+    })?;
+    step("kubelet stand-in", || {
+        let started = kubelet::start(paths)?;
+        state.set_process(started.record.clone());
+        processes.push(started);
+        state.write(paths)
+    })?;
+    Ok(state)
 }
 
 /// Runs one step, printing its name and how long it took.
@@ -141,6 +151,8 @@ fn write_state(
         dir: paths.lab.clone(),
         kubernetes_version: KUBERNETES_VERSION.to_owned(),
         bin_dir: bins.dir.clone(),
+        helm: bins.helm.clone(),
+        images: super::images::KnownImages::path(paths),
         kubeconfig: paths.kubeconfig(),
         kubectl: kubectl.write_wrapper(&paths.kubectl_wrapper())?,
         api_server: topo.control_plane.api_server.clone(),
@@ -165,6 +177,12 @@ fn show_logs(processes: &[Started]) {
 
 fn print_usage(state: &LabState, topo: &Topology, paths: &Paths) {
     print_access(state, topo);
+    println!("helm:       {}", state.helm.display());
+    println!(
+        "pods:       the kubelet stand-in runs Pods whose image {} names (`{}`)",
+        state.images.display(),
+        paths.command("lab image add")
+    );
     print_hosts(topo);
     println!("egressgw:   {}", paths.command("lab deploy"));
     println!("status:     {}", paths.command("lab status"));
