@@ -9,7 +9,7 @@ use anyhow::{Context, bail, ensure};
 use super::session::Lab;
 use super::state::Paths;
 use super::topology::Pod;
-use super::{cluster, net, network};
+use super::{cluster, kubelet, net, network};
 
 /// `lab pod add|delete`.
 #[derive(Debug, clap::Subcommand)]
@@ -29,9 +29,35 @@ pub enum PodCommand {
     },
     /// Delete the pod NAME: from the API, and its network namespace.
     Delete { name: String },
+    /// Keep the containers of a Pod the kubelet stand-in runs from starting
+    /// again (one that exits, or is killed, stays down), until `release`.
+    Hold {
+        /// NAMESPACE/NAME of the Pod.
+        pod: String,
+    },
+    /// Let the kubelet stand-in start a held Pod's containers again.
+    Release {
+        /// NAMESPACE/NAME of the Pod.
+        pod: String,
+    },
 }
 
 pub fn pod(command: &PodCommand, paths: &Paths) -> anyhow::Result<()> {
+    if let PodCommand::Hold { pod } | PodCommand::Release { pod } = command {
+        let (namespace, name) = pod
+            .split_once('/')
+            .with_context(|| format!("{pod:?} is not NAMESPACE/NAME"))?;
+        if matches!(command, PodCommand::Hold { .. }) {
+            kubelet::hold(paths, namespace, name)?;
+            println!(
+                "{pod}: held; its containers do not start again until `lab pod release {pod}`"
+            );
+        } else {
+            kubelet::release(paths, namespace, name)?;
+            println!("{pod}: released");
+        }
+        return Ok(());
+    }
     let mut lab = Lab::open(paths)?;
     match command {
         PodCommand::Add {
@@ -51,6 +77,7 @@ pub fn pod(command: &PodCommand, paths: &Paths) -> anyhow::Result<()> {
             let pod = delete(&mut lab, name)?;
             println!("deleted pod {}/{} ({})", pod.namespace, pod.name, pod.netns);
         }
+        PodCommand::Hold { .. } | PodCommand::Release { .. } => unreachable!("handled above"),
     }
     Ok(())
 }
