@@ -220,6 +220,7 @@ step_binary() {
         step "egressgw binary: $GIVEN_BINARY, debug info stripped"
         [[ -x "$GIVEN_BINARY" ]] || die "--binary $GIVEN_BINARY: no such executable"
         BINARY="$WORK/egressgw"
+        BINARY_ORIGIN="${GIVEN_BINARY#"$ROOT"/}, debug info stripped"
         objcopy --strip-debug "$GIVEN_BINARY" "$BINARY"
         detail "ok: $("$BINARY" --version), $(du -h "$BINARY" | cut -f1)"
         return 0
@@ -228,6 +229,7 @@ step_binary() {
     detail "~10 minutes on 2 cores from an empty target directory, ~3 when only egressgw changed"
     cargo_build "cargo build" --release --locked -p egressgw
     BINARY="${CARGO_TARGET_DIR:-$ROOT/target}/release/egressgw"
+    BINARY_ORIGIN="cargo build --release --locked -p egressgw"
     [[ -x "$BINARY" ]] || die "cargo built no $BINARY"
     detail "ok: $("$BINARY" --version), $(du -h "$BINARY" | cut -f1)"
 }
@@ -271,7 +273,7 @@ step_image() {
         "$BASE_TAR"
     quietly "umoci add binary" umoci raw add-layer --image "$image" \
         --history.created "$CREATED" \
-        --history.created_by "cargo build --release --locked -p egressgw; /usr/local/bin/egressgw" \
+        --history.created_by "$BINARY_ORIGIN: /usr/local/bin/egressgw" \
         "$WORK/binary.tar"
     while IFS= read -r label; do
         config_args+=(--config.label "$label" --manifest.annotation "$label")
