@@ -34,6 +34,10 @@ pub struct RuntimeSpec {
     /// `privileged`: every capability, `/sys` and `/proc` writable.
     pub privileged: bool,
     pub working_dir: Option<String>,
+    /// An empty directory of the lab, for mirroring `/` when a `mountPath`
+    /// needs a top-level directory the machine does not have.
+    #[serde(default)]
+    pub scratch: Option<PathBuf>,
     pub uid: u32,
     pub gid: u32,
     /// Supplementary groups (`supplementalGroups` and `fsGroup`).
@@ -119,6 +123,7 @@ pub fn runtime_spec(input: &Input<'_>) -> anyhow::Result<RuntimeSpec> {
         read_only_root: context.and_then(|s| s.read_only_root_filesystem) == Some(true),
         privileged,
         working_dir: c.working_dir.clone().filter(|d| !d.is_empty()),
+        scratch: None,
         uid,
         gid,
         groups,

@@ -840,6 +840,10 @@ impl PodWorker {
             service_env: &service_env,
         })
         .map_err(config_error)?;
+        let mut spec = spec;
+        let scratch = self.dir.join(format!("{}.root", c.name));
+        fs::create_dir_all(&scratch).map_err(|e| config_error(e.into()))?;
+        spec.scratch = Some(scratch);
         let spec_path = self.dir.join(format!("{}.json", c.name));
         let text = serde_json::to_string_pretty(&spec).map_err(|e| config_error(e.into()))?;
         fs::write(&spec_path, text).map_err(|e| config_error(e.into()))?;

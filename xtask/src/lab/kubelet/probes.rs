@@ -288,6 +288,8 @@ fn exec(target: &Target, timeout: Duration) -> anyhow::Result<()> {
             "--mount",
             "--net",
             "--uts",
+            "--root",
+            "--wd",
             "--",
         ])
         .arg(setpriv.get_program())

@@ -88,7 +88,10 @@ pub fn run(spec_file: &Path) -> anyhow::Result<()> {
         })
         .collect::<anyhow::Result<Vec<OwnedFd>>>()?;
     fresh_sysfs(spec.privileged).context("mounting sysfs")?;
-    let mut made = Vec::new();
+    let mut made = Made {
+        dirs: Vec::new(),
+        scratch: spec.scratch.clone(),
+    };
     for (m, source) in spec.mounts.iter().zip(&sources) {
         bind_volume(m.target.as_ref(), source, m.read_only, &mut made)
             .with_context(|| format!("mounting a volume at {}", m.target))?;
@@ -151,11 +154,21 @@ fn fd_path(fd: &impl AsRawFd) -> PathBuf {
     PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
 }
 
+/// What the shim made in the container's mount namespace.
+#[derive(Debug)]
+struct Made {
+    /// Directories made here (mirrors and what was made in them), where
+    /// making more touches nothing of the machine.
+    dirs: Vec<PathBuf>,
+    /// An empty directory of the lab where a mirror of `/` is assembled.
+    scratch: Option<PathBuf>,
+}
+
 fn bind_volume(
     target: &Path,
     source: &OwnedFd,
     read_only: bool,
-    made: &mut Vec<PathBuf>,
+    made: &mut Made,
 ) -> anyhow::Result<()> {
     let source_path = fd_path(source);
     let is_dir = fs::metadata(&source_path)
@@ -211,9 +224,8 @@ fn split_existing(path: &Path) -> (PathBuf, Vec<String>) {
 }
 
 /// The mount point for a volume at `target`: the existing path (symlinks
-/// resolved), or one made inside this mount namespace. `made` holds the
-/// directories made here, where making more touches nothing of the machine.
-fn prepare_target(target: &Path, is_dir: bool, made: &mut Vec<PathBuf>) -> anyhow::Result<PathBuf> {
+/// resolved), or one made inside this mount namespace.
+fn prepare_target(target: &Path, is_dir: bool, made: &mut Made) -> anyhow::Result<PathBuf> {
     let (existing, missing) = split_existing(target);
     if missing.is_empty() {
         let meta = fs::metadata(&existing)?;
@@ -231,15 +243,17 @@ fn prepare_target(target: &Path, is_dir: bool, made: &mut Vec<PathBuf>) -> anyho
         "{} is not a directory",
         existing.display()
     );
-    if !made.contains(&existing) {
-        ensure!(
-            existing != Path::new("/"),
-            "{}: the lab does not make top-level directories ({} is missing)",
-            target.display(),
-            missing[0]
-        );
-        mimic(&existing).with_context(|| format!("mirroring {} on a tmpfs", existing.display()))?;
-        made.push(existing.clone());
+    if !made.dirs.contains(&existing) {
+        if existing == Path::new("/") {
+            let scratch = made.scratch.take().with_context(|| {
+                format!("{}: no scratch directory to mirror / in", target.display())
+            })?;
+            mimic_root(&scratch).context("mirroring / on a tmpfs")?;
+        } else {
+            mimic(&existing)
+                .with_context(|| format!("mirroring {} on a tmpfs", existing.display()))?;
+        }
+        made.dirs.push(existing.clone());
     }
     let mut path = existing;
     for (i, part) in missing.iter().enumerate() {
@@ -249,7 +263,7 @@ fn prepare_target(target: &Path, is_dir: bool, made: &mut Vec<PathBuf>) -> anyho
         } else {
             File::create(&path).with_context(|| format!("making {}", path.display()))?;
         }
-        made.push(path.clone());
+        made.dirs.push(path.clone());
     }
     Ok(path)
 }
@@ -284,11 +298,16 @@ fn mimic(dir: &Path) -> anyhow::Result<()> {
         Some(options.as_str()),
     )
     .context("mounting the tmpfs")?;
-    let from = fd_path(&original);
-    for entry in fs::read_dir(&from).context("listing the original")? {
+    mirror_entries(&fd_path(&original), dir)
+}
+
+/// Recreates the entries of directory `from` in `to`: directories and
+/// files bind-mounted (recursively), symlinks copied.
+fn mirror_entries(from: &Path, to: &Path) -> anyhow::Result<()> {
+    for entry in fs::read_dir(from).context("listing the original")? {
         let entry = entry?;
         let name = entry.file_name();
-        let (source, copy) = (from.join(&name), dir.join(&name));
+        let (source, copy) = (from.join(&name), to.join(&name));
         let file_type = entry.file_type()?;
         if file_type.is_symlink() {
             symlink(fs::read_link(&source)?, &copy)?;
@@ -303,6 +322,44 @@ fn mimic(dir: &Path) -> anyhow::Result<()> {
         mount(Some(&source), &copy, None::<&str>, bind, None::<&str>)
             .with_context(|| format!("binding {} back", copy.display()))?;
     }
+    Ok(())
+}
+
+/// Makes this process's root a tmpfs mirroring `/` (as [`mimic`] mirrors a
+/// directory), so a missing top-level directory can be made: the mirror is
+/// assembled on `scratch` (an empty directory of the lab), moved onto `/`
+/// and entered with `chroot`, as `switch_root` does. The mirror's own copy,
+/// seen again through the bind of the directory holding `scratch`, is
+/// detached.
+fn mimic_root(scratch: &Path) -> anyhow::Result<()> {
+    let original = open(
+        "/",
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .context("opening /")?;
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    mount(
+        Some("tmpfs"),
+        scratch,
+        Some("tmpfs"),
+        flags,
+        Some("mode=755"),
+    )
+    .with_context(|| format!("mounting a tmpfs on {}", scratch.display()))?;
+    mirror_entries(&fd_path(&original), scratch)?;
+    std::env::set_current_dir(scratch).context("entering the mirror")?;
+    mount(
+        Some(scratch),
+        "/",
+        None::<&str>,
+        MsFlags::MS_MOVE,
+        None::<&str>,
+    )
+    .context("moving the mirror onto /")?;
+    nix::unistd::chroot(".").context("chroot into the mirror")?;
+    std::env::set_current_dir("/").context("entering /")?;
+    let _ = umount2(scratch, MntFlags::MNT_DETACH);
     Ok(())
 }
 
@@ -521,6 +578,7 @@ mod tests {
             read_only_root: false,
             privileged: false,
             working_dir: None,
+            scratch: None,
             uid: 65534,
             gid: 65534,
             groups: vec![2000],
