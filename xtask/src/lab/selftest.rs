@@ -41,6 +41,15 @@ const AGENT_PORT: u16 = 18080;
 /// The Deployment's port on each Pod's address.
 const WEB_PORT: u16 = 8080;
 const GREETING: &str = "hello from a ConfigMap";
+/// A mountPath whose top-level directory the machine does not have.
+const TOP_LEVEL: &str = "/lab-selftest-data";
+/// mountPaths the selftest's Pods use that must not appear on the machine.
+const MOUNT_PATHS: [&str; 4] = [
+    "/run/secrets",
+    "/etc/selftest",
+    "/var/lib/testpod",
+    TOP_LEVEL,
+];
 
 /// `lab selftest`.
 #[derive(Debug, Clone, clap::Args)]
@@ -64,8 +73,7 @@ pub fn run(args: &SelftestArgs, paths: &Paths) -> anyhow::Result<()> {
         lab: &lab,
         timeout: Duration::from_secs(args.timeout),
     };
-    let host_had =
-        ["/run/secrets", "/etc/selftest", "/var/lib/testpod"].map(|p| Path::new(p).exists());
+    let host_had = MOUNT_PATHS.map(|p| Path::new(p).exists());
     println!(
         "lab selftest on the lab {} (namespace {NAMESPACE})",
         paths.prefix
@@ -111,7 +119,7 @@ pub fn run(args: &SelftestArgs, paths: &Paths) -> anyhow::Result<()> {
         "a deleted Pod gets SIGTERM, goes, and is replaced",
         test.deletion_replaces(),
     );
-    let left: Vec<&str> = ["/run/secrets", "/etc/selftest", "/var/lib/testpod"]
+    let left: Vec<&str> = MOUNT_PATHS
         .into_iter()
         .zip(host_had)
         .filter(|(p, had)| !had && Path::new(p).exists())
@@ -120,7 +128,7 @@ pub fn run(args: &SelftestArgs, paths: &Paths) -> anyhow::Result<()> {
     check(
         "no mountPath was made on the machine",
         if left.is_empty() {
-            Ok("no /run/secrets, /etc/selftest or /var/lib/testpod on the host".to_owned())
+            Ok(format!("none of {} on the host", MOUNT_PATHS.join(", ")))
         } else {
             Err(anyhow::anyhow!("left on the host: {left:?}"))
         },
@@ -429,8 +437,12 @@ impl Selftest<'_> {
             info["writable"]["/var/lib/testpod"] == true,
             "the emptyDir is not writable by uid 65534"
         );
+        ensure!(
+            info["writable"][TOP_LEVEL] == true,
+            "the emptyDir at {TOP_LEVEL} is not writable"
+        );
         Ok(format!(
-            "{name} at {ip} in its own network namespace: uid/gid 65534, fsGroup 2000, no capabilities, hostname = pod name"
+            "{name} at {ip} in its own network namespace: uid/gid 65534, fsGroup 2000, no capabilities, hostname = pod name, emptyDirs at /var/lib/testpod and {TOP_LEVEL}"
         ))
     }
 
@@ -713,14 +725,21 @@ fn objects() -> Vec<Value> {
                         "containers": [{
                             "name": "web",
                             "image": TESTPOD_IMAGE,
-                            "args": ["--listen", format!("0.0.0.0:{WEB_PORT}"), "--write", "/var/lib/testpod"],
+                            "args": [
+                                "--listen", format!("0.0.0.0:{WEB_PORT}"),
+                                "--write", "/var/lib/testpod",
+                                "--write", TOP_LEVEL,
+                            ],
                             "env": [field("POD_IP", "status.podIP")],
                             "ports": [{ "name": "http", "containerPort": WEB_PORT }],
                             "readinessProbe": probe(json!("http")),
                             "livenessProbe": probe(json!("http")),
-                            "volumeMounts": [{ "name": "scratch", "mountPath": "/var/lib/testpod" }],
+                            "volumeMounts": [
+                                { "name": "scratch", "mountPath": "/var/lib/testpod" },
+                                { "name": "top", "mountPath": TOP_LEVEL },
+                            ],
                         }],
-                        "volumes": [{ "name": "scratch", "emptyDir": {} }],
+                        "volumes": [{ "name": "scratch", "emptyDir": {} }, { "name": "top", "emptyDir": {} }],
                     },
                 },
             },
