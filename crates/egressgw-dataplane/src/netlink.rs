@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::path::{Path, PathBuf};
 
 use egressgw_core::model::Mac;
 use futures_util::{StreamExt, TryStreamExt};
@@ -55,7 +56,14 @@ pub struct Rtnetlink {
     /// Device indexes seen by the last observe, so that applying hundreds of
     /// neighbour and route ops does not look the device up for each one.
     indexes: BTreeMap<String, u32>,
+    /// Where the network sysctls are: `/proc/sys/net`, or a writable mount
+    /// of it in a container, whose own `/proc/sys` is read-only.
+    sysctl_net: PathBuf,
 }
+
+/// The network sysctls' directory unless [`Rtnetlink::with_sysctl_dir`]
+/// says otherwise.
+pub const SYSCTL_NET: &str = "/proc/sys/net";
 
 fn nl(what: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> Error {
     let what = what.into();
@@ -85,7 +93,16 @@ impl Rtnetlink {
             handle,
             vxlan_name: None,
             indexes: BTreeMap::new(),
+            sysctl_net: PathBuf::from(SYSCTL_NET),
         })
+    }
+
+    /// Reads and writes network sysctls under `dir` (the `/proc/sys/net` of
+    /// this network namespace, mounted elsewhere) instead of [`SYSCTL_NET`].
+    #[must_use]
+    pub fn with_sysctl_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.sysctl_net = dir.into();
+        self
     }
 
     /// Sends one request and waits for its acknowledgement.
@@ -181,7 +198,7 @@ impl Rtnetlink {
             .into_iter()
             .filter(|n| !is_link_local(n.addr()))
             .collect();
-        match read_rp_filter(&scope.vxlan) {
+        match read_rp_filter(&self.sysctl_net, &scope.vxlan) {
             Ok(v) => state.rp_filter = Some(v),
             Err(e) => state
                 .unreadable
@@ -331,7 +348,7 @@ impl Rtnetlink {
                     .await
                     .map_err(nl(what))
             }
-            SetRpFilter { name, value } => write_rp_filter(name, *value),
+            SetRpFilter { name, value } => write_rp_filter(&self.sysctl_net, name, *value),
             SetTxChecksum { name, on } => {
                 let offloads = crate::ethtool::set_tx_checksum(name, *on).await?;
                 report
@@ -502,8 +519,13 @@ impl Rtnetlink {
             return Ok(());
         }
         for (ifname, index) in crate::announce::segment_interfaces(ip) {
-            let path = format!("/proc/sys/net/ipv6/conf/{ifname}/proxy_ndp");
-            std::fs::write(&path, "1").map_err(|source| Error::Sysctl { path, source })?;
+            let path = self
+                .sysctl_net
+                .join(format!("ipv6/conf/{ifname}/proxy_ndp"));
+            std::fs::write(&path, "1").map_err(|source| Error::Sysctl {
+                path: path.display().to_string(),
+                source,
+            })?;
             let msg = proxy_msg(index, ip);
             self.ack(
                 RouteNetlinkMessage::NewNeighbour(msg),
@@ -848,12 +870,15 @@ fn vxlan_of(name: &str, link: &LinkMessage) -> Option<VxlanLink> {
     })
 }
 
-fn rp_filter_path(dev: &str) -> String {
-    format!("/proc/sys/net/ipv4/conf/{dev}/rp_filter")
+fn rp_filter_path(sysctl_net: &Path, dev: &str) -> String {
+    sysctl_net
+        .join(format!("ipv4/conf/{dev}/rp_filter"))
+        .display()
+        .to_string()
 }
 
-fn read_rp_filter(dev: &str) -> Result<u8> {
-    let path = rp_filter_path(dev);
+fn read_rp_filter(sysctl_net: &Path, dev: &str) -> Result<u8> {
+    let path = rp_filter_path(sysctl_net, dev);
     let text = std::fs::read_to_string(&path).map_err(|source| Error::Sysctl {
         path: path.clone(),
         source,
@@ -864,8 +889,8 @@ fn read_rp_filter(dev: &str) -> Result<u8> {
     })
 }
 
-fn write_rp_filter(dev: &str, value: u8) -> Result<()> {
-    let path = rp_filter_path(dev);
+fn write_rp_filter(sysctl_net: &Path, dev: &str, value: u8) -> Result<()> {
+    let path = rp_filter_path(sysctl_net, dev);
     std::fs::write(&path, value.to_string()).map_err(|source| Error::Sysctl { path, source })
 }
 

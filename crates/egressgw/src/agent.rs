@@ -55,6 +55,8 @@ pub struct AgentArgs {
     pub node: String,
     #[command(flatten)]
     pub cluster: ClusterArgs,
+    #[command(flatten)]
+    pub kernel: crate::dataplane::KernelArgs,
     /// Address of the health endpoint (`/healthz`, `/readyz`, `/status`).
     #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:9812")]
     pub health_addr: SocketAddr,
@@ -81,14 +83,18 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<()> {
             let owner = std::sync::OnceLock::new();
             tokio::select! {
                 result = agent(args, config.clone(), &owner) => result,
-                () = cluster::shutdown_signal() => stop(owner.get(), config).await,
+                () = cluster::shutdown_signal() => stop(owner.get(), &args.kernel, config).await,
             }
         })
 }
 
 /// On SIGTERM or SIGINT: keeps the kernel as it is, or, when the agent's
 /// DaemonSet is gone, removes everything egressgw created.
-async fn stop(owner: Option<&Arc<Owner>>, config: Config) -> anyhow::Result<()> {
+async fn stop(
+    owner: Option<&Arc<Owner>>,
+    kernel: &crate::dataplane::KernelArgs,
+    config: Config,
+) -> anyhow::Result<()> {
     let reason = match owner {
         Some(owner) => owner.uninstall_reason().await,
         None => None,
@@ -98,7 +104,7 @@ async fn stop(owner: Option<&Arc<Owner>>, config: Config) -> anyhow::Result<()> 
         return Ok(());
     };
     tracing::info!(reason, "stopping for an uninstall: removing the datapath");
-    let mut dataplane = Dataplane::new(Rtnetlink::connect()?, Nft::new(), config);
+    let mut dataplane = Dataplane::new(kernel.netlink()?, Nft::new(), config);
     let report = dataplane.cleanup().await;
     for op in &report.applied {
         tracing::info!(op, "removed");
@@ -146,7 +152,7 @@ async fn agent(
     stores.ready().await?;
     tracing::info!("watches synced");
 
-    let dataplane = Dataplane::new(Rtnetlink::connect()?, Nft::new(), config.clone());
+    let dataplane = Dataplane::new(args.kernel.netlink()?, Nft::new(), config.clone());
     let mut agent = Agent {
         node: node.to_owned(),
         config,

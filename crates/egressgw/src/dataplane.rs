@@ -11,6 +11,28 @@ use egressgw_dataplane::reconcile::Dataplane;
 
 use crate::{ApplyArgs, CleanupArgs, ReportOutput, known_node, load, load_config, refuse_invalid};
 
+/// Where the kernel is reached from: options of every command that changes it.
+#[derive(Debug, Clone, clap::Args)]
+pub struct KernelArgs {
+    /// The network sysctls of this host's network namespace. In a container
+    /// /proc/sys is read-only: the Helm chart mounts the host's
+    /// /proc/sys/net elsewhere, writable, and names it here.
+    #[arg(
+        long,
+        value_name = "DIR",
+        env = "EGRESSGW_SYSCTL_NET",
+        default_value = egressgw_dataplane::netlink::SYSCTL_NET
+    )]
+    pub sysctl_net: std::path::PathBuf,
+}
+
+impl KernelArgs {
+    /// An rtnetlink connection that writes sysctls where these options say.
+    pub fn netlink(&self) -> anyhow::Result<Rtnetlink> {
+        Ok(Rtnetlink::connect()?.with_sysctl_dir(&self.sysctl_net))
+    }
+}
+
 /// Plans the node and reconciles the kernel to it, once or every
 /// `--every` seconds. Fails when an operation failed (in one-shot mode),
 /// and before any change when an object is invalid, unless
@@ -26,7 +48,7 @@ pub(crate) fn apply(args: &ApplyArgs) -> anyhow::Result<()> {
         .get(&args.node)
         .with_context(|| format!("no plan for node {}", args.node))?;
     runtime()?.block_on(async {
-        let mut dp = Dataplane::new(Rtnetlink::connect()?, Nft::new(), snapshot.config.clone());
+        let mut dp = Dataplane::new(args.kernel.netlink()?, Nft::new(), snapshot.config.clone());
         loop {
             let report = dp.reconcile(state).await;
             print(&report, args.output)?;
@@ -44,7 +66,7 @@ pub(crate) fn cleanup(args: &CleanupArgs) -> anyhow::Result<()> {
     init_logs();
     let config = load_config(args.config.as_deref())?;
     runtime()?.block_on(async {
-        let mut dp = Dataplane::new(Rtnetlink::connect()?, Nft::new(), config);
+        let mut dp = Dataplane::new(args.kernel.netlink()?, Nft::new(), config);
         let report = dp.cleanup().await;
         print(&report, args.output)?;
         if report.is_ok() {

@@ -77,6 +77,8 @@ enum Command {
 
 #[derive(Debug, clap::Args)]
 struct ApplyArgs {
+    #[command(flatten)]
+    kernel: dataplane::KernelArgs,
     /// YAML file with the objects; `-` reads standard input.
     #[arg(short = 'f', long = "filename", value_name = "FILE")]
     file: PathBuf,
@@ -110,6 +112,8 @@ struct InvalidArgs {
 
 #[derive(Debug, clap::Args)]
 struct CleanupArgs {
+    #[command(flatten)]
+    kernel: dataplane::KernelArgs,
     /// Config file: device names, rule priority, mark mask and tables to remove.
     #[arg(long, value_name = "FILE", env = "EGRESSGW_CONFIG")]
     config: Option<PathBuf>,
