@@ -33,18 +33,21 @@ use super::topology::{API_PORT, Node};
 mod api;
 pub mod caps;
 mod container;
+mod ctr;
 mod env;
 mod hold;
 mod pod;
 mod probes;
 mod quantity;
+mod record;
 mod sandbox;
 pub mod shim;
 mod status;
 mod volumes;
 
 pub use hold::{hold, release};
-pub use pod::{LAB_POD_IMAGE, Record};
+pub use pod::LAB_POD_IMAGE;
+pub use record::Record;
 pub use sandbox::{is_pod_netns, netns_name as pod_netns};
 
 /// The name of the stand-in's process in `lab.json` (and of its log).
@@ -118,8 +121,8 @@ pub fn serve(paths: &Paths) -> anyhow::Result<()> {
         .map(|n| (n.name.clone(), n.clone()))
         .collect();
     let shim = std::env::current_exe().context("finding this program")?;
-    pod::clean_up_after_previous(paths);
-    fs::create_dir_all(pod::pods_dir(paths)).context("creating the pods directory")?;
+    record::clean_up_after_previous(paths);
+    fs::create_dir_all(record::pods_dir(paths)).context("creating the pods directory")?;
     let (cpu, memory) = machine();
     pod::log(&format!(
         "kubelet stand-in for nodes [{}]: images from {}, containers run by {} lab container-shim",

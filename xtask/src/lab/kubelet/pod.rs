@@ -5,35 +5,27 @@ use std::collections::BTreeMap;
 use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::net::Ipv4Addr;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, anyhow};
 use k8s_openapi::api::core::v1::{Container, Pod};
-use nix::sys::signal::{Signal, killpg};
-use nix::unistd::Pid;
-use serde::{Deserialize, Serialize};
 
 use super::api::Api;
-use super::container::{Input, RuntimeSpec, VolumeSource, runtime_spec};
+use super::container::{Input, VolumeSource, runtime_spec};
+use super::ctr::{Ctr, FIRST_BACKOFF, Phase, Process};
 use super::env::{Objects, PodFacts, kubernetes_service};
 use super::probes::{Kind, Prober, Target};
+use super::record::{ContainerRecord, Record, nodes_dir, pods_dir, start_ticks};
 use super::sandbox::{self, Sandbox};
-use super::status::{self, ContainerView, PodView, State, Terminated};
+use super::status::{self, PodView};
 use super::volumes::{self, Tokens};
 use crate::lab::images::KnownImages;
 use crate::lab::state::Paths;
 use crate::lab::topology::{Node, Prefix};
 
-/// The first wait before a crashed container starts again; it doubles
-/// with each crash up to [`MAX_BACKOFF`] (kubelet: 10 s to 5 min; the lab
-/// keeps tests short).
-const FIRST_BACKOFF: Duration = Duration::from_secs(1);
-const MAX_BACKOFF: Duration = Duration::from_secs(20);
-/// A container that ran this long starts its next backoff from the beginning.
-const BACKOFF_RESET: Duration = Duration::from_secs(60);
 /// kubelet's shortest grace period for stopping a container.
 const MIN_GRACE: Duration = Duration::from_secs(2);
 /// How often ConfigMaps and Secrets of a running Pod's volumes are read again.
@@ -101,152 +93,6 @@ pub fn is_lab_pod(pod: &Pod) -> bool {
     })
 }
 
-/// A running container's process.
-#[derive(Debug)]
-struct Process {
-    child: Child,
-    pid: u32,
-    started_at: SystemTime,
-    since: Instant,
-    /// Being stopped: SIGTERM sent; SIGKILL at the deadline.
-    stopping: Option<Instant>,
-    killed: bool,
-}
-
-#[derive(Debug)]
-enum Phase {
-    Waiting {
-        reason: String,
-        message: Option<String>,
-    },
-    Running(Process),
-    Terminated(Terminated),
-}
-
-/// One container of a Pod.
-#[derive(Debug)]
-struct Ctr {
-    name: String,
-    image: String,
-    image_id: String,
-    phase: Phase,
-    last: Option<Terminated>,
-    restarts: u32,
-    backoff: Duration,
-    next_start: Instant,
-    /// Whether it has been started at least once.
-    ever_started: bool,
-    readiness: Option<Prober>,
-    liveness: Option<Prober>,
-    startup: Option<Prober>,
-    spec: Option<RuntimeSpec>,
-    exec_argv: Option<Vec<String>>,
-    ports: BTreeMap<String, u16>,
-}
-
-impl Ctr {
-    fn new(c: &Container) -> Self {
-        let ports = c
-            .ports
-            .iter()
-            .flatten()
-            .filter_map(|p| Some((p.name.clone()?, u16::try_from(p.container_port).ok()?)))
-            .collect();
-        Self {
-            name: c.name.clone(),
-            image: c.image.clone().unwrap_or_default(),
-            image_id: String::new(),
-            phase: Phase::Waiting {
-                reason: "ContainerCreating".to_owned(),
-                message: None,
-            },
-            last: None,
-            restarts: 0,
-            backoff: Duration::ZERO,
-            next_start: Instant::now(),
-            ever_started: false,
-            readiness: None,
-            liveness: None,
-            startup: None,
-            spec: None,
-            exec_argv: None,
-            ports,
-        }
-    }
-
-    fn running(&self) -> Option<&Process> {
-        match &self.phase {
-            Phase::Running(p) => Some(p),
-            _ => None,
-        }
-    }
-
-    /// Started: its startup probe passed (or it has none).
-    fn started(&self) -> bool {
-        self.running().is_some() && self.startup.as_ref().is_none_or(|p| p.result == Some(true))
-    }
-
-    fn ready(&self) -> bool {
-        self.started()
-            && self
-                .readiness
-                .as_ref()
-                .is_none_or(|p| p.result == Some(true))
-    }
-
-    fn succeeded(&self) -> bool {
-        matches!(&self.phase, Phase::Terminated(t) if t.exit_code == 0)
-    }
-
-    fn view(&self) -> ContainerView {
-        let state = match &self.phase {
-            Phase::Waiting { reason, message } => State::Waiting {
-                reason: reason.clone(),
-                message: message.clone(),
-            },
-            Phase::Running(p) => State::Running {
-                started_at: p.started_at,
-            },
-            Phase::Terminated(t) => State::Terminated(t.clone()),
-        };
-        ContainerView {
-            name: self.name.clone(),
-            image: self.image.clone(),
-            image_id: self.image_id.clone(),
-            container_id: self.running().map(|p| container_id(p.pid)),
-            state,
-            last: self.last.clone(),
-            restarts: self.restarts,
-            ready: self.ready(),
-            started: self.started(),
-        }
-    }
-
-    /// Sends SIGTERM to its process group, SIGKILL after `grace`.
-    fn stop(&mut self, grace: Duration) -> bool {
-        let Phase::Running(p) = &mut self.phase else {
-            return false;
-        };
-        if p.stopping.is_none() {
-            signal(p.pid, Signal::SIGTERM);
-            p.stopping = Some(Instant::now() + grace);
-            return true;
-        }
-        false
-    }
-}
-
-fn container_id(pid: u32) -> String {
-    format!("egressgw-lab://{pid}")
-}
-
-/// A signal to the process group a container leads; no error if it is gone.
-fn signal(pid: u32, sig: Signal) {
-    if let Ok(pid) = i32::try_from(pid) {
-        let _ = killpg(Pid::from_raw(pid), sig);
-    }
-}
-
 /// The volumes as written, and when to refresh what.
 #[derive(Debug)]
 struct Volumes {
@@ -257,35 +103,6 @@ struct Volumes {
     payloads: BTreeMap<String, volumes::Payload>,
     objects: Objects,
     synced: Instant,
-}
-
-/// What `lab status` shows about a Pod, and what a restarted stand-in
-/// cleans up: `kubelet/pods/<uid>/state.json`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct Record {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
-    pub node: String,
-    pub netns: String,
-    /// The network namespace, if the Pod has its own.
-    pub owned_netns: bool,
-    pub ip: String,
-    pub phase: String,
-    pub containers: Vec<ContainerRecord>,
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct ContainerRecord {
-    pub name: String,
-    pub state: String,
-    pub pid: Option<u32>,
-    /// The process's start time (`/proc/<pid>/stat` field 22), to tell it
-    /// from a later process with the same pid.
-    pub start_ticks: Option<u64>,
-    pub restarts: u32,
-    pub ready: bool,
-    pub log: PathBuf,
 }
 
 /// One Pod, as the stand-in runs it.
@@ -428,93 +245,10 @@ impl PodWorker {
     /// Collects the containers that exited, and kills those whose grace
     /// period ran out.
     fn reap(&mut self) {
-        let key = self.key.clone();
         let (terminating, policy) = (self.terminating, self.restart_policy.clone());
-        for (init, c) in self
-            .init
-            .iter_mut()
-            .map(|c| (true, c))
-            .chain(self.containers.iter_mut().map(|c| (false, c)))
-        {
-            let Phase::Running(p) = &mut c.phase else {
-                continue;
-            };
-            if let Some(deadline) = p.stopping
-                && !p.killed
-                && Instant::now() >= deadline
-            {
-                log(&format!(
-                    "{key}: {}: grace period over, SIGKILL to pid {}",
-                    c.name, p.pid
-                ));
-                signal(p.pid, Signal::SIGKILL);
-                p.killed = true;
-            }
-            let status = match p.child.try_wait() {
-                Ok(Some(status)) => status,
-                Ok(None) => continue,
-                Err(e) => {
-                    log(&format!(
-                        "{key}: {}: waiting for pid {}: {e}",
-                        c.name, p.pid
-                    ));
-                    continue;
-                }
-            };
-            // Whatever the program left behind in its group goes with it.
-            signal(p.pid, Signal::SIGKILL);
-            let (exit_code, sig) = match (status.code(), status.signal()) {
-                (Some(code), _) => (code, None),
-                (None, Some(sig)) => (128 + sig, Some(sig)),
-                (None, None) => (-1, None),
-            };
-            let ran = p.since.elapsed();
-            let ended = Terminated {
-                exit_code,
-                signal: sig,
-                reason: if exit_code == 0 { "Completed" } else { "Error" }.to_owned(),
-                message: None,
-                started_at: p.started_at,
-                finished_at: SystemTime::now(),
-                container_id: container_id(p.pid),
-            };
-            log(&format!(
-                "{key}: {}: pid {} exited with code {exit_code} after {}s",
-                c.name,
-                p.pid,
-                ran.as_secs()
-            ));
-            c.readiness = None;
-            c.liveness = None;
-            c.startup = None;
-            let restart = !terminating
-                && match policy.as_str() {
-                    "Never" => false,
-                    "OnFailure" => exit_code != 0,
-                    _ => !init || exit_code != 0,
-                };
-            if restart {
-                c.backoff = if ran >= BACKOFF_RESET || c.backoff.is_zero() {
-                    FIRST_BACKOFF
-                } else {
-                    (c.backoff * 2).min(MAX_BACKOFF)
-                };
-                c.next_start = Instant::now() + c.backoff;
-                c.phase = Phase::Waiting {
-                    reason: "CrashLoopBackOff".to_owned(),
-                    message: Some(format!(
-                        "back-off {}s restarting failed container={} pod={}_{}({})",
-                        c.backoff.as_secs(),
-                        c.name,
-                        key.name,
-                        key.namespace,
-                        key.uid
-                    )),
-                };
-                c.last = Some(ended);
-            } else {
-                c.phase = Phase::Terminated(ended);
-            }
+        let init = self.init.iter_mut().map(|c| (true, c));
+        for (is_init, c) in init.chain(self.containers.iter_mut().map(|c| (false, c))) {
+            c.collect(&self.key, terminating, &policy, is_init);
         }
     }
 
@@ -1168,59 +902,7 @@ fn fetch_objects(api: &Api, namespace: &str, pod: &Pod) -> anyhow::Result<Object
     Ok(objects)
 }
 
-/// `<lab>/kubelet/pods`: a directory per Pod (uid) the stand-in runs.
-pub fn pods_dir(paths: &Paths) -> PathBuf {
-    paths.lab.join("kubelet").join("pods")
-}
-
-/// `<lab>/kubelet/nodes`: each node's host paths.
-pub fn nodes_dir(paths: &Paths) -> PathBuf {
-    paths.lab.join("kubelet").join("nodes")
-}
-
-/// A process's start time in clock ticks since boot (`/proc/<pid>/stat`).
-pub fn start_ticks(pid: u32) -> Option<u64> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (_, rest) = stat.rsplit_once(')')?;
-    rest.split_whitespace().nth(19)?.parse().ok()
-}
-
 /// One line of the stand-in's log.
 pub fn log(line: &str) {
     println!("{} {line}", crate::lab::cluster::rfc3339(SystemTime::now()));
-}
-
-/// Stops what a stand-in that is no longer running left: the processes
-/// its records name (if they are still those processes) and the Pods'
-/// network namespaces; removes the records.
-pub fn clean_up_after_previous(paths: &Paths) {
-    let Ok(entries) = fs::read_dir(pods_dir(paths)) else {
-        return;
-    };
-    for dir in entries.filter_map(Result::ok).map(|e| e.path()) {
-        let record: Option<Record> = fs::read_to_string(dir.join("state.json"))
-            .ok()
-            .and_then(|t| serde_json::from_str(&t).ok());
-        if let Some(record) = record {
-            for c in &record.containers {
-                if let (Some(pid), Some(ticks)) = (c.pid, c.start_ticks)
-                    && start_ticks(pid) == Some(ticks)
-                {
-                    log(&format!(
-                        "{}/{}: {}: stopping pid {pid}, left by an earlier run",
-                        record.namespace, record.name, c.name
-                    ));
-                    signal(pid, Signal::SIGKILL);
-                }
-            }
-            if record.owned_netns && !record.netns.is_empty() {
-                let netns = crate::lab::topology::Netns::parse(&record.netns);
-                if crate::lab::net::netns_exists(&netns) {
-                    std::thread::sleep(Duration::from_millis(200));
-                    let _ = crate::lab::net::delete_netns(&netns);
-                }
-            }
-        }
-        let _ = fs::remove_dir_all(&dir);
-    }
 }
