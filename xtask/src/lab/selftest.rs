@@ -25,6 +25,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::images::{Image, KnownImages};
+use super::kubelet::api::Api;
 use super::kubelet::caps::CapSet;
 use super::probe::in_netns;
 use super::session::Lab;
@@ -197,20 +198,7 @@ impl Selftest<'_> {
     }
 
     fn pod(&self, name: &str) -> anyhow::Result<Option<Pod>> {
-        let out = self.kubectl(&[
-            "get",
-            "pod",
-            name,
-            "-n",
-            NAMESPACE,
-            "--ignore-not-found",
-            "-o",
-            "json",
-        ])?;
-        if out.trim().is_empty() {
-            return Ok(None);
-        }
-        Ok(Some(serde_json::from_str(&out)?))
+        Api::new(self.lab.kubectl.clone()).optional("pod", NAMESPACE, name)
     }
 
     /// Polls `f` until it returns `Some`, or fails with what it last said.

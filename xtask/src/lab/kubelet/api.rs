@@ -70,7 +70,8 @@ impl Api {
         self.optional("secret", namespace, name)
     }
 
-    fn optional<T: DeserializeOwned>(
+    /// Object `name` of `kind` in `namespace`, `None` if there is none.
+    pub fn optional<T: DeserializeOwned>(
         &self,
         kind: &str,
         namespace: &str,

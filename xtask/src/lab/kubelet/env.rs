@@ -31,28 +31,61 @@ pub struct Objects {
     pub secrets: BTreeMap<String, Secret>,
 }
 
+/// Which kind of object holds keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    ConfigMap,
+    Secret,
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::ConfigMap => "configmap",
+            Self::Secret => "secret",
+        })
+    }
+}
+
 impl Objects {
-    /// The value of `key` in ConfigMap `name` (text or binary data).
-    pub fn config_map_key(&self, name: &str, key: &str) -> Option<Vec<u8>> {
-        let cm = self.config_maps.get(name)?;
-        cm.data
-            .as_ref()
-            .and_then(|d| d.get(key))
-            .map(|v| v.as_bytes().to_vec())
-            .or_else(|| cm.binary_data.as_ref()?.get(key).map(|v| v.0.clone()))
+    /// Every key of ConfigMap or Secret `name` with its value (text and
+    /// binary data alike); `None` if there is no such object.
+    pub fn entries(&self, source: Source, name: &str) -> Option<BTreeMap<String, Vec<u8>>> {
+        match source {
+            Source::ConfigMap => {
+                let cm = self.config_maps.get(name)?;
+                let text = cm
+                    .data
+                    .iter()
+                    .flatten()
+                    .map(|(k, v)| (k.clone(), v.as_bytes().to_vec()));
+                let binary = cm
+                    .binary_data
+                    .iter()
+                    .flatten()
+                    .map(|(k, v)| (k.clone(), v.0.clone()));
+                Some(text.chain(binary).collect())
+            }
+            Source::Secret => {
+                let secret = self.secrets.get(name)?;
+                let text = secret
+                    .string_data
+                    .iter()
+                    .flatten()
+                    .map(|(k, v)| (k.clone(), v.as_bytes().to_vec()));
+                let data = secret
+                    .data
+                    .iter()
+                    .flatten()
+                    .map(|(k, v)| (k.clone(), v.0.clone()));
+                Some(text.chain(data).collect())
+            }
+        }
     }
 
-    pub fn secret_key(&self, name: &str, key: &str) -> Option<Vec<u8>> {
-        let secret = self.secrets.get(name)?;
-        secret
-            .data
-            .as_ref()
-            .and_then(|d| d.get(key))
-            .map(|v| v.0.clone())
-            .or_else(|| {
-                let text = secret.string_data.as_ref()?.get(key)?;
-                Some(text.as_bytes().to_vec())
-            })
+    /// The value of `key` in ConfigMap or Secret `name`.
+    pub fn key(&self, source: Source, name: &str, key: &str) -> Option<Vec<u8>> {
+        self.entries(source, name)?.remove(key)
     }
 }
 
@@ -212,30 +245,27 @@ pub fn container_env(
     for (name, value) in base {
         env.set(name, value.clone());
     }
-    for source in container.env_from.iter().flatten() {
-        let prefix = source.prefix.clone().unwrap_or_default();
-        if let Some(cm) = &source.config_map_ref {
-            let Some(found) = objects.config_maps.get(&cm.name) else {
-                if cm.optional == Some(true) {
+    for from in container.env_from.iter().flatten() {
+        let prefix = from.prefix.clone().unwrap_or_default();
+        let config_map = from
+            .config_map_ref
+            .as_ref()
+            .map(|r| (Source::ConfigMap, &r.name, r.optional));
+        let secret = from
+            .secret_ref
+            .as_ref()
+            .map(|r| (Source::Secret, &r.name, r.optional));
+        for (source, name, optional) in config_map.into_iter().chain(secret) {
+            let Some(entries) = objects.entries(source, name) else {
+                if optional == Some(true) {
                     continue;
                 }
-                bail!("configmap {:?} not found", cm.name);
+                bail!("{source} {name:?} not found");
             };
-            for (k, v) in found.data.iter().flatten() {
-                env.set(&format!("{prefix}{k}"), v.clone());
-            }
-        }
-        if let Some(s) = &source.secret_ref {
-            let Some(found) = objects.secrets.get(&s.name) else {
-                if s.optional == Some(true) {
-                    continue;
-                }
-                bail!("secret {:?} not found", s.name);
-            };
-            for (k, v) in found.data.iter().flatten() {
+            for (k, v) in entries {
                 env.set(
                     &format!("{prefix}{k}"),
-                    String::from_utf8_lossy(&v.0).into_owned(),
+                    String::from_utf8_lossy(&v).into_owned(),
                 );
             }
         }
@@ -277,28 +307,19 @@ fn value_of(
             .map(Some)
             .with_context(context);
     }
-    if let Some(key) = &from.config_map_key_ref {
-        return match objects.config_map_key(&key.name, &key.key) {
+    let config_map = from
+        .config_map_key_ref
+        .as_ref()
+        .map(|k| (Source::ConfigMap, &k.name, &k.key, k.optional));
+    let secret = from
+        .secret_key_ref
+        .as_ref()
+        .map(|k| (Source::Secret, &k.name, &k.key, k.optional));
+    if let Some((source, name, key, optional)) = config_map.or(secret) {
+        return match objects.key(source, name, key) {
             Some(bytes) => Ok(Some(String::from_utf8_lossy(&bytes).into_owned())),
-            None if key.optional == Some(true) => Ok(None),
-            None => bail!(
-                "{}: key {:?} of configmap {:?} not found",
-                context(),
-                key.key,
-                key.name
-            ),
-        };
-    }
-    if let Some(key) = &from.secret_key_ref {
-        return match objects.secret_key(&key.name, &key.key) {
-            Some(bytes) => Ok(Some(String::from_utf8_lossy(&bytes).into_owned())),
-            None if key.optional == Some(true) => Ok(None),
-            None => bail!(
-                "{}: key {:?} of secret {:?} not found",
-                context(),
-                key.key,
-                key.name
-            ),
+            None if optional == Some(true) => Ok(None),
+            None => bail!("{}: key {key:?} of {source} {name:?} not found", context()),
         };
     }
     bail!("{}: unsupported valueFrom", context())

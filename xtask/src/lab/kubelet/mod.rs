@@ -30,7 +30,7 @@ use super::process::{self, Started};
 use super::state::{LabState, Paths};
 use super::topology::{API_PORT, Node};
 
-mod api;
+pub mod api;
 pub mod caps;
 mod container;
 mod ctr;

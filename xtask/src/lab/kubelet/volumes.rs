@@ -25,7 +25,7 @@ use k8s_openapi::api::core::v1::{
     DownwardAPIVolumeFile, KeyToPath, Pod, ServiceAccountTokenProjection, Volume,
 };
 
-use super::env::{Objects, PodFacts, format_map};
+use super::env::{Objects, PodFacts, Source, format_map};
 
 /// The mode of a file a volume does not give one for (0644, kubelet's default).
 const DEFAULT_MODE: u32 = 0o644;
@@ -130,96 +130,59 @@ pub fn payload(
     tokens: &Tokens,
 ) -> anyhow::Result<Payload> {
     let mut files = Payload::new();
-    if let Some(cm) = &volume.config_map {
-        let mode = cm.default_mode.map_or(DEFAULT_MODE, mode_bits);
-        let found = objects.config_maps.get(&cm.name);
-        let keys = found.map(config_map_keys).unwrap_or_default();
-        let get = |key: &str| objects.config_map_key(&cm.name, key);
-        let what = format!("configmap {:?}", cm.name);
-        project(
-            &mut files,
-            &what,
-            found.is_some(),
-            cm.optional,
-            &keys,
-            cm.items.as_deref(),
+    let mut add = |source, name: &str, optional, items: &Option<Vec<KeyToPath>>, mode| {
+        let keys = Keys {
+            source,
+            name,
+            optional: optional == Some(true),
+            items: items.as_deref(),
             mode,
-            get,
-        )?;
+        };
+        project(&mut files, objects, &keys)
+    };
+    let mode_or_default = |mode: Option<i32>| mode.map_or(DEFAULT_MODE, mode_bits);
+    if let Some(cm) = &volume.config_map {
+        let mode = mode_or_default(cm.default_mode);
+        add(Source::ConfigMap, &cm.name, cm.optional, &cm.items, mode)?;
     }
     if let Some(secret) = &volume.secret {
         let name = secret.secret_name.clone().unwrap_or_default();
-        let mode = secret.default_mode.map_or(DEFAULT_MODE, mode_bits);
-        let found = objects.secrets.get(&name);
-        let keys: Vec<String> = found
-            .and_then(|s| s.data.as_ref())
-            .map(|d| d.keys().cloned().collect())
-            .unwrap_or_default();
-        let get = |key: &str| objects.secret_key(&name, key);
-        let what = format!("secret {name:?}");
-        project(
-            &mut files,
-            &what,
-            found.is_some(),
-            secret.optional,
-            &keys,
-            secret.items.as_deref(),
-            mode,
-            get,
-        )?;
+        let mode = mode_or_default(secret.default_mode);
+        add(Source::Secret, &name, secret.optional, &secret.items, mode)?;
+    }
+    let mode = mode_or_default(volume.projected.as_ref().and_then(|p| p.default_mode));
+    let sources = volume
+        .projected
+        .iter()
+        .flat_map(|p| p.sources.iter().flatten());
+    for source in sources.clone() {
+        if let Some(cm) = &source.config_map {
+            add(Source::ConfigMap, &cm.name, cm.optional, &cm.items, mode)?;
+        }
+        if let Some(secret) = &source.secret {
+            add(
+                Source::Secret,
+                &secret.name,
+                secret.optional,
+                &secret.items,
+                mode,
+            )?;
+        }
+    }
+    for (i, source) in sources.enumerate() {
+        if let Some(token) = &source.service_account_token {
+            let value = tokens
+                .get(&(volume.name.clone(), i))
+                .with_context(|| format!("no token requested for {}", token.path))?;
+            files.insert(token.path.clone(), (value.clone().into_bytes(), mode));
+        }
+        if let Some(downward) = &source.downward_api {
+            downward_files(&mut files, facts, downward.items.iter().flatten(), mode)?;
+        }
     }
     if let Some(downward) = &volume.downward_api {
-        let mode = downward.default_mode.map_or(DEFAULT_MODE, mode_bits);
+        let mode = mode_or_default(downward.default_mode);
         downward_files(&mut files, facts, downward.items.iter().flatten(), mode)?;
-    }
-    if let Some(projected) = &volume.projected {
-        let mode = projected.default_mode.map_or(DEFAULT_MODE, mode_bits);
-        for (i, source) in projected.sources.iter().flatten().enumerate() {
-            if let Some(token) = &source.service_account_token {
-                let value = tokens
-                    .get(&(volume.name.clone(), i))
-                    .with_context(|| format!("no token requested for {}", token.path))?;
-                files.insert(token.path.clone(), (value.clone().into_bytes(), mode));
-            }
-            if let Some(cm) = &source.config_map {
-                let found = objects.config_maps.get(&cm.name);
-                let keys = found.map(config_map_keys).unwrap_or_default();
-                let get = |key: &str| objects.config_map_key(&cm.name, key);
-                let what = format!("configmap {:?}", cm.name);
-                project(
-                    &mut files,
-                    &what,
-                    found.is_some(),
-                    cm.optional,
-                    &keys,
-                    cm.items.as_deref(),
-                    mode,
-                    get,
-                )?;
-            }
-            if let Some(secret) = &source.secret {
-                let found = objects.secrets.get(&secret.name);
-                let keys: Vec<String> = found
-                    .and_then(|s| s.data.as_ref())
-                    .map(|d| d.keys().cloned().collect())
-                    .unwrap_or_default();
-                let get = |key: &str| objects.secret_key(&secret.name, key);
-                let what = format!("secret {:?}", secret.name);
-                project(
-                    &mut files,
-                    &what,
-                    found.is_some(),
-                    secret.optional,
-                    &keys,
-                    secret.items.as_deref(),
-                    mode,
-                    get,
-                )?;
-            }
-            if let Some(downward) = &source.downward_api {
-                downward_files(&mut files, facts, downward.items.iter().flatten(), mode)?;
-            }
-        }
     }
     for path in files.keys() {
         check_relative(path)?;
@@ -227,53 +190,43 @@ pub fn payload(
     Ok(files)
 }
 
-fn config_map_keys(cm: &k8s_openapi::api::core::v1::ConfigMap) -> Vec<String> {
-    let text = cm.data.iter().flat_map(|d| d.keys().cloned());
-    let binary = cm.binary_data.iter().flat_map(|d| d.keys().cloned());
-    text.chain(binary).collect()
+/// The keys of one ConfigMap or Secret a volume projects.
+#[derive(Debug)]
+struct Keys<'a> {
+    source: Source,
+    name: &'a str,
+    optional: bool,
+    /// The keys to project and where (all keys, at their names, if none).
+    items: Option<&'a [KeyToPath]>,
+    mode: u32,
 }
 
-/// The Kubernetes API gives modes as decimal or octal numbers in an i32.
+/// The API gives modes as decimal or octal numbers in an i32.
 fn mode_bits(mode: i32) -> u32 {
     u32::try_from(mode).unwrap_or(DEFAULT_MODE) & 0o7777
 }
 
-/// Adds the keys of a ConfigMap or Secret: all of them, or the `items`.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the fields of one projection, shared by four callers"
-)]
-fn project(
-    files: &mut Payload,
-    what: &str,
-    found: bool,
-    optional: Option<bool>,
-    keys: &[String],
-    items: Option<&[KeyToPath]>,
-    mode: u32,
-    get: impl Fn(&str) -> Option<Vec<u8>>,
-) -> anyhow::Result<()> {
-    let optional = optional == Some(true);
-    if !found {
-        ensure!(optional, "{what} not found");
+/// Adds the keys of a ConfigMap or Secret to `files`.
+fn project(files: &mut Payload, objects: &Objects, keys: &Keys<'_>) -> anyhow::Result<()> {
+    let what = format!("{} {:?}", keys.source, keys.name);
+    let Some(mut entries) = objects.entries(keys.source, keys.name) else {
+        ensure!(keys.optional, "{what} not found");
         return Ok(());
-    }
-    match items {
+    };
+    match keys.items {
         None | Some([]) => {
-            for key in keys {
-                if let Some(data) = get(key) {
-                    files.insert(key.clone(), (data, mode));
-                }
+            for (key, data) in entries {
+                files.insert(key, (data, keys.mode));
             }
         }
         Some(items) => {
             for item in items {
-                match get(&item.key) {
+                match entries.remove(&item.key) {
                     Some(data) => {
-                        let item_mode = item.mode.map_or(mode, mode_bits);
-                        files.insert(item.path.clone(), (data, item_mode));
+                        let mode = item.mode.map_or(keys.mode, mode_bits);
+                        files.insert(item.path.clone(), (data, mode));
                     }
-                    None if optional => {}
+                    None if keys.optional => {}
                     None => bail!("{what} has no key {:?}", item.key),
                 }
             }
