@@ -298,6 +298,11 @@ impl Selftest<'_> {
             info["no_new_privs"]
         );
         ensure!(
+            info["started_with_blocked_signals"] == "0000000000000000",
+            "the program started with signals blocked: {} (SIGTERM would never reach it)",
+            info["started_with_blocked_signals"]
+        );
+        ensure!(
             info["root_read_only"] == true,
             "the root filesystem is writable"
         );

@@ -7,7 +7,8 @@
 //! - `GET /break`: makes `/healthz` fail from now on;
 //! - `GET /info`: JSON with its uid, gids, capability sets, `NoNewPrivs`,
 //!   hostname, whether `/` is read-only, its environment, the contents of
-//!   the `--show` files, whether it can write in the `--write` directories
+//!   the `--show` files, the signal mask it started with, whether it can
+//!   write in the `--write` directories
 //!   (a file made and removed at once), and the claims of its
 //!   ServiceAccount token.
 //!
@@ -18,8 +19,8 @@ use std::fs;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::thread;
 
 use anyhow::Context;
@@ -43,7 +44,12 @@ pub struct TestpodArgs {
     pub write: Vec<PathBuf>,
 }
 
+/// The signal mask the program started with (`SigBlk` of
+/// `/proc/self/status`), before it blocks SIGTERM to wait for it.
+static STARTED_WITH_MASK: OnceLock<String> = OnceLock::new();
+
 pub fn serve(args: &TestpodArgs) -> anyhow::Result<()> {
+    let _ = STARTED_WITH_MASK.set(status_field("SigBlk"));
     let mut term = SigSet::empty();
     term.add(Signal::SIGTERM);
     term.thread_block().context("blocking SIGTERM")?;
@@ -99,16 +105,19 @@ fn answer(stream: TcpStream, broken: &AtomicBool, args: &TestpodArgs) -> anyhow:
     Ok(())
 }
 
+/// A field of `/proc/self/status`.
+fn status_field(name: &str) -> String {
+    let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}:")))
+        .map(|v| v.trim().to_owned())
+        .unwrap_or_default()
+}
+
 /// What the process runs as and sees.
 fn info(args: &TestpodArgs) -> Value {
-    let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("{name}:")))
-            .map(|v| v.trim().to_owned())
-            .unwrap_or_default()
-    };
+    let field = status_field;
     let first = |name: &str| {
         field(name)
             .split_whitespace()
@@ -146,6 +155,7 @@ fn info(args: &TestpodArgs) -> Value {
         "cap_bnd": field("CapBnd"),
         "cap_amb": field("CapAmb"),
         "no_new_privs": field("NoNewPrivs"),
+        "started_with_blocked_signals": STARTED_WITH_MASK.get(),
         "hostname": fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim(),
         "root_read_only": read_only,
         "env": std::env::vars().collect::<BTreeMap<_, _>>(),

@@ -98,7 +98,8 @@ pub fn copy_executable(from: &std::path::Path, to: &std::path::Path) -> anyhow::
 /// Runs the stand-in until SIGTERM or SIGINT.
 pub fn serve(paths: &Paths) -> anyhow::Result<()> {
     // Blocked here, read from a signalfd between rounds; threads started
-    // later inherit the mask, children get a clean one from std.
+    // later inherit the mask, and so do children (std does not reset it):
+    // the container shim unblocks everything before the program runs.
     let mut stop = SigSet::empty();
     stop.add(Signal::SIGTERM);
     stop.add(Signal::SIGINT);

@@ -3,6 +3,7 @@
 //! its pid (the kubelet stand-in started it and watches that pid).
 //!
 //! In order, in a fresh process:
+//! 0. unblocks every signal (the stand-in blocks some; a mask survives exec);
 //! 1. joins the network namespace (the node's, or the Pod's);
 //! 2. enters a mount and UTS namespace of its own, with every mount a
 //!    slave of the machine's (nothing done here propagates back), and sets
@@ -37,6 +38,7 @@ use anyhow::{Context, ensure};
 use nix::fcntl::{OFlag, open};
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nix::sched::{CloneFlags, setns, unshare};
+use nix::sys::signal::SigSet;
 use nix::sys::stat::Mode;
 
 use super::container::RuntimeSpec;
@@ -76,6 +78,12 @@ pub fn run(spec_file: &Path) -> anyhow::Result<()> {
     let spec: RuntimeSpec =
         serde_json::from_str(&text).with_context(|| format!("parsing {}", spec_file.display()))?;
     let setpriv = find_setpriv()?;
+    // The stand-in blocks SIGTERM and SIGINT to read them from a signalfd,
+    // and a child inherits its signal mask across exec: the container's
+    // program must start with none blocked, or SIGTERM never reaches it.
+    SigSet::empty()
+        .thread_set_mask()
+        .context("unblocking every signal")?;
     enter_namespaces(&spec).context("entering the container's namespaces")?;
     // The sources are opened before /sys is replaced: a hostPath of /sys/...
     // must be the machine's, not the fresh sysfs.
