@@ -19,10 +19,11 @@
 //! exactly as written in the Pod spec.
 
 use std::collections::BTreeMap;
-use std::fs;
+use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail, ensure};
+use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
 use super::state::Paths;
@@ -179,18 +180,34 @@ impl KnownImages {
 
     /// Adds (or replaces) one image in the lab's file.
     pub fn register(paths: &Paths, reference: &str, image: Image) -> anyhow::Result<()> {
-        let mut images = Self::load(paths)?;
-        images.images.insert(reference.to_owned(), image);
-        images.save(paths)
+        Self::update(paths, |images| {
+            images.images.insert(reference.to_owned(), image);
+        })
     }
 
     /// Removes one image from the lab's file; no error if it was not there.
     pub fn unregister(paths: &Paths, reference: &str) -> anyhow::Result<()> {
+        Self::update(paths, |images| {
+            images.images.remove(reference);
+        })
+    }
+
+    /// Reads, changes and writes the lab's file while holding an exclusive
+    /// lock on the lab directory, so two writers (`lab deploy` and a test,
+    /// say) never lose each other's images.
+    pub fn update(paths: &Paths, change: impl FnOnce(&mut Self)) -> anyhow::Result<()> {
+        let dir = File::open(&paths.lab)
+            .with_context(|| format!("opening {} (is the lab up?)", paths.lab.display()))?;
+        let _lock = Flock::lock(dir, FlockArg::LockExclusive)
+            .map_err(|(_, e)| e)
+            .with_context(|| format!("locking {}", paths.lab.display()))?;
         let mut images = Self::load(paths)?;
-        if images.images.remove(reference).is_some() {
-            images.save(paths)?;
+        let before = images.clone();
+        change(&mut images);
+        if images == before {
+            return Ok(());
         }
-        Ok(())
+        images.save(paths)
     }
 
     pub fn get(&self, reference: &str) -> Option<&Image> {
@@ -305,6 +322,25 @@ mod tests {
             err.contains("\"/bin/sh\"") && err.contains("/usr/local/bin/egressgw"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn registering_keeps_the_images_already_there() {
+        let dir = std::env::temp_dir().join(format!("egressgw-images-test-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let paths = Paths {
+            prefix: crate::lab::topology::Prefix::new("egt").unwrap(),
+            cache: dir.clone(),
+            lab: dir.clone(),
+        };
+        assert!(KnownImages::load(&paths).unwrap().images.is_empty());
+        KnownImages::register(&paths, "a:1", egressgw()).unwrap();
+        KnownImages::register(&paths, "b:1", egressgw()).unwrap();
+        KnownImages::unregister(&paths, "a:1").unwrap();
+        KnownImages::unregister(&paths, "never:1").unwrap();
+        let images = KnownImages::load(&paths).unwrap();
+        assert_eq!(images.images.keys().collect::<Vec<_>>(), ["b:1"]);
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
