@@ -69,6 +69,21 @@ pub struct AgentArgs {
     /// Without this flag stopping never removes anything.
     #[arg(long, value_name = "NAME", env = "EGRESSGW_DAEMONSET")]
     pub daemonset: Option<String>,
+    /// Stopping for a restart (not an uninstall, node not cordoned), the
+    /// agent renews its Lease one last time for this long, so that its
+    /// node keeps its EIPs while the replacement starts; 0 lets them move
+    /// after the controller's agent timeout as for a failure.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    pub restart_grace: u64,
+}
+
+/// What the stop path needs from the running agent, once it has it.
+#[derive(Default)]
+struct Running {
+    owner: std::sync::OnceLock<Arc<Owner>>,
+    client: std::sync::OnceLock<Client>,
+    /// Set at stop: the renewal task must not renew any more.
+    stopping: Arc<std::sync::atomic::AtomicBool>,
 }
 
 pub fn run(args: &AgentArgs) -> anyhow::Result<()> {
@@ -80,31 +95,34 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?
         .block_on(async {
-            let owner = std::sync::OnceLock::new();
+            let running = Running::default();
             tokio::select! {
-                result = agent(args, config.clone(), &owner) => result,
-                () = cluster::shutdown_signal() => stop(owner.get(), &args.kernel, config).await,
+                result = agent(args, config.clone(), &running) => result,
+                () = cluster::shutdown_signal() => stop(args, &running, config).await,
             }
         })
 }
 
-/// On SIGTERM or SIGINT: keeps the kernel as it is, or, when the agent's
+/// On SIGTERM or SIGINT: keeps the kernel as it is (and, for a restart,
+/// asks the controller to wait for the replacement), or, when the agent's
 /// DaemonSet is gone, removes everything egressgw created.
-async fn stop(
-    owner: Option<&Arc<Owner>>,
-    kernel: &crate::dataplane::KernelArgs,
-    config: Config,
-) -> anyhow::Result<()> {
-    let reason = match owner {
+async fn stop(args: &AgentArgs, running: &Running, config: Config) -> anyhow::Result<()> {
+    running
+        .stopping
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let reason = match running.owner.get() {
         Some(owner) => owner.uninstall_reason().await,
         None => None,
     };
     let Some(reason) = reason else {
+        if let Some(client) = running.client.get() {
+            restart_grace(args, client).await;
+        }
         tracing::info!("stopping; the kernel state stays as it is");
         return Ok(());
     };
     tracing::info!(reason, "stopping for an uninstall: removing the datapath");
-    let mut dataplane = Dataplane::new(kernel.netlink()?, Nft::new(), config);
+    let mut dataplane = Dataplane::new(args.kernel.netlink()?, Nft::new(), config);
     let report = dataplane.cleanup().await;
     for op in &report.applied {
         tracing::info!(op, "removed");
@@ -121,17 +139,54 @@ async fn stop(
     Ok(())
 }
 
-async fn agent(
-    args: &AgentArgs,
-    config: Config,
-    owner: &std::sync::OnceLock<Arc<Owner>>,
-) -> anyhow::Result<()> {
+/// Renews the agent's Lease for `--restart-grace` seconds, unless the node
+/// is cordoned (drained for maintenance or a shutdown: its EIPs should move
+/// now) or the grace is 0. Failures are logged: the EIPs then move after
+/// the usual timeout.
+async fn restart_grace(args: &AgentArgs, client: &Client) {
+    if args.restart_grace == 0 {
+        return;
+    }
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    let cordoned = tokio::time::timeout(Duration::from_secs(1), nodes.get_opt(&args.node))
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .flatten()
+        .is_some_and(|n| n.spec.and_then(|s| s.unschedulable).unwrap_or(false));
+    if cordoned {
+        tracing::info!("the node is cordoned: its EIPs move after the agent timeout");
+        return;
+    }
+    let api: Api<Lease> = Api::namespaced(client.clone(), &args.cluster.namespace);
+    let name = lease::agent_lease_name(&args.node);
+    let grace = Duration::from_secs(args.restart_grace);
+    match tokio::time::timeout(
+        Duration::from_secs(2),
+        lease::renew(&api, &name, &args.node, grace),
+    )
+    .await
+    {
+        Ok(Ok(())) => tracing::info!(
+            seconds = args.restart_grace,
+            "Lease renewed for a restart: the node keeps its EIPs while the next agent starts"
+        ),
+        Ok(Err(e)) => tracing::warn!(
+            error = format!("{e:#}"),
+            "could not renew the Lease for a restart"
+        ),
+        Err(_) => tracing::warn!("renewing the Lease for a restart timed out"),
+    }
+}
+
+async fn agent(args: &AgentArgs, config: Config, running: &Running) -> anyhow::Result<()> {
     let node = args.node.as_str();
     tracing::info!(node, "egressgw agent starting");
     let client = cluster::client(args.cluster.kubeconfig.as_deref()).await?;
+    let _ = running.client.set(client.clone());
     if let Some(name) = &args.daemonset {
         let api = Api::namespaced(client.clone(), &args.cluster.namespace);
-        let _ = owner.set(Owner::watch(api, name));
+        let _ = running.owner.set(Owner::watch(api, name));
     }
     let health = Arc::new(Health::default());
     health::serve(args.health_addr, Arc::clone(&health)).await?;
@@ -145,6 +200,7 @@ async fn agent(
         Duration::from_secs(args.lease_duration.max(1)),
         Arc::clone(&fence),
         Arc::clone(&changed),
+        Arc::clone(&running.stopping),
     ));
 
     let (stores, _watches) = Stores::start(&client, &changed);
@@ -222,6 +278,7 @@ async fn renew_lease(
     duration: Duration,
     fence: Arc<Fence>,
     changed: Arc<Notify>,
+    stopping: Arc<std::sync::atomic::AtomicBool>,
 ) {
     let name = lease::agent_lease_name(&node);
     let mut last_renewed = Instant::now();
@@ -230,6 +287,9 @@ async fn renew_lease(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
+        if stopping.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
         let result = tokio::time::timeout(RENEW_EVERY, lease::renew(&api, &name, &node, duration))
             .await
             .unwrap_or_else(|_| Err(anyhow::anyhow!("renewing Lease {name}: timed out")));

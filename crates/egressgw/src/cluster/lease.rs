@@ -49,10 +49,26 @@ fn seconds(duration: Duration) -> i32 {
 }
 
 /// Watches renewals of Leases and says which ones stopped.
+///
+/// A Lease is alive while it was renewed within the observer's timeout,
+/// or within its own `leaseDurationSeconds` when that is longer: an agent
+/// that stops for a restart (a rolling upgrade) renews its Lease one last
+/// time with a longer duration, so that its node keeps its EIPs while the
+/// replacement starts.
 #[derive(Debug, Default)]
 pub struct Liveness {
-    /// Lease name -> (last renewTime seen, when it was first seen).
-    seen: HashMap<String, (Option<Timestamp>, Instant)>,
+    /// Lease name -> what was last seen of it.
+    seen: HashMap<String, Seen>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    /// The last renewTime seen.
+    renewed: Option<Timestamp>,
+    /// When this process first saw that renewTime.
+    since: Instant,
+    /// The Lease's own duration.
+    duration: Option<Duration>,
 }
 
 impl Liveness {
@@ -63,26 +79,35 @@ impl Liveness {
             let Some(name) = lease.metadata.name.clone() else {
                 continue;
             };
-            let renewed = lease
-                .spec
-                .as_ref()
-                .and_then(|s| s.renew_time.as_ref())
-                .map(|t| t.0);
+            let spec = lease.spec.as_ref();
+            let renewed = spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0);
+            let duration = spec
+                .and_then(|s| s.lease_duration_seconds)
+                .and_then(|d| u64::try_from(d).ok())
+                .map(Duration::from_secs);
             let since = match self.seen.get(&name) {
-                Some((last, since)) if *last == renewed => *since,
+                Some(seen) if seen.renewed == renewed => seen.since,
                 _ => now,
             };
-            current.insert(name, (renewed, since));
+            current.insert(
+                name,
+                Seen {
+                    renewed,
+                    since,
+                    duration,
+                },
+            );
         }
         self.seen = current;
     }
 
-    /// Whether `name` was renewed within `timeout` of `now`; `None` for a
-    /// Lease never seen.
+    /// Whether `name` was renewed within `timeout` (or the Lease's own,
+    /// longer duration) of `now`; `None` for a Lease never seen.
     pub fn alive(&self, name: &str, timeout: Duration, now: Instant) -> Option<bool> {
-        self.seen
-            .get(name)
-            .map(|(_, since)| now.saturating_duration_since(*since) <= timeout)
+        self.seen.get(name).map(|seen| {
+            let limit = seen.duration.map_or(timeout, |d| d.max(timeout));
+            now.saturating_duration_since(seen.since) <= limit
+        })
     }
 }
 
@@ -280,5 +305,36 @@ mod tests {
         liveness.observe([&lease("a", 1)], t0);
         liveness.observe(std::iter::empty(), t0);
         assert_eq!(liveness.alive("a", TIMEOUT, t0), None);
+    }
+
+    #[test]
+    fn a_lease_renewed_with_a_longer_duration_stays_alive_that_long() {
+        let start = Instant::now();
+        let mut liveness = Liveness::default();
+        let mut lease = lease("a", 1);
+        lease.spec.as_mut().unwrap().lease_duration_seconds = Some(30);
+        liveness.observe([&lease], start);
+        let timeout = Duration::from_secs(3);
+        assert_eq!(
+            liveness.alive("a", timeout, start + Duration::from_secs(20)),
+            Some(true)
+        );
+        assert_eq!(
+            liveness.alive("a", timeout, start + Duration::from_secs(31)),
+            Some(false)
+        );
+    }
+
+    #[test]
+    fn a_shorter_lease_duration_does_not_shorten_the_timeout() {
+        let start = Instant::now();
+        let mut liveness = Liveness::default();
+        let mut lease = lease("a", 1);
+        lease.spec.as_mut().unwrap().lease_duration_seconds = Some(1);
+        liveness.observe([&lease], start);
+        assert_eq!(
+            liveness.alive("a", Duration::from_secs(3), start + Duration::from_secs(2)),
+            Some(true)
+        );
     }
 }
