@@ -60,6 +60,9 @@ step "tests" run_tests
 # lab runs, then the scenarios; their results count with the others.
 step "lab dependencies" env EGRESSGW_SKIP_SETUP=1 bash scripts/lab-deps.sh
 step "build egressgw and xtask" cargo build --locked -p egressgw -p xtask
+# The Containerfile's image, built from Debian packages around this build's
+# binary and checked (docs/image.md); the release build is left to releases.
+step "image" bash scripts/build-image.sh --binary target/debug/egressgw
 
 # run_e2e: a fresh lab, egressgw deployed, every scenario; output appended
 # to the same log.
@@ -69,6 +72,7 @@ run_e2e() {
 
 step "e2e on the lab" run_e2e
 step "generated CRDs are up to date" cargo xtask gen-crds --check
+step "the chart's values reference is up to date" cargo xtask chart docs --check
 # Bench targets only: compiling every library's unit tests in the bench
 # profile as well would double the time and check nothing new.
 step "benches compile" cargo bench --workspace --locked --bench '*' --no-run

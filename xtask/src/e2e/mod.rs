@@ -18,9 +18,11 @@ use crate::lab::state::Paths;
 use crate::lab::up::{self, UpArgs};
 use crate::lab::{down, process};
 
+mod install;
 mod objects;
 mod run;
 mod scenarios;
+mod snapshot;
 mod traffic;
 
 use run::Run;
@@ -31,8 +33,8 @@ use run::Run;
 pub const E2E_PREFIX: &str = "e2e";
 
 /// Addresses of the free range each scenario's gateway gets: scenario `k`
-/// uses `198.51.100.(200 + 4k) ..= (203 + 4k)`.
-const POOL_SLICE: u8 = 4;
+/// uses `198.51.100.(200 + 3k) ..= (202 + 3k)`.
+const POOL_SLICE: u8 = 3;
 const POOL_START: u8 = 200;
 
 /// `cargo xtask e2e`.
@@ -145,9 +147,11 @@ fn bring_up(paths: &Paths, args: &E2eArgs) -> anyhow::Result<Lab> {
         keep_on_failure: false,
     };
     up::up(&up_args, paths).context("lab up")?;
+    // What the nodes are without egressgw, for the uninstall scenario.
+    install::snapshot_nodes(&Lab::open(paths)?).context("snapshots of the nodes")?;
     let deploy = DeployArgs {
         egressgw: args.egressgw.clone(),
-        config: None,
+        ..DeployArgs::default()
     };
     egressgw::deploy(&deploy, paths).context("lab deploy")?;
     Lab::open(paths)
@@ -222,20 +226,21 @@ fn print_result(passed: usize, failed: usize, filtered_out: usize, begun: Instan
     );
 }
 
-/// The end of every egressgw daemon's log, to read beside a failure.
+/// The end of every egressgw pod's log, to read beside a failure.
 fn show_daemon_logs(lab: &Lab) {
-    for record in lab
-        .state
-        .processes
+    for pod in crate::lab::kubelet::records(&lab.paths)
         .iter()
-        .filter(|p| p.name.starts_with("egressgw-"))
+        .filter(|p| p.namespace == egressgw::NAMESPACE)
     {
-        println!(
-            "\n---- the end of {} ({}) ----\n{}",
-            record.name,
-            record.log.display(),
-            process::log_tail(&record.log, 15)
-        );
+        for container in &pod.containers {
+            println!(
+                "\n---- the end of {} on {} ({}) ----\n{}",
+                pod.name,
+                pod.node,
+                container.log.display(),
+                process::log_tail(&container.log, 15)
+            );
+        }
     }
 }
 

@@ -55,6 +55,12 @@ impl<'a> Run<'a> {
         }
     }
 
+    /// Forgets the objects this run applied, for a scenario that removes
+    /// them some other way (with their CRDs).
+    pub fn forget_objects(&mut self) {
+        self.undo.retain(|u| !matches!(u, Undo::Object(..)));
+    }
+
     /// A line printed under the scenario's result: a measurement, a count.
     pub fn note(&mut self, text: impl Into<String>) {
         self.notes.push(text.into());
@@ -181,9 +187,10 @@ impl<'a> Run<'a> {
         egressgw::kill_agent(self.lab, node)
     }
 
-    /// Starts a node's agent again; returns where its output starts in its log.
-    pub fn start_agent(&mut self, node: &str) -> anyhow::Result<u64> {
-        egressgw::start_agent(self.lab, node).map(|(_, offset)| offset)
+    /// Lets a node's killed agent run again; returns its log and where the
+    /// new process's output starts in it.
+    pub fn start_agent(&mut self, node: &str) -> anyhow::Result<(std::path::PathBuf, u64)> {
+        egressgw::start_agent(self.lab, node)
     }
 
     pub fn netns(&self, pod: &str) -> anyhow::Result<Netns> {
@@ -329,12 +336,8 @@ impl<'a> Run<'a> {
     }
 }
 
-fn restart_if_dead(lab: &mut Lab, node: &str) -> anyhow::Result<()> {
-    let record = lab.state.process(&egressgw::agent_name(node))?;
-    if crate::lab::process::alive(record.pid) {
-        return Ok(());
-    }
-    egressgw::start_agent(lab, node).map(drop)
+fn restart_if_dead(lab: &Lab, node: &str) -> anyhow::Result<()> {
+    egressgw::release_agent(lab, node)
 }
 
 /// What a policy's status says.

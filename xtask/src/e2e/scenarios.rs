@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, ensure};
 use serde_json::{Value, json};
 
+use super::install;
 use super::objects::{app, cluster_policy, gateway, policy};
 use super::run::{PolicyStatus, Run, SETTLE, eip_holders, eventually, wait_log_line};
 use super::traffic::{Expect, IperfRun, Prober, Sample};
@@ -17,7 +18,15 @@ use super::traffic::{Expect, IperfRun, Prober, Sample};
 pub type Scenario = (&'static str, fn(&mut Run) -> anyhow::Result<()>);
 
 /// Every scenario, in the order they run.
-pub const ALL: [Scenario; 10] = [
+pub const ALL: [Scenario; 14] = [
+    (
+        "chart_is_lint_clean_and_bad_values_change_nothing",
+        install::chart_is_lint_clean_and_bad_values_change_nothing,
+    ),
+    (
+        "agent_token_may_write_only_its_own_nodes_objects",
+        install::agent_token_may_write_only_its_own_nodes_objects,
+    ),
     (
         "policy_gives_web_pods_on_every_node_the_eip",
         policy_gives_web_pods_on_every_node_the_eip,
@@ -55,8 +64,17 @@ pub const ALL: [Scenario; 10] = [
         killed_agent_keeps_traffic_flowing_and_restarts_without_changes,
     ),
     (
+        "upgrade_toggles_checksum_offload_and_traffic_keeps_the_eip",
+        install::upgrade_toggles_checksum_offload_and_traffic_keeps_the_eip,
+    ),
+    (
         "failover_moves_the_eip_to_the_other_gateway_node",
         failover_moves_the_eip_to_the_other_gateway_node,
+    ),
+    // Last: egressgw is gone afterwards.
+    (
+        "helm_uninstall_leaves_every_node_as_it_was",
+        install::helm_uninstall_leaves_every_node_as_it_was,
     ),
 ];
 
@@ -72,7 +90,7 @@ const CLUSTER_POLICY: &str = "egressclusterpolicy";
 
 /// Applies a gateway named `name` over the run's pool, whose first address
 /// is the default EIP; returns that address.
-fn setup_gateway(run: &mut Run, name: &str) -> anyhow::Result<Ipv4Addr> {
+pub(super) fn setup_gateway(run: &mut Run, name: &str) -> anyhow::Result<Ipv4Addr> {
     let eip = *run.pool.first().context("the run has no pool")?;
     let object = gateway(name, &run.pool_range(), eip);
     run.apply(&object)?;
@@ -81,7 +99,7 @@ fn setup_gateway(run: &mut Run, name: &str) -> anyhow::Result<Ipv4Addr> {
 
 /// A team-a policy `web` for app=web pods to the target's network; waits
 /// until it is Ready and returns its status.
-fn setup_web_policy(run: &mut Run, gw: &str) -> anyhow::Result<PolicyStatus> {
+pub(super) fn setup_web_policy(run: &mut Run, gw: &str) -> anyhow::Result<PolicyStatus> {
     run.apply(&policy(TEAM_A, "web", gw, &app("web"), &[TARGET_NET]))?;
     run.wait_policy_ready(POLICY, Some(TEAM_A), "web")
 }
@@ -391,13 +409,7 @@ fn killed_agent_keeps_traffic_flowing_and_restarts_without_changes(
     wait_tunnel_phase(run, node, "HeartbeatTimeout")
         .context("the controller should mark the killed agent's node")?;
 
-    let offset = run.start_agent(node)?;
-    let log = run
-        .lab
-        .state
-        .process(&crate::lab::egressgw::agent_name(node))?
-        .log
-        .clone();
+    let (log, offset) = run.start_agent(node)?;
     let line = wait_log_line(&log, offset, "reconciled applied=", SETTLE)?;
     let (applied, failed) =
         reconcile_counts(&line).with_context(|| format!("reading the counts of {line:?}"))?;

@@ -1,12 +1,12 @@
-//! `lab deploy` and `lab agent`: egressgw's controller and agents in the lab.
-//!
-//! The controller runs in the control-plane namespace, one agent in each node
-//! namespace (as a DaemonSet pod with `hostNetwork: true` would), all with the
-//! lab's admin kubeconfig and one config file. They are lab processes like
-//! etcd: recorded in `lab.json`, logged under `logs/`, stopped by `lab down`.
+//! `lab deploy` and `lab agent`: egressgw in the lab, installed the way a
+//! cluster gets it: `helm install` of the chart through the API. The
+//! DaemonSet and Deployment controllers create the Pods, the scheduler
+//! binds them, and the lab's kubelet stand-in runs them (with their own
+//! ServiceAccounts, capabilities and volumes) from an "image" the lab
+//! registers for the egressgw binary it deploys (`images.json`).
 
 use std::fs;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::thread;
@@ -14,32 +14,35 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 
-use super::process::{self, Started};
+use super::build::Fnv1a;
+use super::helm::{Helm, RELEASE};
+use super::images::{Image, KnownImages};
+use super::kubelet::{self, Record};
 use super::session::Lab;
-use super::state::{Deployment, Paths, ProcessRecord};
-use super::topology::{Netns, Node, SERVICE_CIDR, Topology};
+use super::state::{Deployment, Paths};
+use super::topology::{Node, SERVICE_CIDR, Topology};
 use super::up::step;
-use super::{cmd, probe};
+use super::{cmd, probe, process};
 
-/// The Kubernetes namespace of egressgw's Leases.
+/// The Kubernetes namespace egressgw is installed in.
 pub const NAMESPACE: &str = "egressgw-system";
-/// The controller's health port (its default).
-pub const CONTROLLER_HEALTH_PORT: u16 = 9811;
-/// The agents' health port (their default).
+/// The agents' health port (the chart's default).
 pub const AGENT_HEALTH_PORT: u16 = 9812;
-/// The process name of the controller in `lab.json`.
-pub const CONTROLLER: &str = "egressgw-controller";
-/// How long the daemons get to become ready after they start.
+/// The image repository under which the lab registers the binary it deploys.
+pub const LAB_IMAGE: &str = "lab.egressgw.io/egressgw";
+/// Where the chart's containers find the binary.
+const IMAGE_BINARY: &str = "/usr/local/bin/egressgw";
+/// The agent DaemonSet and the controller Deployment, as the chart names them.
+const AGENT_DAEMONSET: &str = "egressgw-agent";
+const CONTROLLER_DEPLOYMENT: &str = "egressgw-controller";
+/// How long the rollout may take.
+const ROLLOUT_TIMEOUT: &str = "180s";
+/// How long the agents get to become ready once their pods run.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
-/// How long the CRDs get to be served.
-const CRD_TIMEOUT: &str = "60s";
-/// Field manager of what the lab applies.
+/// How long a held agent gets to run again once released.
+const RESTART_TIMEOUT: Duration = Duration::from_secs(30);
+/// Field manager of the CRDs the lab applies.
 const FIELD_MANAGER: &str = "egressgw-lab";
-
-/// The process name of the agent of `node` in `lab.json`.
-pub fn agent_name(node: &str) -> String {
-    format!("egressgw-agent-{node}")
-}
 
 /// What `lab deploy` was asked for.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -48,46 +51,54 @@ pub struct DeployArgs {
     /// i.e. target/debug/egressgw].
     #[arg(long, value_name = "PATH")]
     pub egressgw: Option<PathBuf>,
-    /// Config file for every daemon [default: one the lab writes, with the
-    /// lab's service CIDR].
-    #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
+    /// More Helm values files, after the lab's own (`helm -f`).
+    #[arg(short = 'f', long = "values", value_name = "FILE")]
+    pub values: Vec<PathBuf>,
+    /// Helm values on the command line (`helm --set`), e.g.
+    /// `feature.vxlan.disableChecksumOffload=true`.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
 }
 
-/// Installs the CRDs and the namespace, starts the controller and one agent
-/// per node, and waits until they are ready. Run again, it replaces the
-/// running daemons (with a new binary, if it was rebuilt).
+/// Registers the binary as an image, installs or upgrades the chart, and
+/// waits until every agent is ready. Run again, it upgrades the release
+/// (with a new binary, if it was rebuilt: its image tag is its hash).
 pub fn deploy(args: &DeployArgs, paths: &Paths) -> anyhow::Result<()> {
     let mut lab = Lab::open(paths)?;
     let binary = find_binary(args.egressgw.as_deref())?;
     println!(
-        "deploying egressgw ({}) to the lab {}",
+        "deploying egressgw ({}) to the lab {} with helm",
         binary.display(),
         paths.prefix
     );
-    stop_running(&mut lab)?;
     let dir = paths.egressgw();
     fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    step("CRDs and the namespace", || install_api(&lab))?;
-    let deployment = step("the egressgw binary and its config", || {
-        Ok(Deployment {
-            binary: copy_binary(&binary, &dir.join("egressgw"))?,
-            config: write_config(args.config.as_deref(), &dir.join("config.yaml"))?,
-            namespace: NAMESPACE.to_owned(),
-            controller_health: SocketAddr::from((Ipv4Addr::LOCALHOST, CONTROLLER_HEALTH_PORT))
-                .to_string(),
-            agent_health_port: AGENT_HEALTH_PORT,
-        })
+    let (copy, tag) = step("the egressgw binary as an image", || {
+        register_image(paths, &binary, &dir)
     })?;
-    lab.state.egressgw = Some(deployment.clone());
-    let mut started = step("controller and agents", || start_all(&lab, &deployment))?;
-    for s in &started {
-        lab.state.set_process(s.record.clone());
-    }
+    let values = step("the lab's values", || write_values(&tag, &dir))?;
+    step(
+        "the CRDs (server-side apply; helm never upgrades them)",
+        || apply_crds(&lab),
+    )?;
+    let helm = Helm::at(
+        &lab.state.helm,
+        &paths.kubeconfig(),
+        &lab.state.topology.control_plane.netns,
+    );
+    step(&format!("helm upgrade --install {RELEASE}"), || {
+        install(&helm, &values, args)
+    })?;
+    lab.state.egressgw = Some(Deployment {
+        binary: copy,
+        config: values,
+        namespace: NAMESPACE.to_owned(),
+        controller_health: String::new(),
+        agent_health_port: AGENT_HEALTH_PORT,
+    });
     lab.save()?;
-    step("waiting until they are ready", || {
-        wait_ready(&lab, &deployment, &mut started)
-    })?;
+    step("rollout of the agents and the controller", || rollout(&lab))?;
+    step("waiting until every agent is ready", || wait_ready(&lab))?;
     print_usage(&lab);
     Ok(())
 }
@@ -110,42 +121,46 @@ fn find_binary(given: Option<&Path>) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-/// A copy the daemons run, so a rebuild of the workspace does not change
-/// the program under them (and `agent start` starts the same one again).
-fn copy_binary(from: &Path, to: &Path) -> anyhow::Result<PathBuf> {
-    // Replacing a running executable in place fails (ETXTBSY): write a new file.
-    let tmp = to.with_extension("new");
-    fs::copy(from, &tmp)
-        .with_context(|| format!("copying {} to {}", from.display(), tmp.display()))?;
-    fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755))
-        .with_context(|| format!("making {} executable", tmp.display()))?;
-    fs::rename(&tmp, to).with_context(|| format!("moving {} into place", to.display()))?;
-    Ok(to.to_path_buf())
+/// Copies the binary under a name from its content's hash (pods of an
+/// older deploy keep running theirs until they are replaced) and registers
+/// it as `LAB_IMAGE:<hash>`. Returns the copy and the tag.
+fn register_image(paths: &Paths, binary: &Path, dir: &Path) -> anyhow::Result<(PathBuf, String)> {
+    let bytes = fs::read(binary).with_context(|| format!("reading {}", binary.display()))?;
+    let mut hash = Fnv1a::default();
+    hash.write(&bytes);
+    let tag = format!("dev-{:016x}", hash.finish());
+    let copy = dir.join(format!("egressgw-{tag}"));
+    if !copy.is_file() {
+        let tmp = copy.with_extension("new");
+        fs::write(&tmp, &bytes).with_context(|| format!("writing {}", tmp.display()))?;
+        fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755))
+            .with_context(|| format!("making {} executable", tmp.display()))?;
+        fs::rename(&tmp, &copy).with_context(|| format!("moving {} into place", copy.display()))?;
+    }
+    KnownImages::register(
+        paths,
+        &format!("{LAB_IMAGE}:{tag}"),
+        Image::of_binary(&copy, IMAGE_BINARY),
+    )?;
+    Ok((copy, tag))
 }
 
-/// The config every daemon reads: the given file (copied), or one naming the
-/// lab's service range as in-cluster.
-fn write_config(given: Option<&Path>, to: &Path) -> anyhow::Result<PathBuf> {
-    let text = match given {
-        Some(path) => {
-            fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?
-        }
-        None => format!(
-            "# egressgw's config in the lab (written by `cargo xtask lab deploy`).\n\
-             # Traffic to the service range never goes to a gateway.\n\
-             serviceCIDRs: [{SERVICE_CIDR}]\n"
-        ),
-    };
-    fs::write(to, text).with_context(|| format!("writing {}", to.display()))?;
-    Ok(to.to_path_buf())
+/// The values the lab needs: its image, never pulled, and its service range.
+fn write_values(tag: &str, dir: &Path) -> anyhow::Result<PathBuf> {
+    let text = format!(
+        "# Values of the lab's egressgw release (written by `cargo xtask lab deploy`).\n\
+         image:\n  repository: {LAB_IMAGE}\n  tag: {tag}\n  pullPolicy: Never\n\
+         feature:\n  # Traffic to the service range never goes to a gateway.\n\
+         \x20 serviceCIDRs: [{SERVICE_CIDR}]\n"
+    );
+    let path = dir.join("values.yaml");
+    fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
 }
 
-/// Applies the CRDs and the namespace, and waits until the CRDs are served.
-fn install_api(lab: &Lab) -> anyhow::Result<()> {
-    let crds = crate::workspace_root().join("deploy").join("crds");
-    let crds = crds.display().to_string();
-    let kubectl = &lab.kubectl;
-    kubectl
+fn apply_crds(lab: &Lab) -> anyhow::Result<()> {
+    let crds = Helm::chart().join("crds").display().to_string();
+    lab.kubectl
         .run(&[
             "apply",
             "--server-side",
@@ -156,147 +171,79 @@ fn install_api(lab: &Lab) -> anyhow::Result<()> {
             &crds,
         ])
         .context("applying the CRDs")?;
-    let namespace = format!(
-        "{{\"apiVersion\": \"v1\", \"kind\": \"Namespace\", \"metadata\": {{\"name\": \"{NAMESPACE}\"}}}}"
-    );
-    kubectl
-        .run_with_input(
-            &[
-                "apply",
-                "--server-side",
-                "--field-manager",
-                FIELD_MANAGER,
-                "-f",
-                "-",
-            ],
-            Some(&namespace),
-        )
-        .with_context(|| format!("creating the namespace {NAMESPACE}"))?;
-    let timeout = format!("--timeout={CRD_TIMEOUT}");
-    kubectl
-        .run(&["wait", "--for=condition=Established", &timeout, "-f", &crds])
+    lab.kubectl
+        .run(&[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "-f",
+            &crds,
+        ])
         .context("waiting for the CRDs to be Established")
         .map(drop)
 }
 
-/// Stops the egressgw daemons a previous `deploy` started, and forgets them.
-fn stop_running(lab: &mut Lab) -> anyhow::Result<()> {
-    let (ours, others): (Vec<ProcessRecord>, Vec<ProcessRecord>) = lab
-        .state
-        .processes
-        .drain(..)
-        .partition(|p| p.name.starts_with("egressgw-"));
-    lab.state.processes = others;
-    let running: Vec<u32> = ours
+fn install(helm: &Helm, values: &Path, args: &DeployArgs) -> anyhow::Result<()> {
+    let chart = Helm::chart().display().to_string();
+    let values = values.display().to_string();
+    let extra: Vec<String> = args
+        .values
         .iter()
-        .map(|p| p.pid)
-        .filter(|&p| process::alive(p))
+        .map(|v| v.display().to_string())
         .collect();
-    if !running.is_empty() {
-        println!("  stopping the running egressgw daemons (pids {running:?})");
-        let survivors = process::stop_all(&running);
-        ensure!(survivors.is_empty(), "pids {survivors:?} survived SIGKILL");
+    let mut argv = vec![
+        "upgrade",
+        "--install",
+        RELEASE,
+        &chart,
+        "-n",
+        NAMESPACE,
+        "--create-namespace",
+        "-f",
+        &values,
+    ];
+    for file in &extra {
+        argv.extend(["-f", file]);
     }
-    lab.save()
-}
-
-fn start_all(lab: &Lab, deployment: &Deployment) -> anyhow::Result<Vec<Started>> {
-    let topo = &lab.state.topology;
-    let mut started = vec![process::start(
-        &lab.paths,
-        &topo.control_plane.netns,
-        CONTROLLER,
-        &deployment.binary,
-        &controller_args(lab, deployment),
-    )?];
-    for node in &topo.nodes {
-        started.push(process::start(
-            &lab.paths,
-            &node.netns,
-            &agent_name(&node.name),
-            &deployment.binary,
-            &agent_args(lab, deployment, node),
-        )?);
+    for set in &args.set {
+        argv.extend(["--set", set]);
     }
-    Ok(started)
+    helm.run(&argv).map(drop)
 }
 
-fn common_args(lab: &Lab, deployment: &Deployment) -> Vec<String> {
-    vec![
-        "--kubeconfig".to_owned(),
-        lab.state.kubeconfig.display().to_string(),
-        "--config".to_owned(),
-        deployment.config.display().to_string(),
-        "--namespace".to_owned(),
-        deployment.namespace.clone(),
-    ]
+fn rollout(lab: &Lab) -> anyhow::Result<()> {
+    let timeout = format!("--timeout={ROLLOUT_TIMEOUT}");
+    for what in [
+        format!("daemonset/{AGENT_DAEMONSET}"),
+        format!("deployment/{CONTROLLER_DEPLOYMENT}"),
+    ] {
+        lab.kubectl
+            .run(&["rollout", "status", &what, "-n", NAMESPACE, &timeout])
+            .with_context(|| {
+                format!(
+                    "{what} did not roll out; the stand-in's log: {}",
+                    lab.paths.logs().join("kubelet.log").display()
+                )
+            })?;
+    }
+    Ok(())
 }
 
-fn controller_args(lab: &Lab, deployment: &Deployment) -> Vec<String> {
-    let mut args = vec!["controller".to_owned()];
-    args.extend(common_args(lab, deployment));
-    args.extend([
-        "--identity".to_owned(),
-        lab.paths.prefix.name("controller"),
-        "--health-addr".to_owned(),
-        format!("0.0.0.0:{CONTROLLER_HEALTH_PORT}"),
-    ]);
-    args
-}
-
-fn agent_args(lab: &Lab, deployment: &Deployment, node: &Node) -> Vec<String> {
-    let mut args = vec!["agent".to_owned(), "--node".to_owned(), node.name.clone()];
-    args.extend(common_args(lab, deployment));
-    args.extend([
-        "--health-addr".to_owned(),
-        format!("0.0.0.0:{}", deployment.agent_health_port),
-    ]);
-    args
-}
-
-/// One daemon to wait for: where its health endpoint is, from where.
-struct Probe<'a> {
-    name: String,
-    netns: &'a Netns,
-    addr: SocketAddr,
-    path: &'static str,
-}
-
-fn probes<'a>(lab: &'a Lab, deployment: &Deployment) -> Vec<Probe<'a>> {
-    let topo = &lab.state.topology;
-    let mut all = vec![Probe {
-        name: "controller".to_owned(),
-        netns: &topo.control_plane.netns,
-        addr: SocketAddr::from((Ipv4Addr::LOCALHOST, CONTROLLER_HEALTH_PORT)),
-        path: "/healthz",
-    }];
-    all.extend(topo.nodes.iter().map(|node| Probe {
-        name: format!("agent on {}", node.name),
-        netns: &node.netns,
-        addr: SocketAddr::from((node.ip, deployment.agent_health_port)),
-        path: "/readyz",
-    }));
-    all
-}
-
-/// Polls every daemon's health endpoint (from inside its namespace) until
-/// all answer 200, printing who is still waited for every few seconds.
-/// Fails early, with the end of its log, if a daemon exits.
-fn wait_ready(lab: &Lab, deployment: &Deployment, started: &mut [Started]) -> anyhow::Result<()> {
-    let probes = probes(lab, deployment);
+/// Polls every agent's `/readyz` from inside its node until all answer 200.
+fn wait_ready(lab: &Lab) -> anyhow::Result<()> {
     let begun = Instant::now();
-    let mut last_report = begun;
     loop {
-        for process in started.iter_mut() {
-            process.check_running()?;
-        }
-        let waiting: Vec<String> = probes
+        let waiting: Vec<String> = lab
+            .state
+            .topology
+            .nodes
             .iter()
-            .filter_map(|p| {
-                match probe::http_status(p.netns, p.addr, p.path, Duration::from_secs(1)) {
+            .filter_map(|node| {
+                let addr = SocketAddr::from((node.ip, AGENT_HEALTH_PORT));
+                match probe::http_status(&node.netns, addr, "/readyz", Duration::from_secs(1)) {
                     Ok(200) => None,
-                    Ok(code) => Some(format!("{} ({} answers {code})", p.name, p.path)),
-                    Err(e) => Some(format!("{} ({e:#})", p.name)),
+                    Ok(code) => Some(format!("agent on {} (/readyz answers {code})", node.name)),
+                    Err(e) => Some(format!("agent on {} ({e:#})", node.name)),
                 }
             })
             .collect();
@@ -308,106 +255,121 @@ fn wait_ready(lab: &Lab, deployment: &Deployment, started: &mut [Started]) -> an
                 "not ready after {}s: {}; logs in {}",
                 READY_TIMEOUT.as_secs(),
                 waiting.join(", "),
-                lab.paths.logs().display()
+                lab.paths.logs().join("pods").display()
             );
-        }
-        if last_report.elapsed() >= Duration::from_secs(5) {
-            print!(
-                "\n    {:.0}s, waiting for: {} ... ",
-                begun.elapsed().as_secs_f64(),
-                waiting.join(", ")
-            );
-            last_report = Instant::now();
         }
         thread::sleep(Duration::from_millis(250));
     }
 }
 
 fn print_usage(lab: &Lab) {
-    let logs = lab.paths.logs();
+    let kubectl = lab.state.kubectl.display();
     println!(
-        "\negressgw is up: a controller and {} agents",
+        "\negressgw is up: release {RELEASE} in {NAMESPACE}, an agent on each of {} nodes",
         lab.state.topology.nodes.len()
     );
-    println!("logs:       {}/egressgw-*.log", logs.display());
+    println!("pods:       {kubectl} get pods -n {NAMESPACE} -o wide");
     println!(
-        "objects:    {} get egressgw -A -o wide",
-        lab.state.kubectl.display()
+        "logs:       {}/{NAMESPACE}_*/*.log",
+        lab.paths.logs().join("pods").display()
     );
-    println!(
-        "examples:   {} apply -f deploy/examples/lab/",
-        lab.state.kubectl.display()
-    );
+    println!("objects:    {kubectl} get egressgw -A -o wide");
+    println!("examples:   {kubectl} apply -f deploy/examples/lab/");
     println!("status:     {}", lab.command("lab status"));
 }
 
 /// `lab agent kill|start NODE`.
 #[derive(Debug, clap::Subcommand)]
 pub enum AgentCommand {
-    /// SIGKILL the agent of NODE: no cleanup, as if it crashed.
+    /// SIGKILL the agent of NODE, as if it crashed, and hold it down: the
+    /// kubelet stand-in does not restart it until `agent start`.
     Kill { node: String },
-    /// Start the agent of NODE again, as `deploy` started it.
+    /// Let the agent of NODE run again (the stand-in restarts it).
     Start { node: String },
 }
 
 pub fn agent(command: &AgentCommand, paths: &Paths) -> anyhow::Result<()> {
-    let mut lab = Lab::open(paths)?;
+    let lab = Lab::open(paths)?;
     match command {
         AgentCommand::Kill { node } => {
             let pid = kill_agent(&lab, node)?;
-            println!("killed the agent of {node} (pid {pid}, SIGKILL)");
+            println!("killed the agent of {node} (pid {pid}, SIGKILL); held until `agent start`");
         }
         AgentCommand::Start { node } => {
-            let (started, _) = start_agent(&mut lab, node)?;
-            println!(
-                "started the agent of {node} (pid {}, log {})",
-                started.record.pid,
-                started.record.log.display()
-            );
+            let (log, _) = start_agent(&lab, node)?;
+            println!("the agent of {node} runs again (log {})", log.display());
         }
     }
     Ok(())
 }
 
-/// SIGKILLs the agent of `node`; returns its pid.
+/// The agent pod of `node`, as the stand-in runs it.
+fn agent_pod(lab: &Lab, node: &str) -> anyhow::Result<Record> {
+    lab.node(node)?;
+    kubelet::records(&lab.paths)
+        .into_iter()
+        .find(|r| r.namespace == NAMESPACE && r.node == node && is_agent_pod(&r.name))
+        .with_context(|| {
+            format!(
+                "no agent pod runs on {node}: is egressgw deployed (`{}`)?",
+                lab.command("lab deploy")
+            )
+        })
+}
+
+fn is_agent_pod(name: &str) -> bool {
+    name.strip_prefix(AGENT_DAEMONSET)
+        .is_some_and(|rest| rest.starts_with('-'))
+}
+
+/// SIGKILLs the agent of `node` and holds it down; returns its pid.
 pub fn kill_agent(lab: &Lab, node: &str) -> anyhow::Result<u32> {
-    lab.node(node)?;
-    let record = agent_record(lab, node)?;
-    ensure!(
-        process::alive(record.pid),
-        "the agent of {node} (pid {}) is not running: `{}` starts it",
-        record.pid,
-        lab.command(&format!("lab agent start {node}"))
-    );
-    process::kill_now(record.pid).with_context(|| format!("killing the agent of {node}"))?;
-    Ok(record.pid)
+    let pod = agent_pod(lab, node)?;
+    let container = pod
+        .containers
+        .first()
+        .with_context(|| format!("the agent pod {} has no container", pod.name))?;
+    let pid = container
+        .pid
+        .with_context(|| format!("the agent of {node} is not running ({})", container.state))?;
+    kubelet::hold(&lab.paths, &pod.namespace, &pod.name)?;
+    process::kill_now(pid).with_context(|| format!("killing the agent of {node}"))?;
+    Ok(pid)
 }
 
-/// Starts the agent of `node` again with the arguments it had; records the
-/// new pid. Returns the process and where its output starts in the log.
-pub fn start_agent(lab: &mut Lab, node: &str) -> anyhow::Result<(Started, u64)> {
-    lab.node(node)?;
-    let record = agent_record(lab, node)?.clone();
-    ensure!(
-        !process::alive(record.pid),
-        "the agent of {node} is running (pid {}): `{}` first",
-        record.pid,
-        lab.command(&format!("lab agent kill {node}"))
-    );
-    let (started, offset) = process::restart(&lab.paths, &record)
-        .with_context(|| format!("starting the agent of {node}"))?;
-    lab.state.set_process(started.record.clone());
-    lab.save()?;
-    Ok((started, offset))
+/// Releases the agent of `node` and waits until it runs again. Returns its
+/// log and where the new process's output starts in it.
+pub fn start_agent(lab: &Lab, node: &str) -> anyhow::Result<(PathBuf, u64)> {
+    let pod = agent_pod(lab, node)?;
+    let container = pod
+        .containers
+        .first()
+        .with_context(|| format!("the agent pod {} has no container", pod.name))?;
+    let log = container.log.clone();
+    let offset = fs::metadata(&log).map_or(0, |m| m.len());
+    let old = container.pid;
+    kubelet::release(&lab.paths, &pod.namespace, &pod.name)?;
+    let begun = Instant::now();
+    loop {
+        let now = agent_pod(lab, node)?;
+        let pid = now.containers.first().and_then(|c| c.pid);
+        if pid.is_some() && pid != old && pid.is_some_and(process::alive) {
+            return Ok((log, offset));
+        }
+        ensure!(
+            begun.elapsed() < RESTART_TIMEOUT,
+            "the agent of {node} did not run again within {}s; see {}",
+            RESTART_TIMEOUT.as_secs(),
+            lab.paths.logs().join("kubelet.log").display()
+        );
+        thread::sleep(Duration::from_millis(200));
+    }
 }
 
-fn agent_record<'a>(lab: &'a Lab, node: &str) -> anyhow::Result<&'a ProcessRecord> {
-    lab.state.process(&agent_name(node)).with_context(|| {
-        format!(
-            "egressgw is not deployed in this lab: `{}`",
-            lab.command("lab deploy")
-        )
-    })
+/// Releases the agent of `node` if `agent kill` holds it.
+pub fn release_agent(lab: &Lab, node: &str) -> anyhow::Result<()> {
+    let pod = agent_pod(lab, node)?;
+    kubelet::release(&lab.paths, &pod.namespace, &pod.name)
 }
 
 /// `lab node down|up NODE`.

@@ -29,6 +29,7 @@ pub mod cmd;
 mod controlplane;
 pub mod down;
 pub mod egressgw;
+pub mod helm;
 pub mod images;
 pub mod kubectl;
 pub mod kubelet;

@@ -2,8 +2,7 @@
 //! each the leader of its own process group, output to a log file, pid
 //! recorded in a pid file; stopped by process group.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::Write;
+use std::fs::{self, File};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -77,25 +76,6 @@ pub fn start_on_host(
     spawn(paths, &Netns::parse(""), name, program, args, out)
 }
 
-/// Starts again the process `record` describes, as [`start`] would, but
-/// appending to its log after a line that marks the restart. Returns the
-/// process and the log's length before that line: what the new process
-/// writes starts there.
-pub fn restart(paths: &Paths, record: &ProcessRecord) -> anyhow::Result<(Started, u64)> {
-    let log = log_path(paths, &record.name);
-    let mut out = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log)
-        .with_context(|| format!("opening {}", log.display()))?;
-    let offset = out.metadata().map_or(0, |m| m.len());
-    writeln!(out, "--- egressgw lab: {} started again", record.name)
-        .with_context(|| format!("writing to {}", log.display()))?;
-    let ns = Netns::parse(&record.netns);
-    let started = spawn(paths, &ns, &record.name, &record.program, &record.args, out)?;
-    Ok((started, offset))
-}
-
 fn log_path(paths: &Paths, name: &str) -> PathBuf {
     paths.logs().join(format!("{name}.log"))
 }
@@ -120,6 +100,9 @@ fn spawn(
     };
     let child = command
         .args(args)
+        // A lab process that is itself a lab command (the kubelet stand-in)
+        // works on this lab, whatever the environment it was started from.
+        .env("EGRESSGW_LAB_PREFIX", paths.prefix.to_string())
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err)

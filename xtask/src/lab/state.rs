@@ -220,14 +220,6 @@ pub struct Deployment {
 }
 
 impl LabState {
-    /// The record of the process called `name`.
-    pub fn process(&self, name: &str) -> anyhow::Result<&ProcessRecord> {
-        self.processes
-            .iter()
-            .find(|p| p.name == name)
-            .with_context(|| format!("lab.json records no process named {name:?}"))
-    }
-
     /// Records `record`, replacing an earlier record of the same name.
     pub fn set_process(&mut self, record: ProcessRecord) {
         match self.processes.iter_mut().find(|p| p.name == record.name) {

@@ -186,6 +186,7 @@ fn print_usage(state: &LabState, topo: &Topology, paths: &Paths) {
     print_hosts(topo);
     println!("egressgw:   {}", paths.command("lab deploy"));
     println!("status:     {}", paths.command("lab status"));
+    println!("check:      {}", paths.command("lab selftest"));
     println!("remove:     {}", paths.command("lab down"));
 }
 

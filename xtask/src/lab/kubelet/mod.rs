@@ -5,9 +5,10 @@
 //! It runs the Pods that Kubernetes binds to the lab's nodes (by the
 //! scheduler, or `spec.nodeName`), as processes, for the images it knows
 //! ([`crate::lab::images`]); see docs/lab.md for what it honours. It is
-//! level-based: every round (a second) it lists the Pods bound to a node,
-//! compares them with what runs, and acts (start, restart, probe, stop,
-//! report status); an API that does not answer only delays the next round.
+//! level-based: every round (a second) it takes the Pods bound to a node
+//! from a store a watch keeps current ([`watch`]), compares them with what
+//! runs, and acts (start, restart, probe, stop, report status); while the
+//! API does not answer, what runs goes on.
 //! It writes `kubelet/pods.json` (what it runs, with pids) for `lab status`.
 //!
 //! The lab's own pods (the network namespaces `lab up` and `lab pod add`
@@ -44,6 +45,7 @@ mod sandbox;
 pub mod shim;
 mod status;
 mod volumes;
+mod watch;
 
 pub use hold::{hold, release};
 pub use pod::LAB_POD_IMAGE;
@@ -110,11 +112,17 @@ pub fn serve(paths: &Paths) -> anyhow::Result<()> {
     shim::check_tools()?;
     let state = LabState::require(paths)?;
     let cp = &state.topology.control_plane;
+    let kubectl = watch::KubectlCommand {
+        program: state.bin_dir.join("kubectl"),
+        kubeconfig: paths.kubeconfig(),
+        netns: cp.netns.clone(),
+    };
     let api = api::Api::new(Kubectl::at(
-        &state.bin_dir.join("kubectl"),
-        &paths.kubeconfig(),
+        &kubectl.program,
+        &kubectl.kubeconfig,
         &cp.netns,
     ));
+    let watch = watch::PodWatch::start(api.clone(), kubectl);
     let nodes: BTreeMap<String, Node> = state
         .topology
         .nodes
@@ -160,7 +168,7 @@ pub fn serve(paths: &Paths) -> anyhow::Result<()> {
             shim: shim.clone(),
             online: true,
         };
-        run.round(&mut ctx);
+        run.round(&watch, &mut ctx);
         run.write_records(paths);
         thread::sleep(ROUND.saturating_sub(started.elapsed()));
     }
@@ -202,8 +210,8 @@ impl Runner {
         taken
     }
 
-    fn round(&mut self, ctx: &mut pod::Ctx<'_>) {
-        match ctx.api.bound_pods() {
+    fn round(&mut self, watch: &watch::PodWatch, ctx: &mut pod::Ctx<'_>) {
+        match watch.snapshot() {
             Ok(pods) => {
                 self.last_pods = pods;
                 if self.last_error.take().is_some() {
@@ -213,7 +221,7 @@ impl Runner {
             Err(e) => {
                 ctx.online = false;
                 self.say_once(format!(
-                    "listing pods failed (the API may be restarting; the Pods seen last go on): {e:#}"
+                    "the Pods are not known now (the API may be restarting; the Pods seen last go on): {e:#}"
                 ));
             }
         }

@@ -29,7 +29,7 @@ use crate::lab::topology::{Node, Prefix};
 /// kubelet's shortest grace period for stopping a container.
 const MIN_GRACE: Duration = Duration::from_secs(2);
 /// How often ConfigMaps and Secrets of a running Pod's volumes are read again.
-const VOLUME_RESYNC: Duration = Duration::from_secs(30);
+const VOLUME_RESYNC: Duration = Duration::from_secs(60);
 /// The image the lab's own pods name: network namespaces that `lab up` and
 /// `lab pod add` manage, never run by the stand-in.
 pub const LAB_POD_IMAGE: &str = "egressgw-lab/netns:none";
