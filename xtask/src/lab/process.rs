@@ -48,7 +48,8 @@ impl Started {
 }
 
 /// Starts `program args...` in `ns` as `name`, detached: its own process
-/// group, stdin closed, stdout and stderr to `<lab>/logs/<name>.log`.
+/// group, stdin closed, stdout and stderr to `<lab>/logs/<name>.log`. An
+/// empty `ns` is the host's network namespace (see [`start_on_host`]).
 pub fn start(
     paths: &Paths,
     ns: &Netns,
@@ -71,9 +72,7 @@ pub fn start_on_host(
     program: &Path,
     args: &[String],
 ) -> anyhow::Result<Started> {
-    let log = log_path(paths, name);
-    let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-    spawn(paths, &Netns::parse(""), name, program, args, out)
+    start(paths, &Netns::parse(""), name, program, args)
 }
 
 fn log_path(paths: &Paths, name: &str) -> PathBuf {
