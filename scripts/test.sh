@@ -64,6 +64,23 @@ step "build egressgw and xtask" cargo build --locked -p egressgw -p xtask
 # binary and checked (docs/image.md); the release build is left to releases.
 step "image" bash scripts/build-image.sh --binary target/debug/egressgw
 
+# run_selftest: the lab's kubelet stand-in runs Pods as a kubelet does
+# (xtask/src/lab/selftest.rs), on a lab of its own, taken down whatever
+# the outcome.
+run_selftest() {
+    local status=0
+    export EGRESSGW_LAB_PREFIX=kst
+    cargo xtask lab up || status=$?
+    if [[ $status -eq 0 ]]; then
+        cargo xtask lab selftest || status=$?
+    fi
+    cargo xtask lab down || true
+    unset EGRESSGW_LAB_PREFIX
+    return "$status"
+}
+
+step "the lab's kubelet stand-in" run_selftest
+
 # run_e2e: a fresh lab, egressgw deployed, every scenario; output appended
 # to the same log.
 run_e2e() {

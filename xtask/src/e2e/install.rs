@@ -23,6 +23,8 @@ use crate::lab::session::Lab;
 const AGENT: &str = "egressgw-agent";
 /// Label selector of the agent pods.
 const AGENT_PODS: &str = "app.kubernetes.io/component=agent";
+/// The namespace of an install that must be refused.
+const REFUSED_NAMESPACE: &str = "egressgw-refused";
 /// How long a rollout of the agents may take.
 const ROLLOUT: &str = "180s";
 
@@ -103,6 +105,36 @@ pub fn chart_is_lint_clean_and_bad_values_change_nothing(run: &mut Run) -> anyho
             "helm upgrade --set {set} failed without naming {named}: {stderr}"
         );
     }
+    // A fresh install with a bad value creates nothing, not even the
+    // namespace it was asked to create.
+    let out = helm.output(&[
+        "install",
+        "egressgw-refused",
+        &chart,
+        "-n",
+        REFUSED_NAMESPACE,
+        "--create-namespace",
+        "--set",
+        "feature.vxlan.port=abc",
+    ])?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        !out.status.success() && stderr.contains("/feature/vxlan/port"),
+        "helm install --set feature.vxlan.port=abc: {stderr}"
+    );
+    let namespace = run
+        .lab
+        .kubectl
+        .output(&["get", "namespace", REFUSED_NAMESPACE], None)?;
+    ensure!(
+        !namespace.status.success(),
+        "the refused install created the namespace {REFUSED_NAMESPACE}"
+    );
+    let releases = helm.run(&["list", "-A", "-q"])?;
+    ensure!(
+        releases.split_whitespace().eq([RELEASE]),
+        "releases after a refused install: {releases}"
+    );
     ensure!(
         helm.revision(RELEASE, NAMESPACE)? == revision,
         "a refused upgrade made a new revision"
@@ -114,7 +146,7 @@ pub fn chart_is_lint_clean_and_bad_values_change_nothing(run: &mut Run) -> anyho
     run.note(format!(
         "helm lint --strict clean; {objects} rendered objects accepted by the API server \
          (dry run); {} bad values refused naming the key, revision {revision} and the agent \
-         pods unchanged",
+         pods unchanged; a fresh install with a bad value created nothing",
         bad.len()
     ));
     Ok(())
