@@ -84,6 +84,9 @@ struct Running {
     client: std::sync::OnceLock<Client>,
     /// Set at stop: the renewal task must not renew any more.
     stopping: Arc<std::sync::atomic::AtomicBool>,
+    /// Held by the renewal task while it renews, so that the last renewal
+    /// at stop cannot be overwritten by one still on its way.
+    renewing: Arc<tokio::sync::Mutex<()>>,
 }
 
 pub fn run(args: &AgentArgs) -> anyhow::Result<()> {
@@ -116,6 +119,7 @@ async fn stop(args: &AgentArgs, running: &Running, config: Config) -> anyhow::Re
     };
     let Some(reason) = reason else {
         if let Some(client) = running.client.get() {
+            let _no_other_renewal = running.renewing.lock().await;
             restart_grace(args, client).await;
         }
         tracing::info!("stopping; the kernel state stays as it is");
@@ -201,6 +205,7 @@ async fn agent(args: &AgentArgs, config: Config, running: &Running) -> anyhow::R
         Arc::clone(&fence),
         Arc::clone(&changed),
         Arc::clone(&running.stopping),
+        Arc::clone(&running.renewing),
     ));
 
     let (stores, _watches) = Stores::start(&client, &changed);
@@ -279,6 +284,7 @@ async fn renew_lease(
     fence: Arc<Fence>,
     changed: Arc<Notify>,
     stopping: Arc<std::sync::atomic::AtomicBool>,
+    renewing: Arc<tokio::sync::Mutex<()>>,
 ) {
     let name = lease::agent_lease_name(&node);
     let mut last_renewed = Instant::now();
@@ -287,12 +293,14 @@ async fn renew_lease(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
+        let guard = renewing.lock().await;
         if stopping.load(std::sync::atomic::Ordering::SeqCst) {
             return;
         }
         let result = tokio::time::timeout(RENEW_EVERY, lease::renew(&api, &name, &node, duration))
             .await
             .unwrap_or_else(|_| Err(anyhow::anyhow!("renewing Lease {name}: timed out")));
+        drop(guard);
         match result {
             Ok(()) => {
                 last_renewed = Instant::now();

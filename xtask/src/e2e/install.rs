@@ -88,16 +88,7 @@ pub fn chart_is_lint_clean_and_bad_values_change_nothing(run: &mut Run) -> anyho
         ("agent.leaseDuration=0", "/agent/leaseDuration"),
     ];
     for (set, named) in bad {
-        let out = helm.output(&[
-            "upgrade",
-            RELEASE,
-            &chart,
-            "-n",
-            NAMESPACE,
-            "--reuse-values",
-            "--set",
-            set,
-        ])?;
+        let out = try_upgrade(&helm, &[set])?;
         let stderr = String::from_utf8_lossy(&out.stderr);
         ensure!(!out.status.success(), "helm upgrade --set {set} succeeded");
         ensure!(
@@ -401,8 +392,9 @@ fn agent_pods(kubectl: &Kubectl) -> anyhow::Result<BTreeMap<String, (String, Str
     Ok(pods)
 }
 
-/// `helm upgrade` of the lab's release, keeping its values, with `sets`.
-fn upgrade(helm: &Helm, sets: &[&str]) -> anyhow::Result<()> {
+/// `helm upgrade` of the lab's release, keeping its values, with `sets`,
+/// whatever its exit status.
+fn try_upgrade(helm: &Helm, sets: &[&str]) -> anyhow::Result<std::process::Output> {
     let chart = Helm::chart().display().to_string();
     let mut args = vec![
         "upgrade",
@@ -415,7 +407,19 @@ fn upgrade(helm: &Helm, sets: &[&str]) -> anyhow::Result<()> {
     for set in sets {
         args.extend(["--set", set]);
     }
-    helm.run(&args).map(drop)
+    helm.output(&args)
+}
+
+/// `helm upgrade` of the lab's release, keeping its values, with `sets`.
+fn upgrade(helm: &Helm, sets: &[&str]) -> anyhow::Result<()> {
+    let out = try_upgrade(helm, sets)?;
+    ensure!(
+        out.status.success(),
+        "helm upgrade --set {}: {}",
+        sets.join(" --set "),
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(())
 }
 
 /// Waits until the agent DaemonSet has rolled out and none of `before`'s
