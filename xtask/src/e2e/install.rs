@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use super::run::{Run, SETTLE, eventually};
 use super::snapshot;
-use super::traffic::{Expect, Prober, Seen};
+use super::traffic::{Expect, Prober, Sample, Seen};
 use crate::lab::egressgw::NAMESPACE;
 use crate::lab::helm::{Helm, RELEASE};
 use crate::lab::kubectl::Kubectl;
@@ -21,6 +21,8 @@ use crate::lab::session::Lab;
 /// The agents' DaemonSet and ServiceAccount, as the chart names them for
 /// the lab's release.
 const AGENT: &str = "egressgw-agent";
+/// The controller Deployment, as the chart names it for the lab's release.
+const CONTROLLER: &str = "egressgw-controller";
 /// Label selector of the agent pods.
 const AGENT_PODS: &str = "app.kubernetes.io/component=agent";
 /// The namespace of an install that must be refused.
@@ -289,29 +291,95 @@ pub fn upgrade_toggles_checksum_offload_and_traffic_keeps_the_eip(
         wrong.is_empty(),
         "during the upgrades web-3 was seen with another source: {wrong:?}"
     );
-    let unanswered = samples
-        .iter()
-        .filter(|s| !s.seen.is(&Expect::Source(eip)))
-        .count();
-    // A restarting agent's node keeps its EIPs (its Lease's restart grace):
-    // an upgrade moves none, so traffic is not interrupted. A few probes
-    // may time out on a loaded machine; an EIP that moves costs seconds.
-    ensure!(
-        unanswered * 20 <= samples.len(),
-        "{unanswered} of {} probes unanswered during the upgrades: more than 5 %",
-        samples.len()
-    );
+    let unanswered = unanswered(&samples, eip);
     run.expect_steady("web-3", Expect::Source(eip), 3)?;
     for step in steps {
         run.note(step);
     }
     run.note(format!(
         "web-3 probed every 100 ms for {:.0} s through both upgrades: {} answers, all from \
-         {eip}; {unanswered} unanswered",
+         {eip}; {unanswered} unanswered (the longest gap {:.1} s)",
         begun.elapsed().as_secs_f64(),
+        samples.len() - unanswered,
+        longest_gap(&samples, eip).as_secs_f64()
+    ));
+    Ok(())
+}
+
+/// `kubectl rollout restart` of the agents, as an upgrade without a config
+/// change restarts them: each stopping agent renews its Lease for its
+/// restart grace, so no EIP moves and web-3's traffic through the gateway
+/// is not interrupted.
+pub fn agent_restarts_move_no_eip_and_lose_no_traffic(run: &mut Run) -> anyhow::Result<()> {
+    let eip = super::scenarios::setup_gateway(run, "e2e-restart")?;
+    let status = super::scenarios::setup_web_policy(run, "e2e-restart")?;
+    run.expect_all(&["web-3"], Expect::Source(eip))?;
+    let prober = Prober::start(
+        run.netns("web-3")?,
+        run.target(),
+        Duration::from_millis(100),
+        Duration::from_secs(120),
+    );
+    let before = agent_pods(&run.lab.kubectl)?;
+    let started = Instant::now();
+    run.lab.kubectl.run(&[
+        "rollout",
+        "restart",
+        &format!("daemonset/{AGENT}"),
+        "-n",
+        NAMESPACE,
+    ])?;
+    wait_rollout(run.lab, &before)?;
+    let rolled = started.elapsed();
+    let samples = prober.finish();
+    let unanswered = unanswered(&samples, eip);
+    let after = super::run::PolicyStatus::of(&run.get("egresspolicy", Some("team-a"), "web")?);
+    ensure!(
+        after.node == status.node,
+        "the EIP moved during the restarts: {:?} -> {:?}",
+        status.node,
+        after.node
+    );
+    // A few probes may time out on a loaded machine; an EIP that moves
+    // costs seconds of them.
+    ensure!(
+        unanswered * 20 <= samples.len(),
+        "{unanswered} of {} probes unanswered while the agents restarted (the longest gap \
+         {:.1} s): more than 5 %",
+        samples.len(),
+        longest_gap(&samples, eip).as_secs_f64()
+    );
+    run.expect_steady("web-3", Expect::Source(eip), 3)?;
+    run.note(format!(
+        "3 agents restarted one by one in {:.1} s; the EIP stayed on {}; web-3 probed every \
+         100 ms: {} answers from {eip}, {unanswered} unanswered",
+        rolled.as_secs_f64(),
+        status.node.as_deref().unwrap_or("?"),
         samples.len() - unanswered
     ));
     Ok(())
+}
+
+/// Probes that did not see `eip`.
+fn unanswered(samples: &[Sample], eip: std::net::Ipv4Addr) -> usize {
+    samples
+        .iter()
+        .filter(|s| !s.seen.is(&Expect::Source(eip)))
+        .count()
+}
+
+/// The longest time between two probes that saw `eip`.
+fn longest_gap(samples: &[Sample], eip: std::net::Ipv4Addr) -> Duration {
+    let answered: Vec<Instant> = samples
+        .iter()
+        .filter(|s| s.seen.is(&Expect::Source(eip)))
+        .map(|s| s.at)
+        .collect();
+    answered
+        .windows(2)
+        .map(|w| w[1].saturating_duration_since(w[0]))
+        .max()
+        .unwrap_or_default()
 }
 
 /// `helm uninstall` and deleting the CRDs leave every node's kernel state
@@ -425,14 +493,21 @@ fn upgrade(helm: &Helm, sets: &[&str]) -> anyhow::Result<()> {
 /// Waits until the agent DaemonSet has rolled out and none of `before`'s
 /// pods is left.
 fn wait_rollout(lab: &Lab, before: &BTreeMap<String, (String, String)>) -> anyhow::Result<()> {
-    lab.kubectl.run(&[
-        "rollout",
-        "status",
-        &format!("daemonset/{AGENT}"),
-        "-n",
-        NAMESPACE,
-        &format!("--timeout={ROLLOUT}"),
-    ])?;
+    // The controllers roll too (the config's checksum is on both): the
+    // cluster is settled once both rollouts are done.
+    for what in [
+        format!("daemonset/{AGENT}"),
+        format!("deployment/{CONTROLLER}"),
+    ] {
+        lab.kubectl.run(&[
+            "rollout",
+            "status",
+            &what,
+            "-n",
+            NAMESPACE,
+            &format!("--timeout={ROLLOUT}"),
+        ])?;
+    }
     let after = agent_pods(&lab.kubectl)?;
     let kept: Vec<&String> = before
         .iter()

@@ -115,6 +115,7 @@ pub fn run(args: &E2eArgs) -> anyhow::Result<ExitCode> {
             println!("\n---- e2e::{name} ----\n{e:#}");
         }
         show_daemon_logs(&lab);
+        keep_logs(&lab);
     }
     let passed = selected.len() - failures.len();
     print_result(passed, failures.len(), filtered_out, begun);
@@ -224,6 +225,26 @@ fn print_result(passed: usize, failed: usize, filtered_out: usize, begun: Instan
          {filtered_out} filtered out; finished in {:.2}s",
         begun.elapsed().as_secs_f64()
     );
+}
+
+/// Copies the lab's logs (control plane, stand-in, every pod) to
+/// `<cache>/e2e-failed-logs`, replacing an earlier copy, so that a failed
+/// run can be read after its lab is gone.
+fn keep_logs(lab: &Lab) {
+    let to = lab.paths.cache.join("e2e-failed-logs");
+    let _ = std::fs::remove_dir_all(&to);
+    let copied = crate::lab::cmd::run(
+        "cp",
+        &[
+            "-r",
+            &lab.paths.logs().display().to_string(),
+            &to.display().to_string(),
+        ],
+    );
+    match copied {
+        Ok(_) => println!("\nthe lab's logs are kept in {}", to.display()),
+        Err(e) => println!("\ncould not keep the lab's logs: {e:#}"),
+    }
 }
 
 /// The end of every egressgw pod's log, to read beside a failure.

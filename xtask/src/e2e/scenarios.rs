@@ -18,7 +18,7 @@ use super::traffic::{Expect, IperfRun, Prober, Sample};
 pub type Scenario = (&'static str, fn(&mut Run) -> anyhow::Result<()>);
 
 /// Every scenario, in the order they run.
-pub const ALL: [Scenario; 14] = [
+pub const ALL: [Scenario; 15] = [
     (
         "chart_is_lint_clean_and_bad_values_change_nothing",
         install::chart_is_lint_clean_and_bad_values_change_nothing,
@@ -62,6 +62,10 @@ pub const ALL: [Scenario; 14] = [
     (
         "killed_agent_keeps_traffic_flowing_and_restarts_without_changes",
         killed_agent_keeps_traffic_flowing_and_restarts_without_changes,
+    ),
+    (
+        "agent_restarts_move_no_eip_and_lose_no_traffic",
+        install::agent_restarts_move_no_eip_and_lose_no_traffic,
     ),
     (
         "upgrade_toggles_checksum_offload_and_traffic_keeps_the_eip",
