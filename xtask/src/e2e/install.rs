@@ -292,6 +292,10 @@ pub fn upgrade_toggles_checksum_offload_and_traffic_keeps_the_eip(
         "during the upgrades web-3 was seen with another source: {wrong:?}"
     );
     let unanswered = unanswered(&samples, eip);
+    // Changing a live device's features can drop a packet in flight; a
+    // SYN lost then is sent again after 1 s, past a probe's timeout. The
+    // path must work once the last change is made, and then stay working.
+    run.expect_all(&["web-3"], Expect::Source(eip))?;
     run.expect_steady("web-3", Expect::Source(eip), 3)?;
     for step in steps {
         run.note(step);
@@ -396,12 +400,25 @@ pub fn helm_uninstall_leaves_every_node_as_it_was(run: &mut Run) -> anyhow::Resu
     let started = Instant::now();
     helm.run(&["uninstall", RELEASE, "-n", NAMESPACE])?;
     let kubectl = run.lab.kubectl.clone();
-    eventually("the agent pods to be gone", SETTLE, || {
-        let pods = agent_pods(&kubectl).map_err(|e| format!("{e:#}"))?;
-        if pods.is_empty() {
+    // Every egressgw pod gone, from the API and from the stand-in (which
+    // removes a pod's network namespace and its veth on the node too).
+    let paths = run.lab.paths.clone();
+    eventually("egressgw's pods to be gone", SETTLE, || {
+        let listed = kubectl
+            .run(&["get", "pods", "-n", NAMESPACE, "-o", "name"])
+            .map_err(|e| format!("{e:#}"))?;
+        let running: Vec<String> = crate::lab::kubelet::records(&paths)
+            .into_iter()
+            .filter(|r| r.namespace == NAMESPACE)
+            .map(|r| r.name)
+            .collect();
+        if listed.trim().is_empty() && running.is_empty() {
             Ok(())
         } else {
-            Err(format!("still {pods:?}"))
+            Err(format!(
+                "in the API: {}; run by the stand-in: {running:?}",
+                listed.trim()
+            ))
         }
     })?;
     kubectl.run(&[
