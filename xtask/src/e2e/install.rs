@@ -450,7 +450,11 @@ pub fn helm_uninstall_leaves_every_node_as_it_was(run: &mut Run) -> anyhow::Resu
         "after the uninstall the nodes differ from before the install:\n{}",
         differences.join("\n")
     );
-    run.expect_steady("web-1", run.normal_way("web-1")?, 2)?;
+    // The removal may drop a packet in flight, as any change of the path
+    // can: wait for the normal way, then check that it stays.
+    let normal = run.normal_way("web-1")?;
+    run.expect_all(&["web-1"], normal)?;
+    run.expect_steady("web-1", normal, 2)?;
     run.note(format!(
         "helm uninstall + CRDs deleted in {:.1} s; {} node snapshots (links, addresses, rules, \
          routes of every table, permanent neighbours, FDB, nftables, iptables, net.* sysctls) \
