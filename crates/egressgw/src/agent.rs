@@ -82,11 +82,10 @@ pub struct AgentArgs {
 struct Running {
     owner: std::sync::OnceLock<Arc<Owner>>,
     client: std::sync::OnceLock<Client>,
-    /// Set at stop: the renewal task must not renew any more.
-    stopping: Arc<std::sync::atomic::AtomicBool>,
-    /// Held by the renewal task while it renews, so that the last renewal
-    /// at stop cannot be overwritten by one still on its way.
-    renewing: Arc<tokio::sync::Mutex<()>>,
+    /// Whether the agent is stopping. The renewal task holds it while it
+    /// renews and stops once it is set, so the last renewal at stop cannot
+    /// be overwritten by one still on its way.
+    stopping: Arc<tokio::sync::Mutex<bool>>,
 }
 
 pub fn run(args: &AgentArgs) -> anyhow::Result<()> {
@@ -110,16 +109,14 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<()> {
 /// asks the controller to wait for the replacement), or, when the agent's
 /// DaemonSet is gone, removes everything egressgw created.
 async fn stop(args: &AgentArgs, running: &Running, config: Config) -> anyhow::Result<()> {
-    running
-        .stopping
-        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut stopping = running.stopping.lock().await;
+    *stopping = true;
     let reason = match running.owner.get() {
         Some(owner) => owner.uninstall_reason().await,
         None => None,
     };
     let Some(reason) = reason else {
         if let Some(client) = running.client.get() {
-            let _no_other_renewal = running.renewing.lock().await;
             restart_grace(args, client).await;
         }
         tracing::info!("stopping; the kernel state stays as it is");
@@ -128,12 +125,7 @@ async fn stop(args: &AgentArgs, running: &Running, config: Config) -> anyhow::Re
     tracing::info!(reason, "stopping for an uninstall: removing the datapath");
     let mut dataplane = Dataplane::new(args.kernel.netlink()?, Nft::new(), config);
     let report = dataplane.cleanup().await;
-    for op in &report.applied {
-        tracing::info!(op, "removed");
-    }
-    for failure in &report.failed {
-        tracing::warn!(op = failure.op, error = failure.error, "could not remove");
-    }
+    log_ops(&report);
     anyhow::ensure!(
         report.is_ok(),
         "{} removal(s) failed; `egressgw cleanup` on the node finishes the job",
@@ -205,7 +197,6 @@ async fn agent(args: &AgentArgs, config: Config, running: &Running) -> anyhow::R
         Arc::clone(&fence),
         Arc::clone(&changed),
         Arc::clone(&running.stopping),
-        Arc::clone(&running.renewing),
     ));
 
     let (stores, _watches) = Stores::start(&client, &changed);
@@ -283,8 +274,7 @@ async fn renew_lease(
     duration: Duration,
     fence: Arc<Fence>,
     changed: Arc<Notify>,
-    stopping: Arc<std::sync::atomic::AtomicBool>,
-    renewing: Arc<tokio::sync::Mutex<()>>,
+    stopping: Arc<tokio::sync::Mutex<bool>>,
 ) {
     let name = lease::agent_lease_name(&node);
     let mut last_renewed = Instant::now();
@@ -293,8 +283,8 @@ async fn renew_lease(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let guard = renewing.lock().await;
-        if stopping.load(std::sync::atomic::Ordering::SeqCst) {
+        let guard = stopping.lock().await;
+        if *guard {
             return;
         }
         let result = tokio::time::timeout(RENEW_EVERY, lease::renew(&api, &name, &node, duration))
@@ -502,13 +492,18 @@ impl Agent {
     }
 }
 
-fn log_report(report: &Report, state: &NodeState, took: Duration) {
+/// One line per operation of `report`, applied or failed.
+fn log_ops(report: &Report) {
     for op in &report.applied {
         tracing::info!(op, "applied");
     }
     for failure in &report.failed {
         tracing::error!(op = failure.op, error = failure.error, "operation failed");
     }
+}
+
+fn log_report(report: &Report, state: &NodeState, took: Duration) {
+    log_ops(report);
     for warning in &report.warnings {
         tracing::warn!("{warning}");
     }

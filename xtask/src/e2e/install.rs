@@ -48,12 +48,29 @@ pub fn snapshot_nodes(lab: &Lab) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The snapshots [`snapshot_nodes`] took, in the order of the lab's nodes.
+fn before_install(lab: &Lab) -> anyhow::Result<Vec<BTreeSet<String>>> {
+    let dir = before_install_dir(lab);
+    lab.state
+        .topology
+        .nodes
+        .iter()
+        .map(|node| {
+            let path = dir.join(format!("{}.txt", node.name));
+            let text = fs::read_to_string(&path).with_context(|| {
+                format!("reading {} (taken before the install)", path.display())
+            })?;
+            Ok(text.lines().map(str::to_owned).collect())
+        })
+        .collect()
+}
+
 /// `helm lint --strict` is clean, the rendered chart passes the API
 /// server's own validation (`--dry-run=server`), and values the schema
 /// refuses fail an upgrade naming the key, leaving the release and its
 /// pods as they were.
 pub fn chart_is_lint_clean_and_bad_values_change_nothing(run: &mut Run) -> anyhow::Result<()> {
-    let helm = Helm::for_lab(run.lab)?;
+    let helm = Helm::for_lab(run.lab);
     let chart = Helm::chart().display().to_string();
     helm.run(&["lint", "--strict", &chart])
         .context("helm lint --strict")?;
@@ -242,7 +259,7 @@ pub fn upgrade_toggles_checksum_offload_and_traffic_keeps_the_eip(
     let eip = super::scenarios::setup_gateway(run, "e2e-upgrade")?;
     super::scenarios::setup_web_policy(run, "e2e-upgrade")?;
     run.expect_all(&["web-3"], Expect::Source(eip))?;
-    let helm = Helm::for_lab(run.lab)?;
+    let helm = Helm::for_lab(run.lab);
     let prober = Prober::start(
         run.netns("web-3")?,
         run.target(),
@@ -396,29 +413,18 @@ pub fn helm_uninstall_leaves_every_node_as_it_was(run: &mut Run) -> anyhow::Resu
     run.expect_all(&["web-1", "web-3"], Expect::Source(eip))?;
     // The objects go with their CRDs below.
     run.forget_objects();
-    let helm = Helm::for_lab(run.lab)?;
+    let helm = Helm::for_lab(run.lab);
     let started = Instant::now();
     helm.run(&["uninstall", RELEASE, "-n", NAMESPACE])?;
     let kubectl = run.lab.kubectl.clone();
-    // Every egressgw pod gone, from the API and from the stand-in (which
-    // removes a pod's network namespace and its veth on the node too).
-    let paths = run.lab.paths.clone();
     eventually("egressgw's pods to be gone", SETTLE, || {
         let listed = kubectl
             .run(&["get", "pods", "-n", NAMESPACE, "-o", "name"])
             .map_err(|e| format!("{e:#}"))?;
-        let running: Vec<String> = crate::lab::kubelet::records(&paths)
-            .into_iter()
-            .filter(|r| r.namespace == NAMESPACE)
-            .map(|r| r.name)
-            .collect();
-        if listed.trim().is_empty() && running.is_empty() {
+        if listed.trim().is_empty() {
             Ok(())
         } else {
-            Err(format!(
-                "in the API: {}; run by the stand-in: {running:?}",
-                listed.trim()
-            ))
+            Err(format!("still {}", listed.trim()))
         }
     })?;
     kubectl.run(&[
@@ -430,26 +436,25 @@ pub fn helm_uninstall_leaves_every_node_as_it_was(run: &mut Run) -> anyhow::Resu
         "--timeout=60s",
     ])?;
     let gone = started.elapsed();
-    let dir = before_install_dir(run.lab);
-    let mut differences = Vec::new();
-    for node in &run.lab.state.topology.nodes {
-        let path = dir.join(format!("{}.txt", node.name));
-        let before: BTreeSet<String> = fs::read_to_string(&path)
-            .with_context(|| format!("reading {} (taken before the install)", path.display()))?
-            .lines()
-            .map(str::to_owned)
-            .collect();
-        let after = snapshot::take(&node.netns)?;
-        let diff = snapshot::diff(&before, &after);
-        if !diff.is_empty() {
-            differences.push(format!("{}:\n{diff}", node.name));
+    // A deleted pod's network namespace and its veth on the node go a
+    // moment after the pod: the nodes must come to equal their snapshots.
+    let before = before_install(run.lab)?;
+    let nodes = run.lab.state.topology.nodes.clone();
+    eventually("every node to be as before the install", SETTLE, || {
+        let mut differences = Vec::new();
+        for (node, before) in nodes.iter().zip(&before) {
+            let after = snapshot::take(&node.netns).map_err(|e| format!("{e:#}"))?;
+            let diff = snapshot::diff(before, &after);
+            if !diff.is_empty() {
+                differences.push(format!("{}:\n{diff}", node.name));
+            }
         }
-    }
-    ensure!(
-        differences.is_empty(),
-        "after the uninstall the nodes differ from before the install:\n{}",
-        differences.join("\n")
-    );
+        if differences.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("the nodes differ:\n{}", differences.join("\n")))
+        }
+    })?;
     // The removal may drop a packet in flight, as any change of the path
     // can: wait for the normal way, then check that it stays.
     let normal = run.normal_way("web-1")?;

@@ -81,11 +81,7 @@ pub fn deploy(args: &DeployArgs, paths: &Paths) -> anyhow::Result<()> {
         "the CRDs (server-side apply; helm never upgrades them)",
         || apply_crds(&lab),
     )?;
-    let helm = Helm::at(
-        &lab.state.helm,
-        &paths.kubeconfig(),
-        &lab.state.topology.control_plane.netns,
-    );
+    let helm = Helm::for_lab(&lab);
     step(&format!("helm upgrade --install {RELEASE}"), || {
         install(&helm, &values, args)
     })?;

@@ -76,13 +76,12 @@ impl Helm {
 }
 
 impl Helm {
-    /// The lab's Helm: the pinned build from the cache (built if missing).
-    pub fn for_lab(lab: &super::session::Lab) -> anyhow::Result<Self> {
-        let bins = super::build::ensure(&lab.paths)?;
-        Ok(Self::at(
-            &bins.helm,
+    /// The lab's Helm, the one `lab.json` names.
+    pub fn for_lab(lab: &super::session::Lab) -> Self {
+        Self::at(
+            &lab.state.helm,
             &lab.paths.kubeconfig(),
             &lab.state.topology.control_plane.netns,
-        ))
+        )
     }
 }
