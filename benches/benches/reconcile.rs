@@ -66,6 +66,7 @@ fn node_state(cfg: &Config, entries: u32) -> NodeState {
                     mark: cfg.mark(gateway),
                 },
                 policy: Some(policy.clone()),
+                group: None,
             }
         })
         .collect();

@@ -95,6 +95,7 @@ pub fn synthetic_cluster(nodes: usize, policies: usize, pods: usize) -> Snapshot
         policies,
         tunnels: Vec::new(),
         invalid: Vec::new(),
+        eips_in_use: BTreeMap::new(),
     }
 }
 
@@ -222,6 +223,7 @@ fn make_nodes(count: usize, gateways: usize, pod_prefix: u8) -> Vec<Node> {
                 ))],
                 // About one node in a hundred is NotReady, gateway nodes included.
                 ready: i % 101 != 100,
+                held_eips: Vec::new(),
                 name,
                 labels: node_labels,
             }
@@ -356,6 +358,7 @@ fn make_gateways(count: usize) -> Vec<Gateway> {
             let cidr = IpRange::new(IpAddr::V4(cidr.network()), IpAddr::V4(cidr.broadcast()))
                 .expect("a prefix is an ordered range");
             Gateway {
+                fail_closed: true,
                 name: gateway_name(k),
                 node_selector: LabelSelector {
                     match_labels: labels([

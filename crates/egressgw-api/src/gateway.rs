@@ -100,6 +100,17 @@ pub struct EgressGatewaySpec {
     /// gateways claim it, the oldest wins and the others report it.
     #[serde(default)]
     pub cluster_default: bool,
+    /// What happens to selected traffic while none of the gateway's nodes
+    /// is live: `true` (the default) drops it, because a partner's
+    /// allowlist should see the EIP or nothing; `false` lets it leave the
+    /// normal way, with a node's own address, and says so in the policies'
+    /// status.
+    #[serde(default = "fail_closed_default")]
+    pub fail_closed: bool,
+}
+
+fn fail_closed_default() -> bool {
+    true
 }
 
 /// `spec.nodeSelector`.
@@ -205,6 +216,10 @@ pub struct GatewayEip {
     /// Policies using it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub policies: Vec<PolicyReference>,
+    /// The nodes that take the EIP over, in this order, when the data
+    /// plane finds this node dead.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub standbys: Vec<String>,
 }
 
 /// A policy named in a status: `namespace` is unset for an
@@ -370,6 +385,7 @@ impl EgressGateway {
             ipv4_default: parts.ipv4_default,
             ipv6_default: parts.ipv6_default,
             cluster_default: self.spec.cluster_default,
+            fail_closed: self.spec.fail_closed,
             age: age(&self.metadata),
             previous_nodes: self.previous_nodes(),
             errors: errors.messages(),

@@ -32,7 +32,9 @@ pub use policy::{
     EgressPolicyStatus,
 };
 pub use snapshot::SnapshotBuilder;
-pub use tunnel::{EgressTunnel, EgressTunnelSpec, EgressTunnelStatus, TunnelPhase};
+pub use tunnel::{
+    EgressTunnel, EgressTunnelSpec, EgressTunnelStatus, TunnelEip, TunnelEipState, TunnelPhase,
+};
 pub use validation::{FieldError, ValidationErrors};
 
 /// The API group of every egressgw kind.

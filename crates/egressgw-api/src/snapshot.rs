@@ -14,7 +14,7 @@
 //! skipped.
 
 use std::borrow::Borrow;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use egressgw_core::model::{self, Age, Config, InvalidObject, PolicyRef, Snapshot};
@@ -25,7 +25,8 @@ use kube::Resource;
 
 use crate::validation::{ValidationErrors, non_empty};
 use crate::{
-    EgressClusterPolicy, EgressGateway, EgressPolicy, EgressTunnel, TunnelPhase, UnknownFields,
+    EgressClusterPolicy, EgressGateway, EgressPolicy, EgressTunnel, TunnelEipState, TunnelPhase,
+    UnknownFields,
 };
 
 /// Builds a [`Snapshot`] from watched objects, in any order and from any
@@ -47,6 +48,9 @@ pub struct SnapshotBuilder {
     snapshot: Snapshot,
     unavailable_agents: BTreeSet<String>,
     reporting_agents: BTreeSet<String>,
+    /// Per EIP, the node that reports holding it most recently (an old
+    /// holder cut off from the API server may still report it).
+    held_eips: BTreeMap<IpAddr, (String, Option<k8s_openapi::jiff::Timestamp>)>,
     agents_required: bool,
     unknown_fields: Vec<UnknownFields>,
 }
@@ -61,6 +65,7 @@ impl SnapshotBuilder {
             },
             unavailable_agents: BTreeSet::new(),
             reporting_agents: BTreeSet::new(),
+            held_eips: BTreeMap::new(),
             agents_required: false,
             unknown_fields: Vec::new(),
         }
@@ -177,13 +182,41 @@ impl SnapshotBuilder {
             let name = tunnel.metadata.name.clone().unwrap_or_default();
             match tunnel.phase() {
                 Some(phase) if phase.agent_unavailable() => {
-                    self.unavailable_agents.insert(name);
+                    self.unavailable_agents.insert(name.clone());
                 }
                 Some(TunnelPhase::Ready) => {
-                    self.reporting_agents.insert(name);
+                    self.reporting_agents.insert(name.clone());
                 }
                 _ => {}
             }
+            for eip in tunnel.status.iter().flat_map(|s| &s.eips) {
+                if eip.state == TunnelEipState::Held
+                    && let Ok(ip) = eip.ip.parse::<IpAddr>()
+                {
+                    let since = eip.since.as_ref().map(|t| t.0);
+                    let newer = self
+                        .held_eips
+                        .get(&ip)
+                        .is_none_or(|(_, other)| since > *other);
+                    if newer {
+                        self.held_eips.insert(ip, (name.clone(), since));
+                    }
+                }
+            }
+            for eip in tunnel.status.iter().flat_map(|s| &s.eips) {
+                if eip.state == TunnelEipState::InUse
+                    && let Ok(ip) = eip.ip.parse()
+                {
+                    let who = eip
+                        .message
+                        .as_deref()
+                        .unwrap_or("another host answers for it");
+                    self.snapshot
+                        .eips_in_use
+                        .insert(ip, format!("{name}: {who}"));
+                }
+            }
+
             match tunnel.to_model() {
                 Ok(converted) => self.snapshot.tunnels.push(converted),
                 Err(errors) => self.invalid(tunnel, &errors),
@@ -210,6 +243,12 @@ impl SnapshotBuilder {
             self.refuse_unknown_fields(object);
         }
         for node in &mut self.snapshot.nodes {
+            node.held_eips = self
+                .held_eips
+                .iter()
+                .filter(|(_, (holder, _))| *holder == node.name)
+                .map(|(ip, _)| *ip)
+                .collect();
             let reporting = self.reporting_agents.contains(&node.name);
             if self.unavailable_agents.contains(&node.name) || (self.agents_required && !reporting)
             {
@@ -310,6 +349,7 @@ pub fn node(node: &Node) -> Option<model::Node> {
         addresses,
         pod_cidrs,
         ready,
+        held_eips: Vec::new(),
     })
 }
 

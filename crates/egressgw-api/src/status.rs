@@ -110,16 +110,24 @@ fn gateway_node(node: &GatewayNodeStatus) -> GatewayNode {
     }
 }
 
-/// Folds each IPv6 EIP into the IPv4 entry used by the same policies.
+/// Folds each IPv6 EIP into the IPv4 entry used by the same policies (with
+/// the same standbys).
 fn pair_eips(eips: &[EipStatus]) -> Vec<GatewayEip> {
     let mut out: Vec<(Vec<PolicyRef>, GatewayEip)> = Vec::new();
     for eip in eips {
         let policies = &eip.policies;
+        let entry = |ipv4, ipv6, policies: &[PolicyRef]| GatewayEip {
+            standbys: eip.standbys.clone(),
+            ..entry(ipv4, ipv6, policies)
+        };
         match eip.ip {
             Some(IpAddr::V6(v6)) => {
-                let partner = out
-                    .iter_mut()
-                    .find(|(p, e)| p == policies && e.ipv4.is_some() && e.ipv6.is_none());
+                let partner = out.iter_mut().find(|(p, e)| {
+                    p == policies
+                        && e.standbys == eip.standbys
+                        && e.ipv4.is_some()
+                        && e.ipv6.is_none()
+                });
                 match partner {
                     Some((_, entry)) => entry.ipv6 = Some(v6.to_string()),
                     None => out.push((
@@ -129,9 +137,12 @@ fn pair_eips(eips: &[EipStatus]) -> Vec<GatewayEip> {
                 }
             }
             Some(IpAddr::V4(v4)) => {
-                let partner = out
-                    .iter_mut()
-                    .find(|(p, e)| p == policies && e.ipv6.is_some() && e.ipv4.is_none());
+                let partner = out.iter_mut().find(|(p, e)| {
+                    p == policies
+                        && e.standbys == eip.standbys
+                        && e.ipv6.is_some()
+                        && e.ipv4.is_none()
+                });
                 match partner {
                     Some((_, entry)) => entry.ipv4 = Some(v4.to_string()),
                     None => out.push((
@@ -151,6 +162,7 @@ fn entry(ipv4: Option<String>, ipv6: Option<String>, policies: &[PolicyRef]) -> 
         ipv4,
         ipv6,
         policies: policies.iter().map(policy_reference).collect(),
+        standbys: Vec::new(),
     }
 }
 
@@ -180,5 +192,6 @@ pub fn tunnel_status(allocation: &TunnelAllocation) -> EgressTunnelStatus {
         phase: None,
         mark: allocation.mark.map(format_mark),
         last_heartbeat_time: None,
+        eips: Vec::new(),
     }
 }

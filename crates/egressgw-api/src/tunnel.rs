@@ -107,6 +107,39 @@ pub struct EgressTunnelStatus {
     /// When the node's agent last reported. Written by the agent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_heartbeat_time: Option<Time>,
+    /// The EIPs this node's data plane holds, or would hold but found in use
+    /// on its segment. Written by the agent; the controller takes these as
+    /// where the EIPs are.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub eips: Vec<TunnelEip>,
+}
+
+/// `status.eips[]`: an EIP as one node's data plane has it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TunnelEip {
+    /// The address.
+    pub ip: String,
+    /// `Held` or `InUse`.
+    pub state: TunnelEipState,
+    /// Since when it is in this state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<Time>,
+    /// Details: who answered for an address in use, or how the node came to
+    /// hold it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// What a node's data plane does with an EIP.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum TunnelEipState {
+    /// The node owns the address and answers for it on its segment.
+    #[default]
+    Held,
+    /// The node should hold it, but another host on the segment answered
+    /// for it, so the node leaves it alone.
+    InUse,
 }
 
 /// `status.tunnel`.

@@ -269,6 +269,7 @@ mod tests {
                 mark: 0x0100_0000,
             },
             policy: Some(PolicyRef::namespaced("ns", "p")),
+            group: None,
         }
     }
 
@@ -318,6 +319,7 @@ mod tests {
                 }
             },
             policy: None,
+            group: None,
         });
         let peer = (0u8..5, 0u8..3).prop_map(|(n, m)| Peer {
             node: format!("n{n}"),

@@ -8,6 +8,7 @@
 //! - [`diff`]: desired vs. observed dataplane state -> operations.
 
 pub mod diff;
+pub mod failover;
 pub mod model;
 pub mod net;
 pub mod plan;

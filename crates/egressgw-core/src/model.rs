@@ -35,6 +35,9 @@ pub struct Snapshot {
     /// Policies and tunnels that failed validation; they get a status and
     /// nothing else. (An invalid gateway is a [`Gateway`] with `errors`.)
     pub invalid: Vec<InvalidObject>,
+    /// EIPs that an agent found answered for by another host on the
+    /// segment, with who answered, as its node reports it.
+    pub eips_in_use: BTreeMap<IpAddr, String>,
 }
 
 /// A node as the planner needs it.
@@ -50,8 +53,13 @@ pub struct Node {
     /// `spec.podCIDRs`.
     pub pod_cidrs: Vec<IpNet>,
     /// Whether the node may carry traffic: its `Ready` condition is true and,
-    /// once agents report, its agent is alive.
+    /// once agents report, its agent is alive. New EIPs go to ready nodes
+    /// only; an EIP already on a node stays there while the data plane finds
+    /// the node alive (see [`crate::failover`]).
     pub ready: bool,
+    /// The EIPs its agent reports holding (`EgressTunnel` status): where the
+    /// data plane put them, which may be ahead of the last plan.
+    pub held_eips: Vec<IpAddr>,
 }
 
 impl Node {
@@ -109,6 +117,9 @@ pub struct Gateway {
     pub ipv6_default: Option<Ipv6Addr>,
     /// Whether policies that name no gateway use this one.
     pub cluster_default: bool,
+    /// `spec.failClosed`: while none of its nodes is live, selected traffic
+    /// is dropped instead of leaving with a node's own address.
+    pub fail_closed: bool,
     /// Creation order key: older gateways win conflicts.
     pub age: Age,
     /// Where each EIP was active at the last status write, so a recompute

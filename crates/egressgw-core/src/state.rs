@@ -43,6 +43,40 @@ pub struct NodeState {
     pub snat: Vec<SnatEntry>,
     /// EIPs this node must own and announce.
     pub eips: Vec<OwnedEip>,
+    /// The failover groups this node's entries refer to, or whose EIP it
+    /// may hold, by id: what [`crate::failover::resolve`] needs to move this
+    /// node's decisions to the next live candidate without a new plan.
+    pub groups: Vec<Group>,
+}
+
+/// A failover group: one EIP of a gateway (or one `useNodeIP` policy's
+/// family) and every node that may carry it, in order. The first is the
+/// planned active node, the others are its standbys.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct Group {
+    /// Index in [`NodeState::groups`]; [`ClassifyEntry::group`] refers to it.
+    pub id: u32,
+    /// What the group is, stable across plans: `<gateway>/<eip>`, or
+    /// `<gateway>/node-ip/<policy>/<family>`.
+    pub key: String,
+    /// The gateway.
+    pub gateway: String,
+    /// The EIP; `None` for a `useNodeIP` group.
+    pub eip: Option<IpAddr>,
+    /// The nodes that may carry it, active first; never empty.
+    pub candidates: Vec<Candidate>,
+    /// Whether the group's traffic is dropped while no candidate is live
+    /// (`spec.failClosed` of the gateway) rather than sent the normal way.
+    pub fail_closed: bool,
+}
+
+/// A node that may carry a group's traffic.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct Candidate {
+    /// Node name.
+    pub node: String,
+    /// Its gateway mark (what a source sets to send through it).
+    pub mark: u32,
 }
 
 /// `egress.vxlan` as it should be.
@@ -150,6 +184,9 @@ pub enum Action {
     },
     /// This node is the gateway: no tunnel, SNAT here.
     Local,
+    /// The traffic must not leave: its gateway has no live node and fails
+    /// closed.
+    Drop,
 }
 
 /// One classification entry: packets from `src` to `dst` get `action`.
@@ -164,6 +201,9 @@ pub struct ClassifyEntry {
     /// The policy that decided it (`None` for a bypass carved out by an exclusion
     /// that no other policy covers).
     pub policy: Option<PolicyRef>,
+    /// The failover group (an id in [`NodeState::groups`]) whose live
+    /// candidate the traffic goes to; `None` for a bypass.
+    pub group: Option<u32>,
 }
 
 /// Where a gateway node SNATs to.

@@ -56,6 +56,8 @@ pub enum Reason {
     NoReadyNode,
     /// A pool overlaps an older gateway's pool.
     PoolOverlap,
+    /// Another host on the external segment answers for the EIP.
+    EipInUse,
 }
 
 /// Status of an `EgressPolicy` / `EgressClusterPolicy`.
@@ -108,6 +110,9 @@ pub struct EipStatus {
     pub ip: Option<IpAddr>,
     /// Policies using it.
     pub policies: Vec<PolicyRef>,
+    /// The nodes that take it over, in order, when the data plane finds
+    /// this one dead (see [`crate::failover`]).
+    pub standbys: Vec<String>,
 }
 
 /// Pool usage totals. Totals saturate at `u64::MAX` for huge IPv6 pools.

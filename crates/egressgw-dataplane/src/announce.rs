@@ -68,6 +68,141 @@ pub fn announce(ip: IpAddr) -> Result<Vec<String>> {
     }
 }
 
+/// Who else answers for `ip` on its segment, if anyone: before a node takes
+/// an EIP it asks, as RFC 5227 has a host ask before using an address.
+///
+/// On every interface [`announce`] would send on, an ARP probe (sender
+/// address 0.0.0.0, so no neighbour learns anything from it) is sent
+/// `PROBES` times over `wait`, and every ARP frame is read until `wait` has
+/// passed. A reply from `ip`, a request from `ip` (someone announcing it),
+/// or another host's probe for `ip` (someone taking it right now) means it
+/// is in use: the answer names the MAC and interface. `None` means no
+/// answer, or no interface on the EIP's segment at all (a routed EIP).
+/// When the only interfaces on the segment are down, nothing can be asked
+/// and nothing should be announced: that is an error. IPv6 EIPs are not
+/// probed.
+pub fn answered_for(ip: IpAddr, wait: std::time::Duration) -> Result<Option<String>> {
+    let IpAddr::V4(v4) = ip else {
+        return Ok(None);
+    };
+    let mut listeners = Vec::new();
+    let mut down = Vec::new();
+    for iface in pnet_datalink::interfaces() {
+        let candidate = Candidate::of(&iface);
+        let Some(mac) = candidate.announcing_mac(ip) else {
+            if (Candidate {
+                up: true,
+                ..candidate
+            })
+            .announcing_mac(ip)
+            .is_some()
+            {
+                down.push(iface.name);
+            }
+            continue;
+        };
+        let config = Config {
+            read_timeout: Some(std::time::Duration::from_millis(10)),
+            ..Config::default()
+        };
+        let (tx, rx) = match pnet_datalink::channel(&iface, config) {
+            Ok(Channel::Ethernet(tx, rx)) => (tx, rx),
+            Ok(_) => continue,
+            Err(e) => {
+                return Err(Error::Announce {
+                    ip,
+                    ifname: iface.name,
+                    message: format!("open packet socket: {e}"),
+                });
+            }
+        };
+        listeners.push((iface.name, mac, tx, rx));
+    }
+    if listeners.is_empty()
+        && let Some(ifname) = down.into_iter().next()
+    {
+        return Err(Error::Announce {
+            ip,
+            ifname,
+            message: "the link to the EIP's segment is down".into(),
+        });
+    }
+    // Our own probes, sent on one interface, may be heard on another.
+    let own: Vec<[u8; 6]> = listeners.iter().map(|(_, mac, _, _)| *mac).collect();
+    let started = std::time::Instant::now();
+    let every = wait / PROBES;
+    let mut sent = 0;
+    while started.elapsed() < wait {
+        if sent < PROBES && started.elapsed() >= every * sent {
+            for (name, mac, tx, _) in &mut listeners {
+                if let Some(Err(e)) = tx.send_to(&arp_probe(*mac, v4), None) {
+                    return Err(Error::Announce {
+                        ip,
+                        ifname: name.clone(),
+                        message: format!("send: {e}"),
+                    });
+                }
+            }
+            sent += 1;
+        }
+        for (name, _, _, rx) in &mut listeners {
+            // A timeout or a short read: nothing this round.
+            let Ok(frame) = rx.next() else {
+                continue;
+            };
+            if let Some(who) = conflict(frame, v4, &own) {
+                return Ok(Some(format!("{} on {name}", format_mac(who))));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// How many ARP probes [`answered_for`] sends.
+const PROBES: u32 = 3;
+
+/// An ARP probe for `ip` (RFC 5227, 2.1.1): a broadcast request with a zero
+/// sender address and a zero target MAC.
+fn arp_probe(mac: [u8; 6], ip: Ipv4Addr) -> Vec<u8> {
+    let mut frame = ethernet_header(BROADCAST_MAC, mac, ETHERTYPE_ARP);
+    frame.extend_from_slice(&[0, 1, 0x08, 0x00, 6, 4]);
+    frame.extend_from_slice(&ARP_REQUEST.to_be_bytes());
+    frame.extend_from_slice(&mac);
+    frame.extend_from_slice(&[0; 4]);
+    frame.extend_from_slice(&[0; 6]);
+    frame.extend_from_slice(&ip.octets());
+    frame.resize(MIN_FRAME_LEN, 0);
+    frame
+}
+
+/// The sender MAC of `frame` if it says another host uses or is taking
+/// `ip`: any ARP frame whose sender address is `ip`, or a probe for `ip`
+/// from another MAC. Frames from `own` MACs (our own probes, heard again)
+/// never count.
+fn conflict(frame: &[u8], ip: Ipv4Addr, own: &[[u8; 6]]) -> Option<[u8; 6]> {
+    let arp = frame.get(14..42)?;
+    if frame[12..14] != ETHERTYPE_ARP.to_be_bytes() || arp[0..6] != [0, 1, 0x08, 0x00, 6, 4] {
+        return None;
+    }
+    let sender_mac: [u8; 6] = arp[8..14].try_into().ok()?;
+    let sender_ip = &arp[14..18];
+    let target_ip = &arp[24..28];
+    if own.contains(&sender_mac) {
+        return None;
+    }
+    let op = u16::from_be_bytes([arp[6], arp[7]]);
+    let claims = sender_ip == ip.octets();
+    let probes = op == ARP_REQUEST && sender_ip == [0; 4] && target_ip == ip.octets();
+    (claims || probes).then_some(sender_mac)
+}
+
+fn format_mac(mac: [u8; 6]) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
 /// The interfaces on the EIP's segment: up, not loopback, with a MAC and an
 /// address whose prefix contains `ip` — the ones [`announce`] sends on, as
 /// (name, index).
@@ -234,6 +369,36 @@ mod tests {
     use crate::testns::{in_new_netns, root_or_skip, sh};
 
     const MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x0a];
+
+    #[test]
+    fn an_arp_probe_asks_for_the_eip_without_a_sender_address() {
+        let frame = arp_probe(MAC, "198.51.100.7".parse().unwrap());
+        assert_eq!(frame.len(), MIN_FRAME_LEN);
+        assert_eq!(&frame[28..32], &[0; 4], "sender address 0.0.0.0");
+        assert_eq!(&frame[38..42], &[198, 51, 100, 7]);
+        // Our own probe, seen again on the wire, is no conflict.
+        assert_eq!(
+            conflict(&frame, "198.51.100.7".parse().unwrap(), &[MAC]),
+            None
+        );
+        // Another host's probe for the same address is.
+        let other = [2, 0, 0, 0, 0, 9];
+        let theirs = arp_probe(other, "198.51.100.7".parse().unwrap());
+        assert_eq!(
+            conflict(&theirs, "198.51.100.7".parse().unwrap(), &[MAC]),
+            Some(other)
+        );
+        // A host answering for it is.
+        let reply = gratuitous_arp(other, "198.51.100.7".parse().unwrap(), ARP_REPLY);
+        assert_eq!(
+            conflict(&reply, "198.51.100.7".parse().unwrap(), &[MAC]),
+            Some(other)
+        );
+        assert_eq!(
+            conflict(&reply, "198.51.100.8".parse().unwrap(), &[MAC]),
+            None
+        );
+    }
 
     #[test]
     fn gratuitous_arp_request_has_the_eip_as_sender_and_target() {
@@ -503,5 +668,34 @@ mod kernel_tests {
             return;
         }
         in_new_netns(|| neighbour_of_b_moves_to_a("2001:db8::12/64 nodad", "2001:db8::200"));
+    }
+
+    #[test]
+    fn an_address_another_host_answers_for_is_found_and_a_free_one_is_not() {
+        if !root_or_skip("an_address_another_host_answers_for_is_found_and_a_free_one_is_not") {
+            return;
+        }
+        in_new_netns(|| {
+            sh("ip link add name a type veth peer name b");
+            sh("ip addr add 198.51.100.11/24 dev a");
+            // A host prefix: b is not on the segment in egressgw's eyes, so
+            // it plays the other host, whose kernel answers for its address.
+            sh("ip addr add 198.51.100.1/32 dev b");
+            sh("ip link set dev a up && ip link set dev b up");
+            let b_mac = pnet_datalink::interfaces()
+                .into_iter()
+                .find(|i| i.name == "b")
+                .and_then(|i| i.mac)
+                .unwrap()
+                .to_string();
+            let wait = Duration::from_millis(300);
+            let answer = answered_for("198.51.100.1".parse().unwrap(), wait).unwrap();
+            let answer = answer.expect("b answers for 198.51.100.1");
+            assert!(answer.contains(&b_mac), "{answer}");
+            assert_eq!(
+                answered_for("198.51.100.200".parse().unwrap(), wait).unwrap(),
+                None
+            );
+        });
     }
 }

@@ -22,6 +22,7 @@ pub mod kernel;
 pub mod netlink;
 pub mod nft;
 pub mod ops;
+pub mod probe;
 pub mod ranges;
 pub mod reconcile;
 #[cfg(test)]

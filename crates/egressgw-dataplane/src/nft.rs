@@ -69,6 +69,9 @@ pub enum Verdict {
     Mark(u32),
     /// `jump local`: set the local mark, SNAT on this node.
     Local,
+    /// `jump fail_closed`: drop; the gateway has no live node and fails
+    /// closed.
+    Drop,
     /// A jump to a chain egressgw does not write, found in the kernel; it is
     /// only ever deleted.
     Other(String),
@@ -80,6 +83,7 @@ impl Verdict {
         match self {
             Verdict::Mark(mark) => mark_chain(*mark),
             Verdict::Local => "local".into(),
+            Verdict::Drop => FAIL_CLOSED.into(),
             Verdict::Other(chain) => chain.clone(),
         }
     }
@@ -87,6 +91,9 @@ impl Verdict {
     fn parse(chain: &str) -> Self {
         if chain == "local" {
             return Verdict::Local;
+        }
+        if chain == FAIL_CLOSED {
+            return Verdict::Drop;
         }
         chain
             .strip_prefix("mark_")
@@ -102,6 +109,9 @@ impl fmt::Display for Verdict {
         write!(f, "jump {}", self.chain())
     }
 }
+
+/// The chain that drops what fails closed.
+const FAIL_CLOSED: &str = "fail_closed";
 
 fn mark_chain(mark: u32) -> String {
     format!("mark_{mark:08x}")
@@ -326,6 +336,7 @@ impl FirewallSpec {
                 Action::Bypass => None,
                 Action::Tunnel { mark, .. } => Some(Verdict::Mark(*mark)),
                 Action::Local => Some(Verdict::Local),
+                Action::Drop => Some(Verdict::Drop),
             };
             (e.src, e.dst, verdict)
         }))
@@ -400,6 +411,8 @@ impl FirewallSpec {
             .map(|m| Chain::regular(mark_chain(*m), set_mark(*m)))
             .collect();
         chains.push(Chain::regular("local", set_mark(local)));
+        chains.push(Chain::regular(FAIL_CLOSED, vec!["counter drop".into()]));
+
         chains.push(Chain::regular(
             "gateway_nat",
             vec![
@@ -409,6 +422,14 @@ impl FirewallSpec {
                 "ip6 saddr . ip6 daddr @masq6 masquerade".into(),
                 "snat ip to ip saddr . ip daddr map @snat4".into(),
                 "snat ip6 to ip6 saddr . ip6 daddr map @snat6".into(),
+                // What a gateway sends out for others leaves with the
+                // address it was meant to, or not at all: a connection that
+                // came out of the tunnel, or was classified `local`, and
+                // found no SNAT entry (a moment during a failover, a plan
+                // that has not arrived here yet) is dropped, never let out
+                // with a pod's or, through a CNI's masquerade, the node's
+                // address.
+                "counter drop".into(),
             ],
         ));
         chains.push(Chain::base(
@@ -429,7 +450,11 @@ impl FirewallSpec {
                 // changes later never moves an open connection (its NAT
                 // binding could not follow).
                 format!("ct state != new ct mark & {mask:#010x} vmap {{ {restore} }}"),
-                "ct state != new return".into(),
+                // A connection whose gateway is no longer in use (its node
+                // died) is classified again, like a new one: it follows the
+                // failover instead of leaving unmarked.
+                format!("ct state != new ct mark & {mask:#010x} == 0 return"),
+                format!("ct state != new ct mark & {mask:#010x} == {reply:#010x} return"),
                 "ip daddr @cluster4 return".into(),
                 "ip6 daddr @cluster6 return".into(),
                 "ip saddr . ip daddr vmap @classify4".into(),
@@ -1111,6 +1136,7 @@ mod tests {
             dst: net(dst),
             action,
             policy: Some(PolicyRef::namespaced("a", "p")),
+            group: None,
         }
     }
 
@@ -1212,6 +1238,8 @@ add rule inet egressgw mark_01000000 ct mark set ct mark & 0x00ffffff | 0x010000
 add chain inet egressgw local
 add rule inet egressgw local meta mark set meta mark & 0x00ffffff | 0xfe000000 comment "65b5d35193d93e28"
 add rule inet egressgw local ct mark set ct mark & 0x00ffffff | 0xfe000000 comment "fda798e7e8eab830"
+add chain inet egressgw fail_closed
+add rule inet egressgw fail_closed counter drop comment "aad7fa09e1332e50"
 add chain inet egressgw gateway_nat
 add rule inet egressgw gateway_nat ip daddr @cluster4 return comment "4547dd9262c4ecad"
 add rule inet egressgw gateway_nat ip6 daddr @cluster6 return comment "99893f885d8ae25d"
@@ -1219,12 +1247,14 @@ add rule inet egressgw gateway_nat ip saddr . ip daddr @masq4 masquerade comment
 add rule inet egressgw gateway_nat ip6 saddr . ip6 daddr @masq6 masquerade comment "39f50008b14e0682"
 add rule inet egressgw gateway_nat snat ip to ip saddr . ip daddr map @snat4 comment "97ae36449faab7f0"
 add rule inet egressgw gateway_nat snat ip6 to ip6 saddr . ip6 daddr map @snat6 comment "c7ab21c5b185438a"
+add rule inet egressgw gateway_nat counter drop comment "aad7fa09e1332e50"
 add chain inet egressgw prerouting { type filter hook prerouting priority -150; policy accept; }
 add rule inet egressgw prerouting iifname "egress.vxlan" ct state new ct mark set ct mark & 0x00ffffff | 0xff000000 comment "c82debc54673c8f2"
 add rule inet egressgw prerouting ct direction reply ct mark & 0xff000000 == 0xff000000 meta mark set meta mark & 0x00ffffff | 0xff000000 comment "eb4a0ac4441b7d57"
 add rule inet egressgw prerouting ct direction reply return comment "3c7345d7f27b17db"
 add rule inet egressgw prerouting ct state != new ct mark & 0xff000000 vmap { 0x01000000 : jump mark_01000000, 0xfe000000 : jump local } comment "18c66163311e2491"
-add rule inet egressgw prerouting ct state != new return comment "780b2f8a8e25d391"
+add rule inet egressgw prerouting ct state != new ct mark & 0xff000000 == 0 return comment "c4304de74753e6dd"
+add rule inet egressgw prerouting ct state != new ct mark & 0xff000000 == 0xff000000 return comment "8d06e14406291b4f"
 add rule inet egressgw prerouting ip daddr @cluster4 return comment "4547dd9262c4ecad"
 add rule inet egressgw prerouting ip6 daddr @cluster6 return comment "99893f885d8ae25d"
 add rule inet egressgw prerouting ip saddr . ip daddr vmap @classify4 comment "7e5e38da85c648ac"
@@ -1249,7 +1279,7 @@ add element inet egressgw snat4 { 10.244.2.5 . 198.51.100.0/24 : 192.0.2.10 }
         let ops = plan(&spec(), None);
         assert_eq!(
             ops[0].to_string(),
-            "add table inet egressgw (8 sets, 7 chains)"
+            "add table inet egressgw (8 sets, 8 chains)"
         );
         assert_eq!(
             shown(&ops[1..]),
@@ -1341,7 +1371,7 @@ add element inet egressgw snat4 { 10.244.2.5 . 198.51.100.0/24 : 192.0.2.10 }
         assert_eq!(
             shown(&ops),
             [
-                "replace chain prerouting (9 rules)",
+                "replace chain prerouting (10 rules)",
                 "replace chain postrouting_nat (4 rules)",
                 "replace chain postrouting_mark (1 rules)",
             ]

@@ -43,6 +43,13 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
         self.parent.as_ref()
     }
 
+    /// The EIPs this node holds now (the addresses on the EIP device).
+    pub async fn held_eips(
+        &mut self,
+    ) -> crate::Result<std::collections::BTreeSet<std::net::IpAddr>> {
+        Ok(self.netlink.observe(&self.scope).await?.eips)
+    }
+
     /// The backends, for tests that look inside fakes.
     pub fn backends(&self) -> (&N, &F) {
         (&self.netlink, &self.firewall)

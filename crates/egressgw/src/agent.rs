@@ -1,22 +1,29 @@
 //! `egressgw agent`: keeps one node's kernel in line with the cluster.
 //!
 //! Watches feed reflector stores and wake the loop; the loop, debounced,
-//! plans this node from the whole store (level-based, never from the event)
-//! and reconciles the kernel with `egressgw-dataplane`. Its liveness is a
-//! Lease renewed every second; its readiness (the `/readyz` endpoint and
-//! the `Ready` phase of its `EgressTunnel`) follows its first successful
-//! reconcile. Stopping the agent leaves the kernel as it is, so traffic
+//! plans this node from the whole store (level-based, never from the event),
+//! resolves the plan against the peers it sees alive through the tunnel
+//! ([`crate::failover`]) and reconciles the kernel with
+//! `egressgw-dataplane`. A change in the peers' liveness resolves and
+//! reconciles again at once, without planning or the API server: an
+//! outage of the API server changes nothing in the data plane. The agent
+//! renews a Lease every second, for the record; its readiness (the
+//! `/readyz` endpoint and the `Ready` phase of its `EgressTunnel`) follows
+//! its first successful reconcile. Stopping the agent leaves the kernel as it is, so traffic
 //! keeps flowing and a restarted agent finds nothing to change — unless
 //! its DaemonSet is gone (an uninstall, see [`crate::cluster::owner`]):
 //! then it removes everything it created before it exits.
 
+use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use egressgw_api::EgressTunnel;
-use egressgw_api::tunnel::{EgressTunnelStatus, TunnelEndpoint, TunnelParent, TunnelPhase};
+use egressgw_api::tunnel::{
+    EgressTunnelStatus, TunnelEip, TunnelEipState, TunnelEndpoint, TunnelParent, TunnelPhase,
+};
 use egressgw_core::model::Config;
 use egressgw_core::state::NodeState;
 use egressgw_dataplane::Report;
@@ -35,6 +42,7 @@ use crate::cluster::health::{self, Health};
 use crate::cluster::owner::Owner;
 use crate::cluster::watch::Stores;
 use crate::cluster::{self, ClusterArgs, lease};
+use crate::failover::{Held, Liveness, Memory};
 use crate::load_config;
 
 /// Field manager of everything the agent writes.
@@ -45,6 +53,8 @@ const DEBOUNCE: Duration = Duration::from_millis(50);
 const RESYNC: Duration = Duration::from_secs(30);
 /// How often the Lease is renewed.
 const RENEW_EVERY: Duration = Duration::from_secs(1);
+/// How long one status write may take before it is tried again.
+const STATUS_WRITE_TIMEOUT: Duration = Duration::from_secs(3);
 /// How often the tunnel's `lastHeartbeatTime` is refreshed.
 const HEARTBEAT_EVERY: Duration = Duration::from_secs(30);
 
@@ -70,11 +80,14 @@ pub struct AgentArgs {
     #[arg(long, value_name = "NAME", env = "EGRESSGW_DAEMONSET")]
     pub daemonset: Option<String>,
     /// Stopping for a restart (not an uninstall, node not cordoned), the
-    /// agent renews its Lease one last time for this long, so that its
-    /// node keeps its EIPs while the replacement starts; 0 lets them move
-    /// after the controller's agent timeout as for a failure.
+    /// agent renews its Lease one last time for this long, so that the
+    /// controller reports its tunnel as restarting rather than timed out
+    /// while the replacement starts. (EIPs never move for an agent's
+    /// absence: the node keeps them while its kernel answers its peers.)
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     pub restart_grace: u64,
+    #[command(flatten)]
+    pub probe: crate::failover::ProbeArgs,
 }
 
 /// What the stop path needs from the running agent, once it has it.
@@ -188,14 +201,11 @@ async fn agent(args: &AgentArgs, config: Config, running: &Running) -> anyhow::R
     health::serve(args.health_addr, Arc::clone(&health)).await?;
 
     let changed = Arc::new(Notify::new());
-    let fence = Arc::new(Fence::default());
     let leases: Api<Lease> = Api::namespaced(client.clone(), &args.cluster.namespace);
     tokio::spawn(renew_lease(
         leases,
         node.to_owned(),
         Duration::from_secs(args.lease_duration.max(1)),
-        Arc::clone(&fence),
-        Arc::clone(&changed),
         Arc::clone(&running.stopping),
     ));
 
@@ -204,80 +214,78 @@ async fn agent(args: &AgentArgs, config: Config, running: &Running) -> anyhow::R
     stores.ready().await?;
     tracing::info!("watches synced");
 
-    let dataplane = Dataplane::new(args.kernel.netlink()?, Nft::new(), config.clone());
+    let mut dataplane = Dataplane::new(args.kernel.netlink()?, Nft::new(), config.clone());
+    let mut memory = Memory::default();
+    // What an earlier agent left on the node is held: a restart moves nothing.
+    match dataplane.held_eips().await {
+        Ok(held) => {
+            let now = Timestamp::now();
+            memory.held = held
+                .into_iter()
+                .map(|ip| {
+                    let held = Held {
+                        since: now,
+                        note: None,
+                    };
+                    (ip, held)
+                })
+                .collect();
+            if !memory.held.is_empty() {
+                tracing::info!(eips = ?memory.held.keys().collect::<Vec<_>>(), "this node holds EIPs already");
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot read the EIPs this node holds; assuming none"),
+    }
+    let (status_tx, status_rx) = tokio::sync::watch::channel(None);
+    tokio::spawn(write_tunnel_status(
+        client.clone(),
+        node.to_owned(),
+        status_rx,
+    ));
+    let liveness = Liveness::start(&config.vxlan.name, args.probe);
+    tokio::spawn(Arc::clone(&liveness).watch());
     let mut agent = Agent {
         node: node.to_owned(),
         config,
-        client,
         stores,
         dataplane,
         health,
-        fence,
+        liveness: Arc::clone(&liveness),
+        memory,
+        planned: None,
+        status_tx,
         reported: None,
         reconciles: 0,
     };
     let mut retry = Backoff::default();
+    let mut replan = true;
     loop {
-        let wait = if agent.reconcile().await {
+        let wait = if agent.reconcile(replan).await {
             retry.reset();
-            RESYNC
+            agent.memory.recheck_in().map_or(RESYNC, |d| d.min(RESYNC))
         } else {
             retry.next()
         };
-        tokio::select! {
-            () = changed.notified() => tokio::time::sleep(DEBOUNCE).await,
-            () = tokio::time::sleep(wait) => {}
-        }
+        replan = tokio::select! {
+            () = changed.notified() => {
+                tokio::time::sleep(DEBOUNCE).await;
+                true
+            }
+            () = liveness.changed.notified() => false,
+            () = tokio::time::sleep(wait) => true,
+        };
     }
 }
 
-/// Whether the agent must give up its EIPs: it could not renew its Lease
-/// for the Lease's duration, so the controller has moved them elsewhere by
-/// now, and keeping them would answer for an address another node owns.
-///
-/// Fenced is left only once the agent has reported again *and* its own
-/// watch shows that report, i.e. once its view of the cluster is no older
-/// than its return (a stale view would still show the EIPs here).
-#[derive(Debug, Default)]
-struct Fence {
-    state: std::sync::Mutex<FenceState>,
-}
-
-#[derive(Debug, Default, Clone, Copy)]
-struct FenceState {
-    fenced: bool,
-    /// When the Lease was renewed again after a fence.
-    renewed: Option<Timestamp>,
-}
-
-impl Fence {
-    fn get(&self) -> FenceState {
-        *self
-            .state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn update(&self, f: impl FnOnce(&mut FenceState)) {
-        f(&mut self
-            .state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner));
-    }
-}
-
-/// Renews the agent's Lease forever. Failures are logged; once renewals
-/// have failed for the Lease's duration the agent fences itself.
+/// Renews the agent's Lease forever. Failures are logged and change
+/// nothing else: the node's EIPs stay while its peers answer.
 async fn renew_lease(
     api: Api<Lease>,
     node: String,
     duration: Duration,
-    fence: Arc<Fence>,
-    changed: Arc<Notify>,
     stopping: Arc<tokio::sync::Mutex<bool>>,
 ) {
     let name = lease::agent_lease_name(&node);
-    let mut last_renewed = Instant::now();
     let mut failing = false;
     let mut tick = tokio::time::interval(RENEW_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -292,39 +300,19 @@ async fn renew_lease(
             .unwrap_or_else(|_| Err(anyhow::anyhow!("renewing Lease {name}: timed out")));
         drop(guard);
         match result {
-            Ok(()) => {
-                last_renewed = Instant::now();
-                if failing {
-                    tracing::info!(lease = name, "Lease renewed again");
-                    failing = false;
-                }
-                if fence.get().fenced && fence.get().renewed.is_none() {
-                    fence.update(|f| f.renewed = Some(Timestamp::now()));
-                    changed.notify_one();
-                }
+            Ok(()) if failing => {
+                tracing::info!(lease = name, "Lease renewed again");
+                failing = false;
             }
-            Err(e) => {
-                if !failing {
-                    tracing::warn!(
-                        error = format!("{e:#}"),
-                        "cannot renew the Lease; retrying every second"
-                    );
-                    failing = true;
-                }
-                if last_renewed.elapsed() > duration && !fence.get().fenced {
-                    tracing::warn!(
-                        "the Lease has not been renewed for {} s: giving up this node's EIPs until the API is reachable again",
-                        duration.as_secs()
-                    );
-                    fence.update(|f| {
-                        *f = FenceState {
-                            fenced: true,
-                            renewed: None,
-                        }
-                    });
-                    changed.notify_one();
-                }
+            Ok(()) => {}
+            Err(e) if !failing => {
+                tracing::warn!(
+                    error = format!("{e:#}"),
+                    "cannot renew the Lease; retrying every second (the data plane carries on)"
+                );
+                failing = true;
             }
+            Err(_) => {}
         }
     }
 }
@@ -332,29 +320,69 @@ async fn renew_lease(
 struct Agent {
     node: String,
     config: Config,
-    client: Client,
     stores: Stores,
     dataplane: Dataplane<Rtnetlink, Nft>,
     health: Arc<Health>,
-    fence: Arc<Fence>,
-    /// The tunnel status last written, and when.
+    liveness: Arc<Liveness>,
+    memory: Memory,
+    /// The last plan of this node and the node's underlay address then.
+    planned: Option<(NodeState, Option<IpAddr>)>,
+    /// Queues the tunnel status for [`write_tunnel_status`].
+    status_tx: tokio::sync::watch::Sender<Option<EgressTunnelStatus>>,
+    /// The tunnel status last queued, and when.
     reported: Option<(EgressTunnelStatus, Instant)>,
     reconciles: u64,
 }
 
 impl Agent {
-    /// One level-based run. Returns false when it should be retried soon.
-    async fn reconcile(&mut self) -> bool {
-        self.maybe_unfence();
-        let fenced = self.fence.get().fenced;
-        let mut snapshot = self.stores.snapshot(self.config.clone());
-        if fenced {
-            // Not ready in its own eyes: the planner places its EIPs on
-            // other nodes, as the controller has.
-            for n in snapshot.nodes.iter_mut().filter(|n| n.name == self.node) {
-                n.ready = false;
-            }
+    /// One level-based run: plans again when `replan` (or when there is no
+    /// plan yet), resolves the plan with the live peers, reconciles.
+    /// Returns false when it should be retried soon.
+    async fn reconcile(&mut self, replan: bool) -> bool {
+        if (replan || self.planned.is_none()) && !self.replan() {
+            return false;
         }
+        let Some((planned, underlay)) = self.planned.clone() else {
+            return false;
+        };
+        let live = self.liveness.live();
+        let last_answers = self.liveness.last_answers();
+        let resolved = self.memory.resolve(&planned, &live, &last_answers).await;
+        let state = &resolved.state;
+        let started = Instant::now();
+        let report = self.dataplane.reconcile(state).await;
+        self.reconciles += 1;
+        log_report(&report, state, started.elapsed());
+        let ok = report.is_ok();
+        if ok {
+            self.health.set_ready(true);
+        }
+        let in_use: BTreeMap<String, String> = self
+            .memory
+            .in_use
+            .iter()
+            .map(|(ip, u)| (ip.to_string(), u.by.clone()))
+            .collect();
+        self.health.set_status(serde_json::json!({
+            "node": self.node,
+            "reconciles": self.reconciles,
+            "last": report,
+            "eips": state.eips,
+            "failover": {
+                "peers": last_answers,
+                "live": live,
+                "quorum": { "reached": resolved.quorum.reached, "total": resolved.quorum.total },
+                "targets": resolved.targets,
+                "inUse": in_use,
+            },
+        }));
+        self.report_tunnel(ok, underlay);
+        ok
+    }
+
+    /// Plans this node from the stores; false when it cannot yet.
+    fn replan(&mut self) -> bool {
+        let snapshot = self.stores.snapshot(self.config.clone());
         let Some(own) = snapshot.nodes.iter().find(|n| n.name == self.node) else {
             tracing::warn!(node = self.node, "no Node of this name in the API; waiting");
             return false;
@@ -377,59 +405,14 @@ impl Agent {
             tracing::warn!(node = self.node, "the planner has no state for this node");
             return false;
         };
-        let started = Instant::now();
-        let report = self.dataplane.reconcile(state).await;
-        self.reconciles += 1;
-        log_report(&report, state, started.elapsed());
-        let ok = report.is_ok();
-        if ok {
-            self.health.set_ready(true);
-        }
-        self.health.set_status(serde_json::json!({
-            "node": self.node,
-            "reconciles": self.reconciles,
-            "last": report,
-            "eips": state.eips,
-        }));
-        if let Err(e) = self.report_tunnel(ok, underlay).await {
-            tracing::warn!(
-                error = format!("{e:#}"),
-                "cannot update EgressTunnel status"
-            );
-            return false;
-        }
-        ok
-    }
-
-    /// Leaves the fence once the Lease is renewed and the watched tunnel
-    /// shows a report written after that.
-    fn maybe_unfence(&self) {
-        let FenceState {
-            fenced: true,
-            renewed: Some(renewed),
-        } = self.fence.get()
-        else {
-            return;
-        };
-        let seen = self
-            .stores
-            .tunnels
-            .get(&ObjectRef::new(&self.node))
-            .and_then(|t| {
-                t.status
-                    .as_ref()
-                    .and_then(|s| s.last_heartbeat_time.clone())
-            });
-        // `lastHeartbeatTime` has whole seconds; the fence lasted longer.
-        if seen.is_some_and(|t| t.0.as_second() >= renewed.as_second()) {
-            tracing::info!("the cluster view is current again: this node may own EIPs");
-            self.fence.update(|f| *f = FenceState::default());
-        }
+        self.liveness.follow(state);
+        self.planned = Some((state.clone(), underlay));
+        true
     }
 
     /// Writes the agent's part of its `EgressTunnel` status when it changed
     /// (or the heartbeat is due): parent, phase, heartbeat.
-    async fn report_tunnel(&mut self, ok: bool, underlay: Option<IpAddr>) -> anyhow::Result<()> {
+    fn report_tunnel(&mut self, ok: bool, underlay: Option<IpAddr>) {
         // The interface the reconcile just found: no lookup of its own.
         let parent = underlay.map(|ip| TunnelParent {
             name: self.dataplane.parent().map(|p| p.name.clone()),
@@ -443,6 +426,23 @@ impl Agent {
         };
         let current = self.stores.tunnels.get(&ObjectRef::new(&self.node));
         let api_phase = current.as_ref().and_then(|t| t.phase());
+        let mut eips: Vec<TunnelEip> = self
+            .memory
+            .held
+            .iter()
+            .map(|(ip, held)| TunnelEip {
+                ip: ip.to_string(),
+                state: TunnelEipState::Held,
+                since: Some(Time(held.since)),
+                message: held.note.clone(),
+            })
+            .collect();
+        eips.extend(self.memory.in_use.iter().map(|(ip, u)| TunnelEip {
+            ip: ip.to_string(),
+            state: TunnelEipState::InUse,
+            since: Some(Time(u.since)),
+            message: Some(format!("another host answers for it: {}", u.by)),
+        }));
         let status = EgressTunnelStatus {
             tunnel: Some(TunnelEndpoint {
                 parent,
@@ -451,44 +451,80 @@ impl Agent {
             phase: Some(phase),
             mark: None,
             last_heartbeat_time: None,
+            eips,
         };
-        let fence = self.fence.get();
-        if fence.fenced && fence.renewed.is_none() {
-            // Reporting Ready without a live Lease would only have the
-            // controller mark it timed out again.
-            return Ok(());
-        }
-        let returning = fence.fenced;
-        let unchanged = !returning
-            && self
-                .reported
-                .as_ref()
-                .is_some_and(|(last, at)| *last == status && at.elapsed() < HEARTBEAT_EVERY)
+        let unchanged = self
+            .reported
+            .as_ref()
+            .is_some_and(|(last, at)| *last == status && at.elapsed() < HEARTBEAT_EVERY)
             && api_phase == Some(phase);
         if unchanged {
-            return Ok(());
+            return;
         }
         let mut patch = status.clone();
         patch.last_heartbeat_time = Some(Time(Timestamp::now()));
-        let body = serde_json::json!({
-            "apiVersion": format!("{}/{}", egressgw_api::GROUP, egressgw_api::VERSION),
-            "kind": "EgressTunnel",
-            "metadata": { "name": self.node },
-            "status": patch,
-        });
-        let api: Api<EgressTunnel> = Api::all(self.client.clone());
-        api.patch_status(
-            &self.node,
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&body),
-        )
-        .await
-        .with_context(|| format!("applying EgressTunnel {} status", self.node))?;
-        if api_phase != Some(phase) {
-            tracing::info!(node = self.node, ?phase, "tunnel phase reported");
+        let queued_phase = self.reported.as_ref().and_then(|(last, _)| last.phase);
+        if api_phase != Some(phase) && queued_phase != Some(phase) {
+            tracing::info!(node = self.node, ?phase, "reporting the tunnel phase");
         }
+        // The writer sends it; a slow or absent API server never holds up
+        // the data plane.
+        self.status_tx.send_replace(Some(patch));
         self.reported = Some((status, Instant::now()));
-        Ok(())
+    }
+}
+
+/// Writes the agent's `EgressTunnel` status whenever a new one is queued,
+/// retrying every second until the API server takes it.
+async fn write_tunnel_status(
+    client: Client,
+    node: String,
+    mut queued: tokio::sync::watch::Receiver<Option<EgressTunnelStatus>>,
+) {
+    let api: Api<EgressTunnel> = Api::all(client);
+    let mut failing = false;
+    while queued.changed().await.is_ok() {
+        loop {
+            let Some(status) = queued.borrow_and_update().clone() else {
+                break;
+            };
+            let body = serde_json::json!({
+                "apiVersion": format!("{}/{}", egressgw_api::GROUP, egressgw_api::VERSION),
+                "kind": "EgressTunnel",
+                "metadata": { "name": node },
+                "status": status,
+            });
+            let written = tokio::time::timeout(
+                STATUS_WRITE_TIMEOUT,
+                api.patch_status(
+                    &node,
+                    &PatchParams::apply(MANAGER).force(),
+                    &Patch::Apply(&body),
+                ),
+            )
+            .await
+            .unwrap_or_else(|_| Err(kube::Error::Service("timed out".into())))
+            .with_context(|| format!("applying EgressTunnel {node} status"));
+            match written {
+                Ok(_) => {
+                    if failing {
+                        tracing::info!("EgressTunnel status written again");
+                        failing = false;
+                    }
+                    break;
+                }
+                Err(e) => {
+                    if !failing {
+                        tracing::warn!(
+                            error = format!("{e:#}"),
+                            "cannot update EgressTunnel status; retrying every second"
+                        );
+                        failing = true;
+                    }
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
     }
 }
 

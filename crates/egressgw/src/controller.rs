@@ -392,6 +392,7 @@ impl Control {
                 phase: None,
                 mark: current.mark,
                 last_heartbeat_time: None,
+                eips: Vec::new(),
             };
             if existing.is_some() && current_alloc == wanted {
                 continue;
@@ -497,11 +498,20 @@ impl Control {
                 if new == old {
                     continue;
                 }
-                // Unavailable agents are already unready in the snapshot.
-                let why = if snapshot.nodes.iter().any(|n| &n.name == old && !n.ready) {
-                    format!("{old} is not ready")
-                } else {
-                    format!("{old} no longer carries it")
+                // The new holder's agent says how it got there (a takeover
+                // in the data plane); otherwise the plan moved it.
+                let reported = self.stores.tunnels.get(&ObjectRef::new(new)).and_then(|t| {
+                    let eips = &t.status.as_ref()?.eips;
+                    eips.iter()
+                        .find(|e| e.ip == ip.to_string())
+                        .and_then(|e| e.message.clone())
+                });
+                let why = match reported {
+                    Some(message) => message,
+                    None if snapshot.nodes.iter().any(|n| &n.name == old && !n.ready) => {
+                        format!("{old} is not ready")
+                    }
+                    None => format!("{old} no longer carries it"),
                 };
                 let note = format!("EIP {ip} moved from node {old} to node {new} ({why})");
                 tracing::warn!("{note}");

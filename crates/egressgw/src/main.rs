@@ -5,6 +5,7 @@ mod cluster;
 mod config;
 mod controller;
 mod dataplane;
+mod failover;
 mod render;
 
 use std::io::{Read as _, Write as _};

@@ -96,6 +96,7 @@ fn node(out: &mut String, s: &NodeState) {
                     format!("tunnel to {gateway} (mark {mark:#010x})")
                 }
                 Action::Local => "SNAT here (this node is the gateway)".to_owned(),
+                Action::Drop => "drop (no live gateway node, failing closed)".to_owned(),
             };
             let by = e
                 .policy
@@ -132,6 +133,19 @@ fn node(out: &mut String, s: &NodeState) {
         s.eips
             .iter()
             .map(|e| format!("{} of EgressGateway {}", e.ip, e.gateway)),
+    );
+    section(
+        out,
+        "failover groups (active first, then standbys; the live ones decide)",
+        s.groups.iter().map(|g| {
+            let order: Vec<&str> = g.candidates.iter().map(|c| c.node.as_str()).collect();
+            let closed = if g.fail_closed {
+                "fail closed"
+            } else {
+                "fail open"
+            };
+            format!("{}: {} ({closed})", g.key, order.join(", "))
+        }),
     );
     out.push('\n');
 }

@@ -18,6 +18,7 @@ use crate::lab::state::Paths;
 use crate::lab::up::{self, UpArgs};
 use crate::lab::{down, process};
 
+mod failover;
 mod install;
 mod objects;
 mod run;
@@ -35,7 +36,7 @@ pub const E2E_PREFIX: &str = "e2e";
 /// Addresses of the free range each scenario's gateway gets: scenario `k`
 /// uses `198.51.100.(200 + 3k) ..= (202 + 3k)`.
 const POOL_SLICE: u8 = 3;
-const POOL_START: u8 = 200;
+const POOL_START: u8 = 100;
 
 /// `cargo xtask e2e`.
 #[derive(Debug, clap::Args)]
@@ -272,7 +273,7 @@ mod tests {
     #[test]
     fn every_scenario_gets_its_own_slice_of_the_free_range() {
         let all: Vec<Vec<Ipv4Addr>> = (0..scenarios::ALL.len()).map(pool).collect();
-        assert_eq!(all[0][0], Ipv4Addr::new(198, 51, 100, 200));
+        assert_eq!(all[0][0], Ipv4Addr::new(198, 51, 100, 100));
         let last = all.last().unwrap().last().unwrap();
         assert!(last.octets()[3] <= 250, "{last} is past the free range");
         let mut flat: Vec<Ipv4Addr> = all.concat();

@@ -6,7 +6,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, anyhow, bail};
+use anyhow::{Context, anyhow, bail, ensure};
 use serde_json::Value;
 
 use super::traffic::{self, Expect};
@@ -32,6 +32,12 @@ pub enum Undo {
     NodeUp(String),
     /// Start a node's agent again, if it is not running.
     Agent(String),
+    /// Thaw a frozen control-plane process.
+    Thaw(String),
+    /// Thaw the frozen controller pods.
+    ThawControllers,
+    /// Set a node's underlay link up again.
+    UnderlayUp(String),
 }
 
 /// One scenario's run.
@@ -182,6 +188,31 @@ impl<'a> Run<'a> {
         egressgw::set_node_links(&self.lab.state.topology, self.lab.node(node)?, up).map(drop)
     }
 
+    /// Sets only `node`'s underlay link up or down (see
+    /// [`egressgw::set_node_underlay`]).
+    pub fn node_underlay(&mut self, node: &str, up: bool) -> anyhow::Result<()> {
+        if !up {
+            self.undo.push(Undo::UnderlayUp(node.to_owned()));
+        }
+        egressgw::set_node_underlay(&self.lab.state.topology, self.lab.node(node)?, up)
+    }
+
+    /// Freezes or thaws a control-plane process (`kube-apiserver`).
+    pub fn freeze(&mut self, process: &str, frozen: bool) -> anyhow::Result<u32> {
+        if frozen {
+            self.undo.push(Undo::Thaw(process.to_owned()));
+        }
+        egressgw::freeze_control_plane(self.lab, process, frozen)
+    }
+
+    /// Freezes or thaws the egressgw controller pods.
+    pub fn freeze_controllers(&mut self, frozen: bool) -> anyhow::Result<Vec<u32>> {
+        if frozen {
+            self.undo.push(Undo::ThawControllers);
+        }
+        egressgw::freeze_controllers(self.lab, frozen)
+    }
+
     pub fn kill_agent(&mut self, node: &str) -> anyhow::Result<u32> {
         self.undo.push(Undo::Agent(node.to_owned()));
         egressgw::kill_agent(self.lab, node)
@@ -327,6 +358,11 @@ impl<'a> Run<'a> {
                 },
                 Undo::NodeUp(node) => self.node_links(node, true),
                 Undo::Agent(node) => restart_if_dead(self.lab, node),
+                Undo::Thaw(process) => {
+                    egressgw::freeze_control_plane(self.lab, process, false).map(drop)
+                }
+                Undo::ThawControllers => egressgw::freeze_controllers(self.lab, false).map(drop),
+                Undo::UnderlayUp(node) => self.node_underlay(node, true),
             };
             if let Err(e) = result {
                 errors.push(e.context(format!("cleaning up ({undo:?})")));
@@ -491,4 +527,17 @@ pub fn eip_holders(lab: &Lab, eip: Ipv4Addr) -> anyhow::Result<Vec<String>> {
         }
     }
     Ok(holders)
+}
+
+/// The pids of every agent pod's container, by pod name: what changes when
+/// an agent restarts.
+pub fn agent_pids(lab: &Lab) -> anyhow::Result<Vec<(String, Option<u32>)>> {
+    let mut pids: Vec<(String, Option<u32>)> = crate::lab::kubelet::records(&lab.paths)
+        .into_iter()
+        .filter(|r| r.name.starts_with("egressgw-agent-"))
+        .map(|r| (r.name.clone(), r.containers.first().and_then(|c| c.pid)))
+        .collect();
+    pids.sort();
+    ensure!(!pids.is_empty(), "no agent pod is running");
+    Ok(pids)
 }

@@ -9,16 +9,16 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, ensure};
 use serde_json::{Value, json};
 
-use super::install;
 use super::objects::{app, cluster_policy, gateway, policy};
 use super::run::{PolicyStatus, Run, SETTLE, eip_holders, eventually, wait_log_line};
 use super::traffic::{Expect, IperfRun, Prober, Sample};
+use super::{failover, install};
 
 /// One scenario: its name (a sentence) and its body.
 pub type Scenario = (&'static str, fn(&mut Run) -> anyhow::Result<()>);
 
 /// Every scenario, in the order they run.
-pub const ALL: [Scenario; 15] = [
+pub const ALL: [Scenario; 22] = [
     (
         "chart_is_lint_clean_and_bad_values_change_nothing",
         install::chart_is_lint_clean_and_bad_values_change_nothing,
@@ -74,6 +74,34 @@ pub const ALL: [Scenario; 15] = [
     (
         "failover_moves_the_eip_to_the_other_gateway_node",
         failover_moves_the_eip_to_the_other_gateway_node,
+    ),
+    (
+        "killed_gateway_agent_moves_nothing_and_loses_nothing",
+        failover::killed_gateway_agent_moves_nothing_and_loses_nothing,
+    ),
+    (
+        "failover_after_links_down_is_back_within_a_second",
+        failover::failover_after_links_down_is_back_within_a_second,
+    ),
+    (
+        "failover_works_with_the_apiserver_and_controller_frozen",
+        failover::failover_works_with_the_apiserver_and_controller_frozen,
+    ),
+    (
+        "failover_of_a_gateway_cut_off_from_its_peers_never_holds_the_eip_twice",
+        failover::failover_of_a_gateway_cut_off_from_its_peers_never_holds_the_eip_twice,
+    ),
+    (
+        "a_pool_address_in_use_on_the_segment_is_refused",
+        failover::a_pool_address_in_use_on_the_segment_is_refused,
+    ),
+    (
+        "fail_closed_drops_what_has_no_live_gateway_and_fail_open_says_so",
+        failover::fail_closed_drops_what_has_no_live_gateway_and_fail_open_says_so,
+    ),
+    (
+        "apiserver_outage_changes_no_source_and_moves_no_eip",
+        failover::apiserver_outage_changes_no_source_and_moves_no_eip,
     ),
     // Last: egressgw is gone afterwards.
     (

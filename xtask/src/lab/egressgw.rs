@@ -411,3 +411,65 @@ pub fn set_node_links(topo: &Topology, node: &Node, up: bool) -> anyhow::Result<
     }
     Ok(links)
 }
+
+/// Freezes (SIGSTOP) or thaws (SIGCONT) the lab's control-plane process
+/// `name` (`kube-apiserver`, `etcd`, ...): frozen, it holds its connections
+/// and answers nothing, as a hung or partitioned API server does. Returns
+/// its pid.
+pub fn freeze_control_plane(lab: &Lab, name: &str, frozen: bool) -> anyhow::Result<u32> {
+    let record = lab
+        .state
+        .processes
+        .iter()
+        .find(|p| p.name == name)
+        .with_context(|| format!("the lab runs no {name}"))?;
+    signal(record.pid, frozen).with_context(|| format!("signalling {name}"))?;
+    Ok(record.pid)
+}
+
+/// Freezes or thaws every controller pod's processes. Returns their pids.
+pub fn freeze_controllers(lab: &Lab, frozen: bool) -> anyhow::Result<Vec<u32>> {
+    let pids: Vec<u32> = kubelet::records(&lab.paths)
+        .into_iter()
+        .filter(|r| {
+            r.namespace == NAMESPACE
+                && r.name
+                    .strip_prefix(CONTROLLER_DEPLOYMENT)
+                    .is_some_and(|rest| rest.starts_with('-'))
+        })
+        .flat_map(|r| r.containers.into_iter().filter_map(|c| c.pid))
+        .collect();
+    ensure!(!pids.is_empty(), "no controller pod is running");
+    for pid in &pids {
+        signal(*pid, frozen).with_context(|| format!("signalling controller pid {pid}"))?;
+    }
+    Ok(pids)
+}
+
+fn signal(pid: u32, frozen: bool) -> anyhow::Result<()> {
+    let sig = if frozen { "STOP" } else { "CONT" };
+    cmd::run("kill", &["-s", sig, &pid.to_string()]).map(drop)
+}
+
+/// Sets only the node's underlay link up or down: the node is cut off from
+/// the other nodes but, on a gateway node, still on the external segment.
+pub fn set_node_underlay(topo: &Topology, node: &Node, up: bool) -> anyhow::Result<()> {
+    let state = if up { "up" } else { "down" };
+    cmd::run(
+        "ip",
+        &[
+            "-n",
+            node.netns.as_str(),
+            "link",
+            "set",
+            &node.interface,
+            state,
+        ],
+    )
+    .with_context(|| format!("setting {} of {} {state}", node.interface, node.name))?;
+    if up {
+        super::network::node_routes(topo, node)
+            .with_context(|| format!("restoring the routes of {}", node.name))?;
+    }
+    Ok(())
+}

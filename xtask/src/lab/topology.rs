@@ -38,7 +38,7 @@ pub const KUBERNETES_SERVICE_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 1);
 pub const EXTERNAL_CIDR: &str = "198.51.100.0/24";
 const EXTERNAL_PREFIX_LEN: u8 = 24;
 /// Addresses of the external segment that no lab host uses: room for EgressGateway pools.
-pub const EXTERNAL_FREE_RANGE: &str = "198.51.100.200-198.51.100.250";
+pub const EXTERNAL_FREE_RANGE: &str = "198.51.100.100-198.51.100.250";
 
 /// Lab pods take host addresses `.2` up to (not including) this one of
 /// their node's pod CIDR; the kubelet stand-in's Pods take the rest.

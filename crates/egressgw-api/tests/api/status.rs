@@ -147,18 +147,22 @@ fn a_gateway_status_pairs_the_eips_the_same_policies_use_and_counts_nodes() {
                     EipStatus {
                         ip: Some("10.6.1.5".parse().unwrap()),
                         policies: vec![p1.clone()],
+                        standbys: vec!["n2".into()],
                     },
                     EipStatus {
                         ip: Some("10.6.1.6".parse().unwrap()),
                         policies: vec![cp.clone()],
+                        standbys: vec!["n2".into()],
                     },
                     EipStatus {
                         ip: Some("fd00::5".parse().unwrap()),
                         policies: vec![p1.clone()],
+                        standbys: vec!["n2".into()],
                     },
                     EipStatus {
                         ip: None,
                         policies: vec![cp.clone()],
+                        standbys: vec![],
                     },
                 ],
             },
@@ -194,17 +198,20 @@ fn a_gateway_status_pairs_the_eips_the_same_policies_use_and_counts_nodes() {
             GatewayEip {
                 ipv4: Some("10.6.1.5".into()),
                 ipv6: Some("fd00::5".into()),
-                policies: vec![p1_ref]
+                policies: vec![p1_ref],
+                standbys: vec!["n2".into()],
             },
             GatewayEip {
                 ipv4: Some("10.6.1.6".into()),
                 ipv6: None,
-                policies: vec![cp_ref.clone()]
+                policies: vec![cp_ref.clone()],
+                standbys: vec!["n2".into()],
             },
             GatewayEip {
                 ipv4: None,
                 ipv6: None,
-                policies: vec![cp_ref]
+                policies: vec![cp_ref],
+                standbys: vec![],
             },
         ]
     );
@@ -223,6 +230,7 @@ fn the_previous_nodes_of_a_written_gateway_status_read_back() {
             eips: vec![EipStatus {
                 ip: Some("10.6.1.5".parse().unwrap()),
                 policies: vec![],
+                standbys: vec![],
             }],
         }],
         ip_usage: IpUsage::default(),

@@ -147,6 +147,7 @@ fn resolve_gateway<'a>(policy: &'a Policy, gateways: &Gateways<'a>) -> Work<'a> 
         node_ip: [false, false],
         nodes: [None, None],
         reserved: Vec::new(),
+        fail_closed: false,
     };
     let name = match (&policy.gateway, gateways.default) {
         (Some(name), _) => name.as_str(),
@@ -170,6 +171,7 @@ fn resolve_gateway<'a>(policy: &'a Policy, gateways: &Gateways<'a>) -> Work<'a> 
         }
         Some((key, info)) => {
             work.gateway = Some(key);
+            work.fail_closed = info.gateway.fail_closed;
             if let Some((_, why)) = &info.problem {
                 work.failure = Some((
                     Reason::GatewayInvalid,

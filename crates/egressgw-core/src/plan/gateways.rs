@@ -20,6 +20,12 @@ pub(super) struct GatewayInfo<'a> {
     /// Per family ([`fi`]): selected nodes that can carry that family's
     /// traffic now. Sorted.
     pub eligible: [Vec<&'a str>; 2],
+    /// Per family: selected nodes that have what carrying that family's
+    /// traffic takes (addresses, a tunnel identity, a mark), ready or not.
+    /// An EIP stays on such a node and they are its failover candidates:
+    /// whether one is alive is for the data plane to find out, not for the
+    /// API server's view of it. Sorted.
+    pub candidates: [Vec<&'a str>; 2],
     /// Notes for the status message (an ignored `clusterDefault`, a missing pool).
     pub notes: Vec<String>,
 }
@@ -28,6 +34,11 @@ impl GatewayInfo<'_> {
     /// Whether `node` can carry this gateway's traffic of `family`.
     pub fn eligible(&self, node: &str, family: Family) -> bool {
         self.eligible[fi(family)].binary_search(&node).is_ok()
+    }
+
+    /// Whether `node` may carry this gateway's traffic of `family`, ready or not.
+    pub fn candidate(&self, node: &str, family: Family) -> bool {
+        self.candidates[fi(family)].binary_search(&node).is_ok()
     }
 
     /// Whether `node` can carry traffic of some family.
@@ -96,6 +107,7 @@ pub(super) fn resolve(snapshot: &Snapshot) -> Gateways<'_> {
                 problem,
                 selected,
                 eligible: [Vec::new(), Vec::new()],
+                candidates: [Vec::new(), Vec::new()],
                 notes,
             },
         );
@@ -140,6 +152,11 @@ pub(super) fn ineligibility(
     if !node.ready {
         return Some("not ready");
     }
+    unfitness(node, tunnels, family)
+}
+
+/// What a node lacks to carry `family` traffic at all, readiness aside.
+fn unfitness(node: &Node, tunnels: &Tunnels, family: Family) -> Option<&'static str> {
     if node.addresses.is_empty() {
         return Some("no InternalIP address");
     }
@@ -177,6 +194,16 @@ impl<'a> Gateways<'a> {
                     .iter()
                     .copied()
                     .filter(|n| ineligibility(nodes.get(n).copied(), tunnels, family).is_none())
+                    .collect();
+                info.candidates[fi(family)] = info
+                    .selected
+                    .iter()
+                    .copied()
+                    .filter(|n| {
+                        nodes
+                            .get(n)
+                            .is_some_and(|node| unfitness(node, tunnels, family).is_none())
+                    })
                     .collect();
             }
         }

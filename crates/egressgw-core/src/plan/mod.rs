@@ -64,6 +64,7 @@ fn build(snapshot: &Snapshot, only: Option<&str>) -> Plan {
         snapshot,
         &tunnels,
         &policies,
+        &placed,
         &classified,
         &cluster_cidrs,
         only,
@@ -95,12 +96,18 @@ struct Work<'a> {
     nodes: [Option<String>; 2],
     /// EIPs kept for a policy that cannot be served now (its previous ones).
     reserved: Vec<IpAddr>,
+    /// Whether its gateway fails closed (`spec.failClosed`).
+    fail_closed: bool,
 }
 
 impl Work<'_> {
-    /// Whether the policy steers traffic of `family` somewhere.
+    /// Whether the policy classifies traffic of `family`: it has a gateway
+    /// node for it, or it has none and fails closed (the traffic is then
+    /// dropped rather than left to leave with a node's address).
     fn active(&self, family: Family) -> bool {
-        self.failure.is_none() && self.nodes[fi(family)].is_some()
+        let uses =
+            self.gateway.is_some() && (self.eips[fi(family)].is_some() || self.node_ip[fi(family)]);
+        self.failure.is_none() && (self.nodes[fi(family)].is_some() || (self.fail_closed && uses))
     }
 }
 

@@ -7,23 +7,21 @@ use ipnet::IpNet;
 use crate::model::{Config, Snapshot};
 use crate::net::Family;
 use crate::state::{
-    Action, ClassifyEntry, NodeState, OwnedEip, Peer, ReplyRoute, Route, Rule, SnatEntry, SnatTo,
-    Vxlan,
+    Action, Candidate, ClassifyEntry, Group, NodeState, OwnedEip, Peer, ReplyRoute, Route, Rule,
+    SnatEntry, SnatTo, Vxlan,
 };
 
 use super::classify::Classified;
+use super::placement::{Placed, Unit, unit_for};
 use super::tunnels::Tunnels;
 use super::{Work, fi};
 
-/// Where a policy's traffic of one family goes: the gateway node, its mark,
-/// and the index of its state if it is being built.
-type Via<'a> = (&'a str, u32, Option<usize>);
-
 /// Builds the state of every node, or of `only` that one.
-pub(super) fn build(
+pub(super) fn build<'a>(
     snapshot: &Snapshot,
     tunnels: &Tunnels,
-    works: &[Work<'_>],
+    works: &[Work<'a>],
+    placed: &Placed<'a>,
     classified: &Classified<'_>,
     cluster_cidrs: &[IpNet],
     only: Option<&str>,
@@ -64,25 +62,42 @@ pub(super) fn build(
         })
         .collect();
 
-    let gateways: Vec<[Option<Via<'_>>; 2]> = works
-        .iter()
-        .map(|w| {
-            Family::ALL.map(|family| {
-                let node = w.nodes[fi(family)].as_deref()?;
-                let mark = tunnels
-                    .mark(node)
-                    .expect("eligible gateway nodes have a mark");
-                Some((node, mark, index.get(node).copied()))
+    // Failover groups, numbered per node as they are first needed there.
+    let mut group_ids: Vec<BTreeMap<Unit<'a>, u32>> = vec![BTreeMap::new(); states.len()];
+    let mut group_in = |states: &mut Vec<NodeState>, i: usize, unit: &Unit<'a>| -> u32 {
+        if let Some(id) = group_ids[i].get(unit) {
+            return *id;
+        }
+        let id = u32::try_from(states[i].groups.len()).expect("fewer than 2^32 groups");
+        let candidates = placed.candidates[unit]
+            .iter()
+            .map(|node| Candidate {
+                node: node.clone(),
+                mark: tunnels.mark(node).expect("gateway candidates have a mark"),
             })
-        })
-        .collect();
+            .collect();
+        let first_user = placed.users[unit][0];
+        states[i].groups.push(Group {
+            id,
+            key: group_key(unit, works),
+            gateway: unit.gateway().to_owned(),
+            eip: match unit {
+                Unit::Eip(_, ip) => Some(*ip),
+                Unit::NodeIp(..) => None,
+            },
+            candidates,
+            fail_closed: works[first_user].fail_closed,
+        });
+        group_ids[i].insert(unit.clone(), id);
+        id
+    };
 
     for source in &classified.sources {
         let family = Family::of(source.src);
         let here = index.get(source.node).copied();
         // A node without a tunnel of this family cannot send its pods'
-        // traffic to another node: those decisions are left out, so the
-        // traffic leaves the normal way rather than into a missing device.
+        // traffic to another node: those decisions are left out (or, failing
+        // closed, dropped), rather than sent into a missing device.
         let can_send = tunnels.can_send(source.node, family);
         for (dst, decided) in source.table.iter() {
             let Some(w) = *decided else {
@@ -92,35 +107,65 @@ pub(super) fn build(
                         dst: *dst,
                         action: Action::Bypass,
                         policy: None,
+                        group: None,
                     });
                 }
                 continue;
             };
             let work = &works[w];
-            let (gateway, mark, there) =
-                gateways[w][fi(family)].expect("active policies are placed");
-            let local = gateway == source.node;
-            if !local && !can_send {
+            let unit = unit_for(w, work, family).expect("classified policies have a unit");
+            let Some(candidates) = placed.candidates.get(&unit) else {
+                // No node at all, and the gateway fails closed.
+                if let Some(i) = here {
+                    states[i].classify.push(ClassifyEntry {
+                        src: source.src,
+                        dst: *dst,
+                        action: Action::Drop,
+                        policy: Some(work.policy.id.clone()),
+                        group: None,
+                    });
+                }
+                continue;
+            };
+            let active = candidates[0].as_str();
+            let local = active == source.node;
+            if !local && !can_send && !work.fail_closed {
                 continue;
             }
             if let Some(i) = here {
-                let action = if local {
-                    Action::Local
+                let (action, group) = if !local && !can_send {
+                    (Action::Drop, None)
+                } else if local {
+                    (Action::Local, Some(group_in(&mut states, i, &unit)))
                 } else {
-                    Action::Tunnel {
-                        gateway: gateway.to_owned(),
+                    let mark = tunnels.mark(active).expect("gateway nodes have a mark");
+                    let action = Action::Tunnel {
+                        gateway: active.to_owned(),
                         mark,
-                    }
+                    };
+                    (action, Some(group_in(&mut states, i, &unit)))
                 };
                 states[i].classify.push(ClassifyEntry {
                     src: source.src,
                     dst: *dst,
                     action,
                     policy: Some(work.policy.id.clone()),
+                    group,
                 });
             }
-            if let Some(i) = there {
-                if !local && let Some(via) = tunnels.address(source.node, family) {
+            if !local && !can_send {
+                continue;
+            }
+            // Every candidate is ready to serve the source: the data plane
+            // may send it to any of them without a new plan.
+            let to = work.eips[fi(family)].map_or(SnatTo::NodeIp, SnatTo::Eip);
+            for candidate in candidates {
+                let Some(i) = index.get(candidate.as_str()).copied() else {
+                    continue;
+                };
+                if candidate != source.node
+                    && let Some(via) = tunnels.address(source.node, family)
+                {
                     states[i].replies.push(ReplyRoute {
                         dst: source.src,
                         via,
@@ -128,7 +173,6 @@ pub(super) fn build(
                         table: cfg.reply_table(),
                     });
                 }
-                let to = work.eips[fi(family)].map_or(SnatTo::NodeIp, SnatTo::Eip);
                 states[i].snat.push(SnatEntry {
                     src: source.src,
                     dst: *dst,
@@ -140,14 +184,21 @@ pub(super) fn build(
         }
     }
 
-    for work in works.iter().filter(|w| w.failure.is_none()) {
-        for family in Family::ALL {
-            if let (Some(ip), Some(node)) = (work.eips[fi(family)], &work.nodes[fi(family)])
-                && let Some(i) = index.get(node.as_str())
-            {
-                states[*i].eips.push(OwnedEip {
-                    ip,
-                    gateway: work.gateway.expect("allocated").to_owned(),
+    // A candidate of an EIP needs its group to take it over; the active
+    // node owns it.
+    for (unit, candidates) in &placed.candidates {
+        let Unit::Eip(gateway, ip) = unit else {
+            continue;
+        };
+        for (rank, node) in candidates.iter().enumerate() {
+            let Some(i) = index.get(node.as_str()).copied() else {
+                continue;
+            };
+            group_in(&mut states, i, unit);
+            if rank == 0 {
+                states[i].eips.push(OwnedEip {
+                    ip: *ip,
+                    gateway: (*gateway).to_owned(),
                 });
             }
         }
@@ -159,6 +210,7 @@ pub(super) fn build(
         state.rules.sort();
         state.classify.sort();
         state.snat.sort();
+        state.snat.dedup();
         state.replies.sort();
         state.replies.dedup();
         if !state.replies.is_empty() {
@@ -174,6 +226,14 @@ pub(super) fn build(
         state.eips.dedup();
     }
     states.into_iter().map(|s| (s.node.clone(), s)).collect()
+}
+
+/// A group's [`Group::key`].
+fn group_key(unit: &Unit<'_>, works: &[Work<'_>]) -> String {
+    match unit {
+        Unit::Eip(gateway, ip) => format!("{gateway}/{ip}"),
+        Unit::NodeIp(gateway, i) => format!("{gateway}/node-ip/{}", works[*i].policy.id),
+    }
 }
 
 fn vxlan(cfg: &Config, tunnels: &Tunnels, node: &str) -> Option<Vxlan> {

@@ -46,7 +46,15 @@ pub(super) fn status(
     let mut policies: Vec<PolicyStatus> = works
         .iter()
         .enumerate()
-        .map(|(i, w)| policy_status(w, classified.pod_counts[i], gateways, &why))
+        .map(|(i, w)| {
+            policy_status(
+                w,
+                classified.pod_counts[i],
+                gateways,
+                &snapshot.eips_in_use,
+                &why,
+            )
+        })
         .chain(snapshot.invalid.iter().filter_map(invalid_policy))
         .collect();
     policies.sort_by(|a, b| a.policy.cmp(&b.policy));
@@ -93,6 +101,7 @@ fn policy_status(
     w: &Work<'_>,
     pods: usize,
     gateways: &Gateways<'_>,
+    in_use: &BTreeMap<IpAddr, String>,
     why: &dyn Fn(&str) -> String,
 ) -> PolicyStatus {
     let node = w.nodes[0].clone().or_else(|| w.nodes[1].clone());
@@ -123,12 +132,32 @@ fn policy_status(
             let unplaced = Family::ALL
                 .into_iter()
                 .any(|f| (w.eips[fi(f)].is_some() || w.node_ip[fi(f)]) && w.nodes[fi(f)].is_none());
-            let ready = if unplaced {
+            let taken = w
+                .eips
+                .iter()
+                .flatten()
+                .find_map(|ip| Some((ip, in_use.get(ip)?)));
+            let ready = if let Some((ip, who)) = taken {
+                condition(
+                    ConditionType::Ready,
+                    false,
+                    Reason::EipInUse,
+                    format!(
+                        "EIP {ip} is in use on the external segment ({who}), so no node takes it; \
+                         give EgressGateway {gateway} a pool address no other host uses"
+                    ),
+                )
+            } else if unplaced {
+                let then = if w.fail_closed {
+                    "meanwhile its traffic is dropped (failClosed)"
+                } else {
+                    "meanwhile its traffic leaves with the nodes' own addresses (failClosed: false)"
+                };
                 condition(
                     ConditionType::Ready,
                     false,
                     Reason::NoReadyNode,
-                    no_ready_node(&gateways.by_name[gateway], why),
+                    format!("{}; {then}", no_ready_node(&gateways.by_name[gateway], why)),
                 )
             } else {
                 let nodes = w
@@ -247,11 +276,17 @@ fn gateway_status(
 ) -> GatewayStatus {
     let name = info.gateway.name.as_str();
     let mut on_node: BTreeMap<&str, BTreeMap<Option<IpAddr>, Vec<PolicyRef>>> = BTreeMap::new();
+    let mut standbys: BTreeMap<Option<IpAddr>, &[String]> = BTreeMap::new();
     for (unit, node) in placed.nodes.iter().filter(|(u, _)| u.gateway() == name) {
         let ip = match unit {
             Unit::Eip(_, ip) => Some(*ip),
             Unit::NodeIp(..) => None,
         };
+        if ip.is_some()
+            && let Some(order) = placed.candidates.get(unit)
+        {
+            standbys.insert(ip, &order[1..]);
+        }
         let users = placed
             .users
             .get(unit)
@@ -297,7 +332,11 @@ fn gateway_status(
                     let mut policies = policies.clone();
                     policies.sort();
                     policies.dedup();
-                    EipStatus { ip: *ip, policies }
+                    EipStatus {
+                        ip: *ip,
+                        policies,
+                        standbys: standbys.get(ip).map(|s| s.to_vec()).unwrap_or_default(),
+                    }
                 })
                 .collect(),
         })

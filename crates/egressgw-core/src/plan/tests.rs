@@ -51,6 +51,7 @@ impl Cluster {
                 addresses: vec![ip(&format!("172.18.0.{}", 11 + i))],
                 pod_cidrs: vec![net(&format!("10.244.{}.0/24", i + 1))],
                 ready: true,
+                held_eips: Vec::new(),
             });
         }
         for ns in ["a", "b"] {
@@ -88,6 +89,7 @@ impl Cluster {
 
 fn gateway(name: &str, pool: &str, cluster_default: bool, created: i64) -> Gateway {
     Gateway {
+        fail_closed: false,
         name: name.into(),
         node_selector: LabelSelector::eq("egress", "true"),
         ipv4_pool: IpPool::new(
@@ -632,7 +634,7 @@ fn eips_spread_over_the_least_loaded_nodes() {
 }
 
 #[test]
-fn a_recompute_never_moves_an_eip_off_a_healthy_node_and_moves_it_off_a_failed_one() {
+fn a_recompute_moves_an_eip_only_where_the_data_plane_took_it_or_off_a_node_no_longer_selected() {
     let mut c = Cluster::new()
         .pod("a", "web-0", "n1", "10.244.1.5", "web")
         .policy(policy("a", "p", "web"));
@@ -646,6 +648,7 @@ fn a_recompute_never_moves_an_eip_off_a_healthy_node_and_moves_it_off_a_failed_o
         addresses: vec![ip("172.18.0.10")],
         pod_cidrs: vec![net("10.244.0.0/24")],
         ready: true,
+        held_eips: Vec::new(),
     });
     let second = c.plan();
     assert_eq!(second.status.eip_nodes[&ip("198.51.100.10")], node);
@@ -653,17 +656,37 @@ fn a_recompute_never_moves_an_eip_off_a_healthy_node_and_moves_it_off_a_failed_o
         second.status.tunnels.iter().find(|t| t.node == node),
         first.status.tunnels.iter().find(|t| t.node == node)
     );
-    // Its node fails: the EIP moves, and the pod's node re-routes.
+    // The API server calls its node unready: the data plane decides
+    // whether it is alive, so the EIP stays, and the node is its
+    // candidate still (ready standbys first).
     remember(&mut c.0, &second.status);
     c.0.nodes.iter_mut().find(|n| n.name == node).unwrap().ready = false;
     let third = c.plan();
-    let moved = third.status.eip_nodes[&ip("198.51.100.10")].clone();
-    assert_ne!(moved, node);
+    assert_eq!(third.status.eip_nodes[&ip("198.51.100.10")], node);
+    assert_eq!(third.nodes[&node].eips.len(), 1);
+    // Another candidate's agent reports holding it (it took it over): the
+    // plan follows, and the pod's node re-routes.
+    let other = third.nodes[&node].groups[0].candidates[1].node.clone();
+    assert_ne!(other, node);
+    c.0.nodes
+        .iter_mut()
+        .find(|n| n.name == other)
+        .unwrap()
+        .held_eips = vec![ip("198.51.100.10")];
+    let fourth = c.plan();
+    assert_eq!(fourth.status.eip_nodes[&ip("198.51.100.10")], other);
     assert_eq!(
-        gateway_of(&route(&third, "n1", "10.244.1.5", "203.0.113.1")),
-        Some(moved.as_str())
+        gateway_of(&route(&fourth, "n1", "10.244.1.5", "203.0.113.1")),
+        Some(other.as_str())
     );
-    assert!(third.nodes[&node].eips.is_empty());
+    assert!(fourth.nodes[&node].eips.is_empty());
+    // The holder is no longer selected: the EIP leaves it.
+    remember(&mut c.0, &fourth.status);
+    let holder = c.0.nodes.iter_mut().find(|n| n.name == other).unwrap();
+    holder.labels.clear();
+    holder.held_eips.clear();
+    let fifth = c.plan();
+    assert_ne!(fifth.status.eip_nodes[&ip("198.51.100.10")], other);
 }
 
 #[test]
@@ -856,6 +879,7 @@ fn build_snapshot(
             addresses: vec![IpAddr::from([172, 18, 0, 10 + i as u8])],
             pod_cidrs: vec![IpNet::new(IpAddr::from([10, 244, i as u8, 0]), 24).unwrap()],
             ready: *ready,
+            held_eips: Vec::new(),
         });
     }
     for ns in ["a", "b"] {

@@ -1,0 +1,317 @@
+//! The agent's side of failover: probing peers through the tunnel, and
+//! turning the planned state into the state to reconcile with what this
+//! node sees now ([`egressgw_core::failover`] has the rules).
+//!
+//! Timings (defaults): a peer is probed every 100 ms and counts as dead
+//! after 300 ms without an answer; the liveness view is read every 20 ms.
+//! A source moves a dead gateway's traffic to the next live candidate at
+//! the next read. A holder that reaches fewer than half of the nodes for
+//! 300 ms gives its EIPs up; a standby needs more than half and first asks
+//! the segment (ARP probes over 150 ms) whether anyone still answers for
+//! the EIP, and takes it only when no one does. A holder cut off from its
+//! peers therefore releases within about 300 ms + 20 ms + the reconcile,
+//! while a standby sees it dead no sooner than 200 ms after the cut (its
+//! last answer may be up to one interval old) and then spends 150 ms asking
+//! the segment, where the old holder still answers until it has released:
+//! the standby then asks again 250 ms later (every 2 s once the finding is
+//! 5 s old).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use egressgw_core::failover::{self, Resolved, View};
+use egressgw_core::state::NodeState;
+use egressgw_dataplane::announce;
+use egressgw_dataplane::probe::{Prober, Target};
+use tokio::sync::Notify;
+
+/// How often the liveness view is read.
+const CHECK_EVERY: Duration = Duration::from_millis(20);
+/// How long the segment is asked before an EIP is taken.
+pub const CLAIM_PROBE: Duration = Duration::from_millis(150);
+/// How long an "in use" finding stands before the segment is asked again:
+/// soon while it is fresh (an old holder releasing it during a takeover),
+/// then at a slower pace (an address some other host keeps).
+const IN_USE_RECHECK_FRESH: Duration = Duration::from_millis(250);
+const IN_USE_RECHECK: Duration = Duration::from_secs(2);
+/// How long a finding counts as fresh.
+const IN_USE_FRESH: Duration = Duration::from_secs(5);
+
+/// Probe settings (`--probe-interval`, `--probe-misses`).
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub struct ProbeArgs {
+    /// How often each peer is probed through the tunnel, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 100, value_parser = clap::value_parser!(u64).range(10..=10_000))]
+    pub probe_interval_ms: u64,
+    /// Probes a peer may miss in a row before it counts as dead.
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub probe_misses: u32,
+}
+
+impl ProbeArgs {
+    fn interval(&self) -> Duration {
+        Duration::from_millis(self.probe_interval_ms)
+    }
+
+    /// How long a peer may stay silent before it counts as dead.
+    pub fn down_after(&self) -> Duration {
+        self.interval() * self.probe_misses
+    }
+}
+
+/// The peers this node sees alive, kept current by a background task.
+pub struct Liveness {
+    prober: Prober,
+    down_after: Duration,
+    /// The set as the watcher last saw it.
+    seen: Mutex<BTreeSet<String>>,
+    /// Woken whenever the set changes.
+    pub changed: Notify,
+}
+
+impl Liveness {
+    /// Starts probing out of `device`; [`Self::watch`] follows the result.
+    pub fn start(device: &str, args: ProbeArgs) -> Arc<Self> {
+        Arc::new(Liveness {
+            prober: Prober::start(device, args.interval()),
+            down_after: args.down_after(),
+            seen: Mutex::new(BTreeSet::new()),
+            changed: Notify::new(),
+        })
+    }
+
+    /// Wakes [`Self::changed`] whenever the live set changes: called once,
+    /// runs until the process ends.
+    pub async fn watch(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(CHECK_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let now = self.live();
+            let mut live = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+            if *live != now {
+                let gone: Vec<&String> = live.difference(&now).collect();
+                let back: Vec<&String> = now.difference(&live).collect();
+                if !gone.is_empty() {
+                    tracing::warn!(?gone, "peers stopped answering through the tunnel");
+                }
+                if !back.is_empty() {
+                    tracing::info!(?back, "peers answer through the tunnel");
+                }
+                *live = now;
+                drop(live);
+                self.changed.notify_one();
+            }
+        }
+    }
+
+    /// Probes the peers of `state`, by their tunnel address (IPv4 first).
+    pub fn follow(&self, state: &NodeState) {
+        let targets: Vec<Target> = state
+            .peers
+            .iter()
+            .filter_map(|p| {
+                let addr = p.ipv4.map(IpAddr::V4).or(p.ipv6.map(IpAddr::V6))?;
+                Some(Target {
+                    node: p.node.clone(),
+                    addr,
+                })
+            })
+            .collect();
+        self.prober.set_targets(&targets);
+    }
+
+    /// The peers alive now (a peer just added counts as alive until it
+    /// has had its time to answer).
+    pub fn live(&self) -> BTreeSet<String> {
+        self.prober.live(self.down_after)
+    }
+
+    /// How long ago each peer last answered, in milliseconds (`None`: never).
+    pub fn last_answers(&self) -> BTreeMap<String, Option<u128>> {
+        self.prober
+            .last_answers()
+            .into_iter()
+            .map(|(n, d)| (n, d.map(|d| d.as_millis())))
+            .collect()
+    }
+}
+
+/// An EIP found answered for by another host.
+#[derive(Debug, Clone)]
+pub struct InUse {
+    /// Who answered (MAC and interface).
+    pub by: String,
+    /// When the segment was last asked.
+    pub checked: Instant,
+    /// When it was first found in use.
+    pub found: Instant,
+    /// Since when it is in use, for the status.
+    pub since: k8s_openapi::jiff::Timestamp,
+}
+
+/// An EIP this node holds.
+#[derive(Debug, Clone)]
+pub struct Held {
+    /// Since when.
+    pub since: k8s_openapi::jiff::Timestamp,
+    /// How it came here, for the status and the controller's Event.
+    pub note: Option<String>,
+}
+
+impl InUse {
+    fn recheck_every(&self) -> Duration {
+        if self.found.elapsed() < IN_USE_FRESH {
+            IN_USE_RECHECK_FRESH
+        } else {
+            IN_USE_RECHECK
+        }
+    }
+}
+
+/// What the agent remembers between resolves.
+#[derive(Debug, Default)]
+pub struct Memory {
+    /// EIPs this node holds.
+    pub held: BTreeMap<IpAddr, Held>,
+    /// EIPs another host answers for.
+    pub in_use: BTreeMap<IpAddr, InUse>,
+    /// Where each group went at the last resolve.
+    pub targets: BTreeMap<String, String>,
+}
+
+impl Memory {
+    /// Resolves `planned` against `live`, asking the segment about every
+    /// EIP this node should take over (and again about those found in use
+    /// a while ago) before it counts as held.
+    pub async fn resolve(
+        &mut self,
+        planned: &NodeState,
+        live: &BTreeSet<String>,
+        last_answers: &BTreeMap<String, Option<u128>>,
+    ) -> Resolved {
+        let held: BTreeSet<IpAddr> = self.held.keys().copied().collect();
+        let fresh: BTreeSet<IpAddr> = self
+            .in_use
+            .iter()
+            .filter(|(_, u)| u.checked.elapsed() < u.recheck_every())
+            .map(|(ip, _)| *ip)
+            .collect();
+        let first = failover::resolve(
+            planned,
+            View {
+                live,
+                held: &held,
+                in_use: &fresh,
+                previous: &self.targets,
+            },
+        );
+        for ip in &first.claims {
+            let asked = tokio::task::spawn_blocking({
+                let ip = *ip;
+                move || announce::answered_for(ip, CLAIM_PROBE)
+            })
+            .await;
+            match asked {
+                Ok(Ok(None)) => {
+                    if self.in_use.remove(ip).is_some() {
+                        tracing::info!(egress_ip = %ip, "no other host answers for the EIP any more");
+                    }
+                    let before = planned
+                        .groups
+                        .iter()
+                        .find(|g| g.eip == Some(*ip))
+                        .and_then(|g| self.targets.get(&g.key))
+                        .filter(|n| **n != planned.node);
+                    let note = before.map(|old| {
+                        let silent = last_answers
+                            .get(old)
+                            .copied()
+                            .flatten()
+                            .map_or_else(|| "never answered".to_owned(), |ms| format!("had not answered for {ms} ms"));
+                        format!("taken over from {old}, which stopped answering its peers through the tunnel ({silent})")
+                    });
+                    tracing::info!(egress_ip = %ip, from = ?before, "taking the EIP: this node is its first live candidate and no host on the segment answers for it");
+                    self.held.insert(
+                        *ip,
+                        Held {
+                            since: k8s_openapi::jiff::Timestamp::now(),
+                            note,
+                        },
+                    );
+                }
+                Ok(Ok(Some(by))) => {
+                    let known = self.in_use.get(ip).is_some_and(|u| u.by == by);
+                    if !known {
+                        tracing::warn!(egress_ip = %ip, answered_by = by, "not taking the EIP: another host answers for it");
+                    }
+                    let (since, found) = self.in_use.get(ip).map_or_else(
+                        || (k8s_openapi::jiff::Timestamp::now(), Instant::now()),
+                        |u| (u.since, u.found),
+                    );
+                    self.in_use.insert(
+                        *ip,
+                        InUse {
+                            by,
+                            checked: Instant::now(),
+                            found,
+                            since,
+                        },
+                    );
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(egress_ip = %ip, error = %e, "cannot ask the segment about the EIP; not taking it yet");
+                }
+                Err(e) => tracing::warn!(egress_ip = %ip, error = %e, "the segment check stopped"),
+            }
+        }
+        let held: BTreeSet<IpAddr> = self.held.keys().copied().collect();
+        let in_use: BTreeSet<IpAddr> = self.in_use.keys().copied().collect();
+        let resolved = failover::resolve(
+            planned,
+            View {
+                live,
+                held: &held,
+                in_use: &in_use,
+                previous: &self.targets,
+            },
+        );
+        for (ip, why) in &resolved.released {
+            tracing::warn!(egress_ip = %ip, reason = why, "giving the EIP up");
+            self.held.remove(ip);
+        }
+        // Claims still open here were refused above; they wait for the next run.
+        for (key, target) in &resolved.targets {
+            let before = self.targets.get(key);
+            if before != target.as_ref() {
+                match target {
+                    Some(node) => {
+                        tracing::info!(group = key, to = node, from = ?before, "sending the group's traffic to a new node");
+                    }
+                    None => {
+                        tracing::warn!(group = key, from = ?before, "no live node for the group");
+                    }
+                }
+            }
+        }
+        self.targets = resolved
+            .targets
+            .iter()
+            .filter_map(|(k, t)| Some((k.clone(), t.clone()?)))
+            .collect();
+        // What is no longer wanted here is no longer in use for us either.
+        let wanted: BTreeSet<IpAddr> = planned.groups.iter().filter_map(|g| g.eip).collect();
+        self.in_use.retain(|ip, _| wanted.contains(ip));
+        resolved
+    }
+
+    /// When the loop should run again to ask the segment anew.
+    pub fn recheck_in(&self) -> Option<Duration> {
+        self.in_use
+            .values()
+            .map(|u| u.recheck_every().saturating_sub(u.checked.elapsed()))
+            .min()
+    }
+}
