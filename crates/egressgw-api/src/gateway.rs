@@ -221,7 +221,8 @@ pub struct PolicyReference {
     pub namespace: Option<String>,
 }
 
-/// Pool usage totals. Counts saturate at `i64::MAX` for huge IPv6 pools.
+/// Pool usage totals. Counts saturate at 2^53 - 1 (the CRD's bound, see
+/// `IntRange::MAX_EXACT`) for huge IPv6 pools.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct IpUsage {

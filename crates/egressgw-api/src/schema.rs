@@ -51,17 +51,17 @@ pub(crate) const NODE_COUNT: IntRange = IntRange {
     min: 0,
     max: i32::MAX as i64,
 };
-/// `status.ipUsage.*`: counts of addresses, `int64`, saturating at its
-/// largest value (an IPv6 /64 holds more).
+/// `status.ipUsage.*`: counts of addresses, `int64`, saturating at the
+/// largest (an IPv6 /64 holds more).
 pub(crate) const ADDRESS_COUNT: IntRange = IntRange {
     min: 0,
-    max: i64::MAX,
+    max: IntRange::MAX_EXACT,
 };
-/// `status.conditions[].observedGeneration`: a `metadata.generation`,
-/// bounded as Kubernetes bounds it in `metav1.Condition`.
+/// `status.conditions[].observedGeneration`: a `metadata.generation`, 0 or
+/// more as in `metav1.Condition`.
 pub(crate) const GENERATION: IntRange = IntRange {
     min: 0,
-    max: i64::MAX,
+    max: IntRange::MAX_EXACT,
 };
 
 /// A rule as it appears in the schema.

@@ -114,8 +114,7 @@ fn walk_integers(value: &Value, schema: &Value, path: &str, errors: &mut Validat
 /// The message of [`IntRange::out_of_range`] for bounds read back from a
 /// schema, where they are floats.
 fn bounds_message(number: &serde_json::Number, min: f64, max: f64) -> String {
-    // The bounds came from `IntRange`s, so they are integers; i64::MAX
-    // comes back as 2^63, which `as` saturates to i64::MAX again.
+    // The bounds came from `IntRange`s: integers that floats hold exactly.
     let range = IntRange {
         min: min as i64,
         max: max as i64,

@@ -177,9 +177,17 @@ impl IntRange {
         max: i32::MAX as i64,
     };
 
+    /// The largest bound of an `int64` field: 2^53 - 1, the largest integer
+    /// that a float64 (the apiserver's `maximum`) and JSON clients that read
+    /// numbers as doubles hold exactly, as Kubernetes' API conventions ask of
+    /// int64 values. `i64::MAX` cannot be a bound: as a float it is 2^63,
+    /// which the apiserver turns back into `i64::MIN` and then refuses every
+    /// value (seen on the lab's kube-apiserver 1.34).
+    pub(crate) const MAX_EXACT: i64 = (1 << 53) - 1;
+
     /// Whether `value` lies within the bounds, compared as a float, as the
-    /// apiserver compares a value with `minimum`/`maximum` (exact for every
-    /// `int32`).
+    /// apiserver compares a value with `minimum`/`maximum` (exact up to
+    /// [`Self::MAX_EXACT`]).
     pub(crate) fn contains(self, value: f64) -> bool {
         // Lossy beyond 2^53, as the CRD's own float bounds are.
         let (min, max) = (self.min as f64, self.max as f64);

@@ -211,6 +211,14 @@ fn every_integer_has_a_minimum_and_a_maximum() {
                     panic!("{kind} {path}: integer without minimum and maximum: {node}");
                 };
                 assert!(min <= max, "{kind} {path}");
+                // A float64 bound beyond 2^53 is not an exact integer; the
+                // apiserver turns 2^63 (i64::MAX as a float) into i64::MIN
+                // and refuses every value.
+                let exact = 9_007_199_254_740_991.0;
+                assert!(
+                    min.abs() <= exact && max.abs() <= exact,
+                    "{kind} {path}: bounds {min}..{max} beyond 2^53-1"
+                );
                 integers.push(format!("{kind} {path}"));
             }
         });
