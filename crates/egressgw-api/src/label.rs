@@ -186,7 +186,7 @@ mod tests {
         let value_64 = format!("{}a", name_63());
         for value in [
             "x/y/z", "a/b", " ", "web ", " web", "-web", "web-", ".web", "web.", "_web", "web_",
-            "a b", "a\tb", "web!", "ü", "a:b", &value_64,
+            "a b", "a\tb", "web!", "ü", "a:b", "web\n", &value_64,
         ] {
             assert!(!is_value(value), "{value:?} should not be a value");
         }
