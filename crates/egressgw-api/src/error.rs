@@ -65,7 +65,7 @@ pub enum Error {
     /// An object of a kind egressgw reads does not have that kind's shape
     /// (a missing required field, a string where a list belongs, an unknown
     /// enum value).
-    #[error("{location}: {kind} {name} does not decode{}", unknown_note(.unknown_fields))]
+    #[error("{location}: {kind} {name} does not decode{}", schema_note(.schema_errors))]
     Decode {
         /// Where it is.
         location: Location,
@@ -73,21 +73,24 @@ pub enum Error {
         kind: String,
         /// Its `metadata.name`, or `(unnamed)`.
         name: String,
-        /// The fields it has that its kind does not (egressgw's kinds
-        /// only); a missing required field is often one of them misspelled.
-        unknown_fields: ValidationErrors,
+        /// What the apiserver would refuse by the kind's schema (egressgw's
+        /// kinds only): the fields it has that its kind does not (a missing
+        /// required field is often one of them misspelled), then its
+        /// integers outside the CRD's bounds (`spec.priority: 99999999999`,
+        /// which no `i32` holds).
+        schema_errors: ValidationErrors,
         /// What does not fit.
         #[source]
         source: serde_json::Error,
     },
 }
 
-/// The unknown fields, after the message of a decode error.
-fn unknown_note(unknown_fields: &ValidationErrors) -> String {
-    if unknown_fields.is_empty() {
+/// The schema errors, after the message of a decode error.
+fn schema_note(schema_errors: &ValidationErrors) -> String {
+    if schema_errors.is_empty() {
         String::new()
     } else {
-        format!(" ({unknown_fields})")
+        format!(" ({schema_errors})")
     }
 }
 

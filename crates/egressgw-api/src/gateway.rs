@@ -165,9 +165,11 @@ pub struct EgressGatewayStatus {
     pub node_list: Vec<GatewayNode>,
     /// How many nodes the selector matches.
     #[serde(default)]
+    #[schemars(transform = schema::int_range(schema::NODE_COUNT))]
     pub selected_nodes: i32,
     /// How many of them can carry traffic.
     #[serde(default)]
+    #[schemars(transform = schema::int_range(schema::NODE_COUNT))]
     pub ready_nodes: i32,
     /// Pool usage.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -234,17 +236,22 @@ pub struct PolicyReference {
     pub namespace: Option<String>,
 }
 
-/// Pool usage totals. Counts saturate at `i64::MAX` for huge IPv6 pools.
+/// Pool usage totals. Counts saturate at 2^53 - 1 (the CRD's bound, see
+/// `IntRange::MAX_EXACT`) for huge IPv6 pools.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct IpUsage {
     /// Addresses in the IPv4 pool.
+    #[schemars(transform = schema::int_range(schema::ADDRESS_COUNT))]
     pub ipv4_total: i64,
     /// IPv4 addresses no policy holds.
+    #[schemars(transform = schema::int_range(schema::ADDRESS_COUNT))]
     pub ipv4_free: i64,
     /// Addresses in the IPv6 pool.
+    #[schemars(transform = schema::int_range(schema::ADDRESS_COUNT))]
     pub ipv6_total: i64,
     /// IPv6 addresses no policy holds.
+    #[schemars(transform = schema::int_range(schema::ADDRESS_COUNT))]
     pub ipv6_free: i64,
 }
 

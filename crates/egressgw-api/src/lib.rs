@@ -14,6 +14,7 @@
 pub mod crd;
 mod error;
 pub mod gateway;
+mod label;
 pub mod load;
 pub mod policy;
 mod schema;

@@ -207,33 +207,33 @@ impl Objects {
         let ours = format!("{GROUP}/{VERSION}");
         match (api_version.as_str(), kind.as_str()) {
             ("v1", "Node") => {
-                let node = self.decode(location, &kind, value)?;
+                let node = self.decode(location, &kind, &value)?;
                 self.nodes.push(node);
             }
             ("v1", "Namespace") => {
-                let namespace = self.decode(location, &kind, value)?;
+                let namespace = self.decode(location, &kind, &value)?;
                 self.namespaces.push(namespace);
             }
             ("v1", "Pod") => {
                 default_namespace(&mut value);
-                let pod = self.decode(location, &kind, value)?;
+                let pod = self.decode(location, &kind, &value)?;
                 self.pods.push(pod);
             }
             (v, "EgressGateway") if v == ours => {
-                let gateway = self.decode(location, &kind, value)?;
+                let gateway = self.decode(location, &kind, &value)?;
                 self.gateways.push(gateway);
             }
             (v, "EgressPolicy") if v == ours => {
                 default_namespace(&mut value);
-                let policy = self.decode(location, &kind, value)?;
+                let policy = self.decode(location, &kind, &value)?;
                 self.policies.push(policy);
             }
             (v, "EgressClusterPolicy") if v == ours => {
-                let policy = self.decode(location, &kind, value)?;
+                let policy = self.decode(location, &kind, &value)?;
                 self.cluster_policies.push(policy);
             }
             (v, "EgressTunnel") if v == ours => {
-                let tunnel = self.decode(location, &kind, value)?;
+                let tunnel = self.decode(location, &kind, &value)?;
                 self.tunnels.push(tunnel);
             }
             (v, _) if is_ours(v) => {
@@ -258,20 +258,22 @@ impl Objects {
 
     /// Decodes an object, recording the fields its kind does not have
     /// (egressgw's kinds only, see `strict`). When it does not decode, they
-    /// go into the error: a missing field is often one of them misspelled.
+    /// go into the error: a missing field is often one of them misspelled;
+    /// so do its integers outside the CRD's bounds, which may be why (an
+    /// object that decodes has its bounds checked by `validate()`).
     fn decode<T: DeserializeOwned>(
         &mut self,
         location: Location,
         kind: &str,
-        value: Value,
+        value: &Value,
     ) -> Result<T, Error> {
-        let errors = strict::unknown_fields(kind, &value);
-        let name = object_name(&value);
+        let errors = strict::unknown_fields(kind, value);
+        let name = object_name(value);
         let namespace = value
             .pointer("/metadata/namespace")
             .and_then(Value::as_str)
             .map(str::to_owned);
-        match serde_json::from_value(value) {
+        match T::deserialize(value) {
             Ok(object) => {
                 if !errors.is_empty() {
                     self.unknown_fields.push(UnknownFields {
@@ -284,13 +286,17 @@ impl Objects {
                 }
                 Ok(object)
             }
-            Err(source) => Err(Error::Decode {
-                location,
-                kind: kind.to_owned(),
-                name,
-                unknown_fields: errors,
-                source,
-            }),
+            Err(source) => {
+                let mut schema_errors = errors;
+                schema_errors.extend(strict::out_of_range(kind, value));
+                Err(Error::Decode {
+                    location,
+                    kind: kind.to_owned(),
+                    name,
+                    schema_errors,
+                    source,
+                })
+            }
         }
     }
 }

@@ -100,8 +100,9 @@ pub struct EgressPolicySpec {
     #[schemars(transform = schema::cidr_list("spec.excludeSubnet"))]
     pub exclude_subnet: Vec<String>,
     /// When several policies cover a pod and an equally specific
-    /// destination, the higher priority wins.
+    /// destination, the higher priority wins. Any `int32`.
     #[serde(default)]
+    #[schemars(transform = schema::int_range(schema::PRIORITY))]
     pub priority: i32,
 }
 
@@ -189,8 +190,9 @@ pub struct EgressClusterPolicySpec {
     #[schemars(transform = schema::cidr_list("spec.excludeSubnet"))]
     pub exclude_subnet: Vec<String>,
     /// When several policies cover a pod and an equally specific
-    /// destination, the higher priority wins.
+    /// destination, the higher priority wins. Any `int32`.
     #[serde(default)]
+    #[schemars(transform = schema::int_range(schema::PRIORITY))]
     pub priority: i32,
 }
 
@@ -445,8 +447,19 @@ fn parts(view: &SpecView<'_>, errors: &mut ValidationErrors) -> PolicyParts {
         namespace_selector,
         dest_subnets: cidrs(view.dest_subnet, &spec.field("destSubnet"), errors),
         exclude_subnets: cidrs(view.exclude_subnet, &spec.field("excludeSubnet"), errors),
-        priority: view.priority,
+        priority: priority(view.priority, &spec.field("priority"), errors),
     }
+}
+
+/// `spec.priority` within [`schema::PRIORITY`]. With today's bounds (every
+/// `int32`) a decoded spec always passes, and a larger number fails to
+/// decode instead (the loader names it by the same bounds, see `strict`);
+/// the check keeps `validate()` and the CRD on one constant.
+fn priority(value: i32, path: &FieldPath, errors: &mut ValidationErrors) -> i32 {
+    if !schema::PRIORITY.contains(f64::from(value)) {
+        errors.push(path, schema::PRIORITY.out_of_range(value));
+    }
+    value
 }
 
 fn egress_ip(spec: &EgressIp, path: &FieldPath, errors: &mut ValidationErrors) -> EgressIpSpec {

@@ -19,6 +19,9 @@ use egressgw_core::net::Family;
 use schemars::Schema;
 use serde_json::{Value, json};
 
+use crate::label;
+use crate::validation::IntRange;
+
 /// Longest pool entry: two full IPv6 addresses and a dash, with room to spare.
 pub(crate) const MAX_POOL_ENTRY_LEN: u64 = 100;
 /// Longest IP address text (an IPv6 address with an embedded IPv4 tail).
@@ -31,6 +34,35 @@ pub(crate) const MAX_POOL_ENTRIES: u64 = 64;
 pub(crate) const MAX_SUBNETS: u64 = 64;
 /// Longest object name (a DNS subdomain).
 pub(crate) const MAX_NAME_LEN: u64 = 253;
+/// Most labels in a selector's `matchLabels`.
+pub(crate) const MAX_MATCH_LABELS: u64 = 64;
+/// Most requirements in a selector's `matchExpressions`.
+pub(crate) const MAX_MATCH_EXPRESSIONS: u64 = 32;
+/// Most values of one requirement.
+pub(crate) const MAX_REQUIREMENT_VALUES: u64 = 64;
+
+/// `spec.priority`: every `int32`. The planner only compares priorities, so
+/// every value has a meaning; a narrower range would refuse objects that
+/// clusters already hold. What the bounds refuse is what the daemons cannot
+/// decode (an int64 such as `99999999999`).
+pub(crate) const PRIORITY: IntRange = IntRange::INT32;
+/// `status.selectedNodes`, `status.readyNodes`: counts of nodes, `int32`.
+pub(crate) const NODE_COUNT: IntRange = IntRange {
+    min: 0,
+    max: i32::MAX as i64,
+};
+/// `status.ipUsage.*`: counts of addresses, `int64`, saturating at the
+/// largest (an IPv6 /64 holds more).
+pub(crate) const ADDRESS_COUNT: IntRange = IntRange {
+    min: 0,
+    max: IntRange::MAX_EXACT,
+};
+/// `status.conditions[].observedGeneration`: a `metadata.generation`, 0 or
+/// more as in `metav1.Condition`.
+pub(crate) const GENERATION: IntRange = IntRange {
+    min: 0,
+    max: IntRange::MAX_EXACT,
+};
 
 /// A rule as it appears in the schema.
 fn rule(rule: &str, message: &str) -> Value {
@@ -143,6 +175,28 @@ fn pool_entry_contains(r: &str, d: &str, family: Family) -> String {
             ipv4_value(&range_end(r)),
         ),
         Family::Ipv6 => format!("({r}.contains('-') || {by_address_or_cidr})"),
+    }
+}
+
+/// CEL: the string expression `s` is a label key (see `label`).
+fn is_label_key(s: &str) -> String {
+    format!(
+        "({s}.matches('{}') && {s}.indexOf('/') <= {})",
+        label::KEY_PATTERN,
+        label::MAX_PREFIX_LEN
+    )
+}
+
+/// CEL: the string expression `s` is a label value (see `label`).
+fn is_label_value(s: &str) -> String {
+    format!("{s}.matches('{}')", label::VALUE_PATTERN)
+}
+
+/// An integer field with the bounds `range`.
+pub(crate) fn int_range(range: IntRange) -> impl FnMut(&mut Schema) {
+    move |schema| {
+        insert(schema, "minimum", json!(range.min));
+        insert(schema, "maximum", json!(range.max));
     }
 }
 
@@ -306,39 +360,75 @@ pub(crate) fn policy_spec(schema: &mut Schema) {
 }
 
 /// A label selector at `path`, shaped like `metav1.LabelSelector` but with
-/// bounded lists and an enum for the operator.
+/// bounded lists, an enum for the operator, and Kubernetes' label syntax
+/// for every key and value (see `label`).
 pub(crate) fn label_selector(path: &'static str) -> impl FnMut(&mut Schema) {
     move |schema| {
         let description = schema.get("description").cloned();
+        let key_message = |field: &str, must: &str| {
+            format!("{path}.{field}: {must} be a label key: {}", label::KEY_RULE)
+        };
+        let value_message = |field: &str, must: &str| {
+            format!(
+                "{path}.{field}: {must} be a label value: {}",
+                label::VALUE_RULE
+            )
+        };
         let mut selector = Schema::try_from(json!({
                 "type": "object",
                 "x-kubernetes-map-type": "atomic",
                 "properties": {
                     "matchLabels": {
                         "type": "object",
-                        "maxProperties": 64,
-                        "additionalProperties": { "type": "string", "maxLength": 63 },
-                        "description": "Labels that must all be present with these values."
+                        "maxProperties": MAX_MATCH_LABELS,
+                        "additionalProperties": {
+                            "type": "string",
+                            "maxLength": label::MAX_VALUE_LEN,
+                            "x-kubernetes-validations": [rule(
+                                &is_label_value("self"),
+                                &value_message("matchLabels", "every value must"),
+                            )]
+                        },
+                        "description": "Labels that must all be present with these values.",
+                        "x-kubernetes-validations": [rule(
+                            &format!("self.all(k, {})", is_label_key("k")),
+                            &key_message("matchLabels", "every key must"),
+                        )]
                     },
                     "matchExpressions": {
                         "type": "array",
-                        "maxItems": 32,
+                        "maxItems": MAX_MATCH_EXPRESSIONS,
                         "x-kubernetes-list-type": "atomic",
                         "description": "Requirements that must all hold.",
                         "items": {
                             "type": "object",
                             "required": ["key", "operator"],
                             "properties": {
-                                "key": { "type": "string", "minLength": 1, "maxLength": 317 },
+                                "key": {
+                                    "type": "string",
+                                    "minLength": 1,
+                                    "maxLength": label::MAX_KEY_LEN,
+                                    "x-kubernetes-validations": [rule(
+                                        &is_label_key("self"),
+                                        &key_message("matchExpressions.key", "must"),
+                                    )]
+                                },
                                 "operator": {
                                     "type": "string",
                                     "enum": ["In", "NotIn", "Exists", "DoesNotExist"]
                                 },
                                 "values": {
                                     "type": "array",
-                                    "maxItems": 64,
+                                    "maxItems": MAX_REQUIREMENT_VALUES,
                                     "x-kubernetes-list-type": "atomic",
-                                    "items": { "type": "string", "maxLength": 63 }
+                                    "items": {
+                                        "type": "string",
+                                        "maxLength": label::MAX_VALUE_LEN,
+                                        "x-kubernetes-validations": [rule(
+                                            &is_label_value("self"),
+                                            &value_message("matchExpressions.values", "every value must"),
+                                        )]
+                                    }
                                 }
                             },
                             "x-kubernetes-validations": [rule(
@@ -367,9 +457,17 @@ pub(crate) fn mark(schema: &mut Schema) {
     insert(schema, "pattern", json!("^0x[0-9a-f]{1,8}$"));
 }
 
-/// Conditions: a list keyed by `type`, as Kubernetes' own objects have.
+/// Conditions: a list keyed by `type`, as Kubernetes' own objects have,
+/// with `observedGeneration` bounded.
 pub(crate) fn conditions(schema: &mut Schema) {
     insert(schema, "x-kubernetes-list-type", json!("map"));
     insert(schema, "x-kubernetes-list-map-keys", json!(["type"]));
     insert(schema, "maxItems", json!(8));
+    if let Some(generation) = items(schema)
+        .pointer_mut("/properties/observedGeneration")
+        .and_then(Value::as_object_mut)
+    {
+        generation.insert("minimum".into(), json!(GENERATION.min));
+        generation.insert("maximum".into(), json!(GENERATION.max));
+    }
 }

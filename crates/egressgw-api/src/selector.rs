@@ -6,11 +6,14 @@ use std::collections::BTreeSet;
 use egressgw_core::selector::{LabelSelector, Requirement};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
 
+use crate::label;
 use crate::validation::{FieldPath, ValidationErrors};
 
-/// Converts `selector`, which lives at `path`, recording every invalid
-/// requirement in `errors`: an unknown operator, `In` / `NotIn` without
-/// values, `Exists` / `DoesNotExist` with values, an empty key.
+/// Converts `selector`, which lives at `path`, recording every problem in
+/// `errors`, as admission does: a key or value that is not Kubernetes label
+/// syntax (in `matchLabels` and in requirements, see `label`), an unknown
+/// operator, `In` / `NotIn` without values, `Exists` / `DoesNotExist` with
+/// values, an empty key.
 ///
 /// The result holds the valid requirements only; use it when `errors` stayed
 /// empty.
@@ -20,6 +23,15 @@ pub(crate) fn convert(
     errors: &mut ValidationErrors,
 ) -> LabelSelector {
     let match_labels = selector.match_labels.clone().unwrap_or_default();
+    let labels_path = path.field("matchLabels");
+    for (key, value) in &match_labels {
+        if let Err(message) = label::check_key(key) {
+            errors.push(&labels_path, message);
+        }
+        if let Err(message) = label::check_value(value) {
+            errors.push(labels_path.key(key), message);
+        }
+    }
     let expressions_path = path.field("matchExpressions");
     let match_expressions = selector
         .match_expressions
@@ -51,13 +63,21 @@ fn requirement(
 ) -> Option<Requirement> {
     if req.key.is_empty() {
         errors.push(path.field("key"), "must not be empty");
+    } else if let Err(message) = label::check_key(&req.key) {
+        errors.push(path.field("key"), message);
+    }
+    let values_path = path.field("values");
+    for (i, value) in req.values.iter().flatten().enumerate() {
+        if let Err(message) = label::check_value(value) {
+            errors.push(values_path.index(i), message);
+        }
     }
     let values: BTreeSet<String> = req.values.iter().flatten().cloned().collect();
     let key = req.key.clone();
     let converted = match req.operator.as_str() {
         "In" | "NotIn" if values.is_empty() => {
             errors.push(
-                path.field("values"),
+                &values_path,
                 format!("operator {} needs at least one value", req.operator),
             );
             None
@@ -66,7 +86,7 @@ fn requirement(
         "NotIn" => Some(Requirement::NotIn(key, values)),
         "Exists" | "DoesNotExist" if !values.is_empty() => {
             errors.push(
-                path.field("values"),
+                &values_path,
                 format!("operator {} takes no values", req.operator),
             );
             None
@@ -157,6 +177,56 @@ mod tests {
             vec![
                 "spec.nodeSelector.selector.matchExpressions[0].values: operator In needs at least one value",
                 "spec.nodeSelector.selector.matchExpressions[1].values: operator Exists takes no values",
+            ]
+        );
+    }
+
+    #[test]
+    fn match_labels_with_a_bad_key_or_value_are_errors_naming_the_map_or_the_entry() {
+        let selector = meta::LabelSelector {
+            match_labels: Some(
+                [
+                    ("app web!".to_owned(), "x/y/z".to_owned()),
+                    ("example.com/tier".to_owned(), String::new()),
+                ]
+                .into(),
+            ),
+            match_expressions: None,
+        };
+        assert_eq!(
+            to_core(&selector, "spec.appliedTo.podSelector")
+                .unwrap_err()
+                .messages(),
+            vec![
+                format!(
+                    "spec.appliedTo.podSelector.matchLabels: \"app web!\" is not a label key: write {}",
+                    label::KEY_RULE
+                ),
+                format!(
+                    "spec.appliedTo.podSelector.matchLabels[app web!]: \"x/y/z\" is not a label value: write {}",
+                    label::VALUE_RULE
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_requirement_with_a_bad_key_or_value_is_an_error_naming_it() {
+        let errors = to_core(
+            &selector(vec![
+                req("a/b/c", "Exists", &[]),
+                req("tier", "In", &["ok", "not ok", "-x"]),
+            ]),
+            "spec.nodeSelector.selector",
+        )
+        .unwrap_err();
+        let paths: Vec<&str> = errors.errors().iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            vec![
+                "spec.nodeSelector.selector.matchExpressions[0].key",
+                "spec.nodeSelector.selector.matchExpressions[1].values[1]",
+                "spec.nodeSelector.selector.matchExpressions[1].values[2]",
             ]
         );
     }

@@ -17,6 +17,7 @@ use crate::gateway::{
     EgressGatewayStatus, GatewayEip, GatewayNode, IpUsage, NodeReadiness, PolicyReference,
 };
 use crate::policy::{EgressPolicyStatus, PolicyEip};
+use crate::schema;
 use crate::tunnel::{EgressTunnelStatus, TunnelEndpoint, format_mark};
 
 /// The planner's conditions as `metav1.Condition`s.
@@ -82,7 +83,10 @@ pub fn gateway_status(
 ) -> EgressGatewayStatus {
     let count = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
     let usage = status.ip_usage;
-    let clamp = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    let clamp = |n: u64| {
+        let max = schema::ADDRESS_COUNT.max;
+        i64::try_from(n).map_or(max, |n| n.min(max))
+    };
     let old_conditions = old.map_or(&[][..], |o| &o.conditions);
     EgressGatewayStatus {
         node_list: status.nodes.iter().map(gateway_node).collect(),

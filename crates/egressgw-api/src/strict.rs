@@ -19,6 +19,10 @@
 //! - `status` is not checked: the controller writes it, nothing in it
 //!   widens what a policy covers, and a `kubectl get -o yaml` dump from a
 //!   cluster that runs another egressgw version must still load.
+//!
+//! The same walk finds integers outside the CRD's `minimum`/`maximum`
+//! ([`out_of_range`]), which is how the loader names a number too large for
+//! its Rust type, as the apiserver names it.
 
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
@@ -26,7 +30,7 @@ use std::sync::LazyLock;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Map, Value, json};
 
-use crate::validation::ValidationErrors;
+use crate::validation::{IntRange, ValidationErrors};
 use crate::{VERSION, crd};
 
 /// Each kind's schema as the check reads it: the CRD's schema with the
@@ -53,6 +57,77 @@ pub(crate) fn unknown_fields(kind: &str, object: &Value) -> ValidationErrors {
         walk(object, schema, "", &mut errors);
     }
     errors
+}
+
+/// Every integer of `object`, one of egressgw's objects of `kind`, outside
+/// the `minimum`/`maximum` its CRD sets, as the apiserver refuses it; each
+/// error's path is the field's (`spec.priority`). `status` and `metadata`
+/// are not checked, as for unknown fields.
+///
+/// The loader reports these when an object does not decode: a number too
+/// large for its Rust type (`priority: 99999999999`) is otherwise only a
+/// serde error without a path.
+pub(crate) fn out_of_range(kind: &str, object: &Value) -> ValidationErrors {
+    let mut errors = ValidationErrors::new();
+    if let Some(schema) = SCHEMAS.get(kind) {
+        walk_integers(object, schema, "", &mut errors);
+    }
+    errors
+}
+
+/// Records every integer of `value` outside the bounds its schema sets.
+fn walk_integers(value: &Value, schema: &Value, path: &str, errors: &mut ValidationErrors) {
+    match value {
+        Value::Object(fields) => {
+            for (name, field) in fields {
+                let field_schema = schema
+                    .get("properties")
+                    .and_then(|p| p.get(name))
+                    .or_else(|| schema.get("additionalProperties"));
+                if let Some(field_schema) = field_schema {
+                    walk_integers(field, field_schema, &child_path(path, name), errors);
+                }
+            }
+        }
+        Value::Array(items) => {
+            if let Some(item_schema) = schema.get("items") {
+                for (i, item) in items.iter().enumerate() {
+                    walk_integers(item, item_schema, &format!("{path}[{i}]"), errors);
+                }
+            }
+        }
+        Value::Number(number) => {
+            let bound = |key: &str| schema.get(key).and_then(Value::as_f64);
+            let (Some(min), Some(max), Some(as_float)) =
+                (bound("minimum"), bound("maximum"), number.as_f64())
+            else {
+                return;
+            };
+            if !(min..=max).contains(&as_float) {
+                errors.push(path, bounds_message(number, min, max));
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The message of [`IntRange::out_of_range`] for bounds read back from a
+/// schema, where they are floats.
+fn bounds_message(number: &serde_json::Number, min: f64, max: f64) -> String {
+    // The bounds came from `IntRange`s: integers that floats hold exactly.
+    let range = IntRange {
+        min: min as i64,
+        max: max as i64,
+    };
+    range.out_of_range(number)
+}
+
+fn child_path(path: &str, name: &str) -> String {
+    if path.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{path}.{name}")
+    }
 }
 
 /// The CRD's root schema plus `apiVersion`, `kind` and `metadata`, which
@@ -100,11 +175,7 @@ fn walk(value: &Value, schema: &Value, path: &str, errors: &mut ValidationErrors
                 == Some(&Value::Bool(true))
                 || additional == Some(&Value::Bool(true));
             for (name, field) in fields {
-                let field_path = if path.is_empty() {
-                    name.clone()
-                } else {
-                    format!("{path}.{name}")
-                };
+                let field_path = child_path(path, name);
                 match properties.and_then(|p| p.get(name)) {
                     Some(field_schema) => walk(field, field_schema, &field_path, errors),
                     None => match additional {
@@ -244,6 +315,40 @@ mod tests {
     fn an_empty_spec_schema_allows_no_fields() {
         let tunnel = json!({"kind": "EgressTunnel", "spec": {"node": "n1"}});
         assert_eq!(paths("EgressTunnel", &tunnel), ["spec.node: unknown field"]);
+    }
+
+    #[test]
+    fn an_integer_beyond_its_bounds_is_named_by_its_path() {
+        let policy = |priority: Value| {
+            json!({
+                "apiVersion": "egressgw.io/v1alpha1", "kind": "EgressPolicy",
+                "metadata": {"name": "web", "namespace": "team-a", "generation": 99_999_999_999_i64},
+                "spec": {"appliedTo": {"podSelector": {}}, "priority": priority},
+                "status": {"conditions": [{"observedGeneration": -1}]}
+            })
+        };
+        let messages = |priority| out_of_range("EgressPolicy", &policy(priority)).messages();
+        assert_eq!(
+            messages(json!(99_999_999_999_i64)),
+            [
+                "spec.priority: 99999999999 is out of range: must be between -2147483648 and 2147483647"
+            ]
+        );
+        assert_eq!(
+            messages(json!(-2_147_483_649_i64)),
+            [
+                "spec.priority: -2147483649 is out of range: must be between -2147483648 and 2147483647"
+            ]
+        );
+        assert_eq!(
+            messages(json!(18_446_744_073_709_551_615_u64)),
+            [
+                "spec.priority: 18446744073709551615 is out of range: must be between -2147483648 and 2147483647"
+            ]
+        );
+        for fine in [json!(i32::MIN), json!(0), json!(i32::MAX)] {
+            assert!(messages(fine.clone()).is_empty(), "{fine}");
+        }
     }
 
     #[test]

@@ -134,6 +134,12 @@ impl FieldPath {
     pub(crate) fn index(&self, index: usize) -> Self {
         Self(format!("{}[{index}]", self.0))
     }
+
+    /// The path of the entry `key` of this map field, written as the
+    /// apiserver writes it: `matchLabels[app]`.
+    pub(crate) fn key(&self, key: &str) -> Self {
+        Self(format!("{}[{key}]", self.0))
+    }
 }
 
 impl fmt::Display for FieldPath {
@@ -151,6 +157,50 @@ impl From<&FieldPath> for String {
 impl From<FieldPath> for String {
     fn from(path: FieldPath) -> Self {
         path.0
+    }
+}
+
+/// The bounds of an integer field, inclusive: the CRD's `minimum` and
+/// `maximum`, and what `validate()` and the loader check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct IntRange {
+    /// The lowest value allowed.
+    pub(crate) min: i64,
+    /// The highest value allowed.
+    pub(crate) max: i64,
+}
+
+impl IntRange {
+    /// Every value of an `int32`.
+    pub(crate) const INT32: Self = Self {
+        min: i32::MIN as i64,
+        max: i32::MAX as i64,
+    };
+
+    /// The largest bound of an `int64` field: 2^53 - 1, the largest integer
+    /// that a float64 (the apiserver's `maximum`) and JSON clients that read
+    /// numbers as doubles hold exactly, as Kubernetes' API conventions ask of
+    /// int64 values. `i64::MAX` cannot be a bound: as a float it is 2^63,
+    /// which the apiserver turns back into `i64::MIN` and then refuses every
+    /// value (seen on the lab's kube-apiserver 1.34).
+    pub(crate) const MAX_EXACT: i64 = (1 << 53) - 1;
+
+    /// Whether `value` lies within the bounds, compared as a float, as the
+    /// apiserver compares a value with `minimum`/`maximum` (exact up to
+    /// [`Self::MAX_EXACT`]).
+    pub(crate) fn contains(self, value: f64) -> bool {
+        // Lossy beyond 2^53, as the CRD's own float bounds are.
+        let (min, max) = (self.min as f64, self.max as f64);
+        (min..=max).contains(&value)
+    }
+
+    /// What is wrong with `value`, written as in the object, when it lies
+    /// outside the bounds.
+    pub(crate) fn out_of_range(self, value: impl fmt::Display) -> String {
+        format!(
+            "{value} is out of range: must be between {} and {}",
+            self.min, self.max
+        )
     }
 }
 

@@ -358,6 +358,43 @@ fn invalid_objects_are_rejected_naming_the_field(run: &mut Run) -> anyhow::Resul
     moved["spec"]["egressGatewayName"] = json!("e2e-other");
     expect_rejected(run, &moved, "spec.egressGatewayName")?;
 
+    // An integer beyond its bounds and labels Kubernetes would refuse, in
+    // each kind of selector: refused at admission rather than stored as an
+    // object the daemons cannot decode or a selector that matches nothing.
+    let mut huge = policy(
+        TEAM_A,
+        "bad-priority",
+        "e2e-valid",
+        &app("web"),
+        &[TARGET_NET],
+    );
+    huge["spec"]["priority"] = json!(99_999_999_999_i64);
+    expect_rejected(run, &huge, "spec.priority")?;
+    let bad_labels = json!({ "matchLabels": { "app web!": "x/y/z" } });
+    let bad_pods = json!({ "podSelector": bad_labels });
+    let bad_pods = policy(TEAM_A, "bad-labels", "e2e-valid", &bad_pods, &[TARGET_NET]);
+    expect_rejected(run, &bad_pods, "spec.appliedTo.podSelector.matchLabels")?;
+    let bad_namespaces = json!({
+        "podSelector": {},
+        "namespaceSelector": {
+            "matchExpressions": [{ "key": "team a", "operator": "In", "values": ["b"] }],
+        },
+    });
+    let bad_namespaces = cluster_policy(
+        "e2e-bad-labels",
+        "e2e-valid",
+        &bad_namespaces,
+        &[TARGET_NET],
+    );
+    expect_rejected(
+        run,
+        &bad_namespaces,
+        "spec.appliedTo.namespaceSelector.matchExpressions[0].key",
+    )?;
+    let mut bad_nodes = gateway("e2e-bad-labels", &run.pool_range(), eip);
+    bad_nodes["spec"]["nodeSelector"]["selector"] = bad_labels;
+    expect_rejected(run, &bad_nodes, "spec.nodeSelector.selector.matchLabels")?;
+
     // Valid for the API, but its gateway does not exist.
     run.apply(&policy(
         TEAM_A,
@@ -383,7 +420,7 @@ fn invalid_objects_are_rejected_naming_the_field(run: &mut Run) -> anyhow::Resul
             .map_or("none".to_owned(), |s| s.seen.to_string())
     );
     run.note(format!(
-        "5 objects rejected; web-3 saw {eip} in all {} probes meanwhile",
+        "9 objects rejected; web-3 saw {eip} in all {} probes meanwhile",
         samples.len()
     ));
     Ok(())

@@ -474,3 +474,154 @@ fn sorted(mut v: Vec<String>) -> Vec<String> {
     v.sort();
     v
 }
+
+const KEY_RULE: &str = "an optional prefix (a lowercase DNS subdomain of at most 253 characters) and '/', then a name of 1 to 63 letters, digits, '-', '_' or '.' that begins and ends with a letter or digit";
+const VALUE_RULE: &str = "empty, or 1 to 63 letters, digits, '-', '_' or '.' that begins and ends with a letter or digit";
+
+#[test]
+fn bad_label_syntax_is_refused_at_admission_in_every_selector() {
+    let bad = json!({"matchLabels": {"app web!": "x/y/z"}});
+    // The value's path is the client-side validator's; the apiserver
+    // writes `matchLabels[app web!]`, as `validate()` does.
+    let labels = |path: &str| {
+        vec![
+            format!(
+                "{path}.matchLabels.app web!: {path}.matchLabels: every value must be a label value: {VALUE_RULE}"
+            ),
+            format!(
+                "{path}.matchLabels: {path}.matchLabels: every key must be a label key: {KEY_RULE}"
+            ),
+        ]
+    };
+    assert_eq!(
+        sorted(policy_failures(json!({"appliedTo": {"podSelector": bad}}))),
+        labels("spec.appliedTo.podSelector")
+    );
+    let cluster = object(
+        "EgressClusterPolicy",
+        json!({"appliedTo": {"podSelector": {}, "namespaceSelector": bad}}),
+    );
+    assert_eq!(
+        sorted(failures::<EgressClusterPolicy>(&cluster, None)),
+        labels("spec.appliedTo.namespaceSelector")
+    );
+    let gateway = object("EgressGateway", json!({"nodeSelector": {"selector": bad}}));
+    assert_eq!(
+        sorted(failures::<EgressGateway>(&gateway, None)),
+        labels("spec.nodeSelector.selector")
+    );
+}
+
+#[test]
+fn a_requirement_with_a_bad_key_or_value_is_refused_at_admission() {
+    let expressions = json!({"matchExpressions": [
+        {"key": "a/b/c", "operator": "Exists"},
+        {"key": "tier", "operator": "In", "values": ["ok", "not ok"]},
+    ]});
+    let path = "spec.appliedTo.podSelector.matchExpressions";
+    assert_eq!(
+        sorted(policy_failures(
+            json!({"appliedTo": {"podSelector": expressions}})
+        )),
+        vec![
+            format!("{path}[0].key: {path}.key: must be a label key: {KEY_RULE}"),
+            format!(
+                "{path}[1].values[1]: {path}.values: every value must be a label value: {VALUE_RULE}"
+            ),
+        ]
+    );
+}
+
+/// Whether admission and `validate()` both admit (`true`) or both refuse
+/// (`false`) `key` as a label key, in `matchLabels` and in a requirement;
+/// panics when they disagree.
+fn label_key_verdict(key: &str) -> bool {
+    let spec = json!({"appliedTo": {"podSelector": {
+        "matchLabels": {key: "x"},
+        "matchExpressions": [{"key": key, "operator": "Exists"}],
+    }}});
+    verdict(&spec, &format!("key {key:?}"))
+}
+
+/// Like [`label_key_verdict`], for `value` as a label value.
+fn label_value_verdict(value: &str) -> bool {
+    let spec = json!({"appliedTo": {"podSelector": {
+        "matchLabels": {"app": value},
+        "matchExpressions": [{"key": "app", "operator": "In", "values": [value]}],
+    }}});
+    verdict(&spec, &format!("value {value:?}"))
+}
+
+/// Whether admission (the CEL rules; `minLength`/`maxLength` are not CEL
+/// and the tables stay within them) and `validate()` agree on `spec`.
+fn verdict(spec: &Value, what: &str) -> bool {
+    let admitted = policy_failures(spec.clone()).is_empty();
+    let parsed: egressgw_api::EgressPolicySpec =
+        serde_json::from_value(spec.clone()).expect("the spec decodes");
+    let valid = parsed.validate().is_ok();
+    assert_eq!(
+        admitted, valid,
+        "admission and validate() disagree on {what}"
+    );
+    admitted
+}
+
+#[test]
+fn admission_and_validate_agree_on_label_keys() {
+    let labels = vec!["a".repeat(63); 4].join(".");
+    let prefix_253 = format!("{}/app", &labels[..253]);
+    let prefix_254 = format!("{}/app", &labels[..254]);
+    let name_63 = format!("a{}z", "-".repeat(61));
+    let name_64 = format!("a{}z", "-".repeat(62));
+    for key in [
+        "app",
+        "A",
+        "9",
+        "App.Name_2-x",
+        "kubernetes.io/hostname",
+        "node-role.kubernetes.io/control-plane",
+        "0-x.y/Z",
+        &name_63,
+        &prefix_253,
+    ] {
+        assert!(label_key_verdict(key), "{key:?} should be admitted");
+    }
+    for key in [
+        "app web!",
+        " app",
+        "app ",
+        "-app",
+        "app-",
+        "_app",
+        "app.",
+        "ä",
+        "a/b/c",
+        "/app",
+        "example.com/",
+        "Example.com/app",
+        "example_com/app",
+        "example..com/app",
+        "example.com-/app",
+        "example.com/-app",
+        "app=web",
+        &name_64,
+        &prefix_254,
+    ] {
+        assert!(!label_key_verdict(key), "{key:?} should be refused");
+    }
+}
+
+#[test]
+fn admission_and_validate_agree_on_label_values() {
+    let value_63 = format!("a{}z", "_".repeat(61));
+    let value_64 = format!("a{}z", "_".repeat(62));
+    for value in ["", "web", "x", "9", "v1.2.3", "Web_App-2", &value_63] {
+        assert!(label_value_verdict(value), "{value:?} should be admitted");
+    }
+    for value in [
+        "x/y/z", " ", "web ", " web", "-web", "web-", ".web", "web.", "_web", "a b", "web!", "ü",
+        "a:b", &value_64,
+    ] {
+        assert!(!label_value_verdict(value), "{value:?} should be refused");
+    }
+}

@@ -199,3 +199,45 @@ fn every_spec_list_and_every_string_a_rule_reads_is_bounded() {
         });
     }
 }
+
+#[test]
+fn every_integer_has_a_minimum_and_a_maximum() {
+    let mut integers = Vec::new();
+    for (kind, schema) in schemas() {
+        walk("", &schema, &mut |path, node| {
+            if node.get("type") == Some(&Value::from("integer")) {
+                let bound = |key: &str| node.get(key).and_then(Value::as_f64);
+                let (Some(min), Some(max)) = (bound("minimum"), bound("maximum")) else {
+                    panic!("{kind} {path}: integer without minimum and maximum: {node}");
+                };
+                assert!(min <= max, "{kind} {path}");
+                // A float64 bound beyond 2^53 is not an exact integer; the
+                // apiserver turns 2^63 (i64::MAX as a float) into i64::MIN
+                // and refuses every value.
+                let exact = 9_007_199_254_740_991.0;
+                assert!(
+                    min.abs() <= exact && max.abs() <= exact,
+                    "{kind} {path}: bounds {min}..{max} beyond 2^53-1"
+                );
+                integers.push(format!("{kind} {path}"));
+            }
+        });
+    }
+    assert!(
+        integers.contains(&"EgressPolicy spec.priority".to_owned())
+            && integers.contains(&"EgressGateway status.ipUsage.ipv6Total".to_owned()),
+        "{integers:#?}"
+    );
+}
+
+#[test]
+fn a_priority_takes_every_int32_and_nothing_else() {
+    for (kind, schema) in &schemas()[1..3] {
+        let priority = &schema["properties"]["spec"]["properties"]["priority"];
+        assert_eq!(
+            (priority["minimum"].as_f64(), priority["maximum"].as_f64()),
+            (Some(f64::from(i32::MIN)), Some(f64::from(i32::MAX))),
+            "{kind}"
+        );
+    }
+}

@@ -405,3 +405,14 @@ fn every_example_loads_without_unknown_fields() {
         );
     }
 }
+
+#[test]
+fn a_priority_no_int32_holds_is_named_in_the_decode_error_as_admission_names_it() {
+    let text = "apiVersion: egressgw.io/v1alpha1\nkind: EgressPolicy\nmetadata: {name: p, namespace: a}\n\
+                spec: {appliedTo: {podSelector: {}}, priority: 99999999999}\n";
+    let err = objects_from_yaml(text).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "document 1: EgressPolicy p does not decode (spec.priority: 99999999999 is out of range: must be between -2147483648 and 2147483647)"
+    );
+}

@@ -217,7 +217,11 @@ fn a_gateway_status_pairs_the_eips_the_same_policies_use_and_counts_nodes() {
     );
     let usage = converted.ip_usage.unwrap();
     assert_eq!((usage.ipv4_total, usage.ipv4_free), (9, 7));
-    assert_eq!(usage.ipv6_total, i64::MAX, "huge IPv6 pools saturate");
+    assert_eq!(
+        usage.ipv6_total,
+        (1 << 53) - 1,
+        "huge IPv6 pools saturate at the CRD's bound"
+    );
 }
 
 #[test]

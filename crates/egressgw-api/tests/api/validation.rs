@@ -300,3 +300,80 @@ fn an_unknown_allocator_policy_does_not_decode() {
     let err = result.unwrap_err().to_string();
     assert!(err.contains("unknown variant `random`"), "{err}");
 }
+
+/// The rule a label key must follow, as the messages end.
+const KEY_RULE: &str = "an optional prefix (a lowercase DNS subdomain of at most 253 characters) and '/', then a name of 1 to 63 letters, digits, '-', '_' or '.' that begins and ends with a letter or digit";
+/// The rule a label value must follow, as the messages end.
+const VALUE_RULE: &str = "empty, or 1 to 63 letters, digits, '-', '_' or '.' that begins and ends with a letter or digit";
+
+#[test]
+fn a_pod_selector_with_bad_label_syntax_is_rejected_naming_the_map_and_the_entry() {
+    assert_eq!(
+        policy_errors("appliedTo: {podSelector: {matchLabels: {'app web!': 'x/y/z'}}}\n"),
+        vec![
+            format!(
+                r#"spec.appliedTo.podSelector.matchLabels: "app web!" is not a label key: write {KEY_RULE}"#
+            ),
+            format!(
+                r#"spec.appliedTo.podSelector.matchLabels[app web!]: "x/y/z" is not a label value: write {VALUE_RULE}"#
+            ),
+        ]
+    );
+}
+
+#[test]
+fn a_namespace_selector_with_bad_label_syntax_is_rejected() {
+    let spec = cluster_policy_spec(
+        "appliedTo:\n  podSelector: {}\n  namespaceSelector:\n    matchExpressions: [{key: 'team a', operator: In, values: [ok, 'not ok']}]\n",
+    );
+    assert_eq!(
+        messages(spec.validate()),
+        vec![
+            format!(
+                r#"spec.appliedTo.namespaceSelector.matchExpressions[0].key: "team a" is not a label key: write {KEY_RULE}"#
+            ),
+            format!(
+                r#"spec.appliedTo.namespaceSelector.matchExpressions[0].values[1]: "not ok" is not a label value: write {VALUE_RULE}"#
+            ),
+        ]
+    );
+}
+
+#[test]
+fn a_gateway_node_selector_with_bad_label_syntax_is_rejected() {
+    assert_eq!(
+        gateway_errors("nodeSelector: {selector: {matchLabels: {'a/b/c': x, 'egress': '-yes'}}}\n"),
+        vec![
+            format!(
+                r#"spec.nodeSelector.selector.matchLabels: "a/b/c" is not a label key: write {KEY_RULE}"#
+            ),
+            format!(
+                r#"spec.nodeSelector.selector.matchLabels[egress]: "-yes" is not a label value: write {VALUE_RULE}"#
+            ),
+        ]
+    );
+}
+
+#[test]
+fn selectors_with_prefixed_keys_and_empty_values_are_valid() {
+    assert_eq!(
+        gateway_errors(
+            "nodeSelector: {selector: {matchLabels: {'node-role.kubernetes.io/egress': '', 'kubernetes.io/os': linux}, \
+             matchExpressions: [{key: topology.kubernetes.io/zone, operator: In, values: [eu-1a, '']}]}}\n"
+        ),
+        Vec::<String>::new()
+    );
+}
+
+#[test]
+fn every_int32_priority_is_valid() {
+    for priority in [i32::MIN, -1, 0, 10, i32::MAX] {
+        assert_eq!(
+            policy_errors(&format!(
+                "appliedTo: {{podSelector: {{}}}}\npriority: {priority}\n"
+            )),
+            Vec::<String>::new(),
+            "{priority}"
+        );
+    }
+}
