@@ -53,6 +53,10 @@ const DEBOUNCE: Duration = Duration::from_millis(50);
 const RESYNC: Duration = Duration::from_secs(30);
 /// How often the Lease is renewed.
 const RENEW_EVERY: Duration = Duration::from_secs(1);
+/// How often the agent's watches are renewed: the most its view stays
+/// stale after a network outage (plus 5 s). The data plane does not wait
+/// for it; new objects do.
+const WATCH_RENEW: Duration = Duration::from_secs(60);
 /// How long one status write may take before it is tried again.
 const STATUS_WRITE_TIMEOUT: Duration = Duration::from_secs(3);
 /// How often the tunnel's `lastHeartbeatTime` is refreshed.
@@ -209,7 +213,7 @@ async fn agent(args: &AgentArgs, config: Config, running: &Running) -> anyhow::R
         Arc::clone(&running.stopping),
     ));
 
-    let (stores, _watches) = Stores::start(&client, &changed);
+    let (stores, _watches) = Stores::start(&client, &changed, WATCH_RENEW);
     tracing::info!("waiting for the first list of every watched kind");
     stores.ready().await?;
     tracing::info!("watches synced");

@@ -45,6 +45,9 @@ const PHASE_MANAGER: &str = "egressgw-controller-phase";
 /// Name of the leader-election Lease.
 const LEADER_LEASE: &str = "egressgw-controller";
 const DEBOUNCE: Duration = Duration::from_millis(50);
+/// How often the controller's watches are renewed: the most its view stays
+/// stale after a network outage of its node (plus 5 s).
+const WATCH_RENEW: Duration = Duration::from_secs(15);
 /// How often agent Leases are checked for expiry between events.
 const LIVENESS_TICK: Duration = Duration::from_millis(200);
 /// Full replan at least this often.
@@ -102,7 +105,7 @@ async fn controller(args: &ControllerArgs, config: Config) -> anyhow::Result<()>
     health::serve(args.health_addr, Arc::clone(&health)).await?;
 
     let changed = Arc::new(Notify::new());
-    let (stores, mut watches) = Stores::start(&client, &changed);
+    let (stores, mut watches) = Stores::start(&client, &changed, WATCH_RENEW);
     // Renewals do not wake the loop (three agents would replan the cluster
     // three times a second); the liveness tick reads the Lease store.
     let renewed = Arc::new(Notify::new());
@@ -110,6 +113,7 @@ async fn controller(args: &ControllerArgs, config: Config) -> anyhow::Result<()>
         Api::namespaced(client.clone(), &args.cluster.namespace),
         &renewed,
         &mut watches,
+        WATCH_RENEW,
     );
     stores.ready().await?;
     leases

@@ -43,16 +43,22 @@ impl Debug for Stores {
 
 impl Stores {
     /// Starts one watch per kind, cluster-wide; every change wakes `changed`.
-    pub fn start(client: &Client, changed: &Arc<Notify>) -> (Self, Vec<JoinHandle<()>>) {
+    /// Each watch is renewed every `renew` (see [`watch`]).
+    pub fn start(
+        client: &Client,
+        changed: &Arc<Notify>,
+        renew: Duration,
+    ) -> (Self, Vec<JoinHandle<()>>) {
         let mut tasks = Vec::new();
+        let t = &mut tasks;
         let stores = Self {
-            nodes: watch(Api::all(client.clone()), changed, &mut tasks),
-            namespaces: watch(Api::all(client.clone()), changed, &mut tasks),
-            pods: watch(Api::all(client.clone()), changed, &mut tasks),
-            gateways: watch(Api::all(client.clone()), changed, &mut tasks),
-            policies: watch(Api::all(client.clone()), changed, &mut tasks),
-            cluster_policies: watch(Api::all(client.clone()), changed, &mut tasks),
-            tunnels: watch(Api::all(client.clone()), changed, &mut tasks),
+            nodes: watch(Api::all(client.clone()), changed, t, renew),
+            namespaces: watch(Api::all(client.clone()), changed, t, renew),
+            pods: watch(Api::all(client.clone()), changed, t, renew),
+            gateways: watch(Api::all(client.clone()), changed, t, renew),
+            policies: watch(Api::all(client.clone()), changed, t, renew),
+            cluster_policies: watch(Api::all(client.clone()), changed, t, renew),
+            tunnels: watch(Api::all(client.clone()), changed, t, renew),
         };
         (stores, tasks)
     }
@@ -132,14 +138,26 @@ impl Backoff for WatchBackoff {
 
 /// Starts a reflector for `api` and returns its store. Errors are logged
 /// and retried with backoff; the store keeps its last state meanwhile.
-pub fn watch<K>(api: Api<K>, changed: &Arc<Notify>, tasks: &mut Vec<JoinHandle<()>>) -> Store<K>
+///
+/// The API server ends each watch after `renew` and the watcher starts the
+/// next one from where it was (no new list). The watcher also gives up on a
+/// watch that has been silent for `renew` plus 5 s: a connection that died
+/// while the node's network was down (no FIN ever arrives) is then replaced
+/// within that time instead of leaving the store stale for minutes.
+pub fn watch<K>(
+    api: Api<K>,
+    changed: &Arc<Notify>,
+    tasks: &mut Vec<JoinHandle<()>>,
+    renew: Duration,
+) -> Store<K>
 where
     K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
 {
     let (store, writer) = reflector::store();
     let changed = Arc::clone(changed);
     let kind = K::kind(&()).into_owned();
-    let stream = watcher(api, watcher::Config::default().any_semantic())
+    let renew = u32::try_from(renew.as_secs()).unwrap_or(u32::MAX).max(1);
+    let stream = watcher(api, watcher::Config::default().any_semantic().timeout(renew))
         .map_ok(|event| {
             event.modify(|object| {
                 // Nothing egressgw reads; dropping it keeps the stores small.
