@@ -359,6 +359,7 @@ fn make_gateways(count: usize) -> Vec<Gateway> {
                 .expect("a prefix is an ordered range");
             Gateway {
                 fail_closed: true,
+                namespace_selector: None,
                 name: gateway_name(k),
                 node_selector: LabelSelector {
                     match_labels: labels([

@@ -107,6 +107,14 @@ pub struct EgressGatewaySpec {
     /// status.
     #[serde(default = "fail_closed_default")]
     pub fail_closed: bool,
+    /// The namespaces whose EgressPolicies may use this gateway. Unset
+    /// admits every namespace (what gateways did before the field
+    /// existed); `{}` too. A policy of another namespace is refused with
+    /// `NamespaceNotAllowed`. EgressClusterPolicies, which only cluster
+    /// admins can write, are not restricted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = schema::label_selector("spec.namespaceSelector"))]
+    pub namespace_selector: Option<LabelSelector>,
 }
 
 fn fail_closed_default() -> bool {
@@ -260,6 +268,8 @@ pub struct IpUsage {
 pub(crate) struct GatewayParts {
     /// `None` when the selector has an invalid requirement.
     node_selector: Option<egressgw_core::selector::LabelSelector>,
+    /// `None` when unset or invalid (an invalid one makes the gateway invalid).
+    namespace_selector: Option<egressgw_core::selector::LabelSelector>,
     ipv4_pool: IpPool,
     ipv6_pool: IpPool,
     ipv4_default: Option<Ipv4Addr>,
@@ -286,6 +296,9 @@ impl EgressGatewaySpec {
             errors,
         );
         let node_selector = (errors.len() == errors_before).then_some(node_selector);
+        let namespace_selector = self.namespace_selector.as_ref().map(|s| {
+            crate::selector::convert(s, &spec.field("namespaceSelector"), errors)
+        });
         let pools = spec.field("ippools");
         let ipv4_pool = pool(
             &self.ippools.ipv4,
@@ -315,6 +328,7 @@ impl EgressGatewaySpec {
         );
         GatewayParts {
             node_selector,
+            namespace_selector,
             ipv4_pool,
             ipv6_pool,
             ipv4_default: ipv4_default.and_then(as_v4),
@@ -393,6 +407,7 @@ impl EgressGateway {
             ipv6_default: parts.ipv6_default,
             cluster_default: self.spec.cluster_default,
             fail_closed: self.spec.fail_closed,
+            namespace_selector: parts.namespace_selector,
             age: age(&self.metadata),
             previous_nodes: self.previous_nodes(),
             errors: errors.messages(),

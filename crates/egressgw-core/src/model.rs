@@ -117,6 +117,10 @@ pub struct Gateway {
     pub ipv6_default: Option<Ipv6Addr>,
     /// Whether policies that name no gateway use this one.
     pub cluster_default: bool,
+    /// `spec.namespaceSelector`: the namespaces whose `EgressPolicy`s may
+    /// use this gateway; `None` admits every namespace. Cluster policies
+    /// (admin-made) are not restricted.
+    pub namespace_selector: Option<LabelSelector>,
     /// `spec.failClosed`: while none of its nodes is live, selected traffic
     /// is dropped instead of leaving with a node's own address.
     pub fail_closed: bool,

@@ -58,6 +58,10 @@ pub enum Reason {
     PoolOverlap,
     /// Another host on the external segment answers for the EIP.
     EipInUse,
+    /// A pinned EIP belongs to another namespace, or is the shared default.
+    EipTaken,
+    /// The gateway's namespace selector does not admit the policy's namespace.
+    NamespaceNotAllowed,
 }
 
 /// Status of an `EgressPolicy` / `EgressClusterPolicy`.

@@ -24,6 +24,7 @@ mod objects;
 mod run;
 mod scenarios;
 mod snapshot;
+mod tenancy;
 mod traffic;
 
 use run::Run;

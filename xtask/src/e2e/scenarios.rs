@@ -12,13 +12,13 @@ use serde_json::{Value, json};
 use super::objects::{app, cluster_policy, gateway, policy};
 use super::run::{PolicyStatus, Run, SETTLE, eip_holders, eventually, wait_log_line};
 use super::traffic::{Expect, IperfRun, Prober, Sample};
-use super::{failover, install};
+use super::{failover, install, tenancy};
 
 /// One scenario: its name (a sentence) and its body.
 pub type Scenario = (&'static str, fn(&mut Run) -> anyhow::Result<()>);
 
 /// Every scenario, in the order they run.
-pub const ALL: [Scenario; 22] = [
+pub const ALL: [Scenario; 23] = [
     (
         "chart_is_lint_clean_and_bad_values_change_nothing",
         install::chart_is_lint_clean_and_bad_values_change_nothing,
@@ -54,6 +54,10 @@ pub const ALL: [Scenario; 22] = [
     (
         "invalid_objects_are_rejected_naming_the_field",
         invalid_objects_are_rejected_naming_the_field,
+    ),
+    (
+        "a_namespace_cannot_take_another_namespaces_eip_or_an_unadmitted_gateway",
+        tenancy::a_namespace_cannot_take_another_namespaces_eip_or_an_unadmitted_gateway,
     ),
     (
         "new_pod_matching_a_policy_is_covered",

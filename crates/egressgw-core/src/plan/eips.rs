@@ -3,17 +3,22 @@
 //! Rules, in the order they are applied:
 //! 1. The gateway is the named one, or the cluster default when none is named.
 //! 2. `useNodeIP` takes no EIP.
-//! 3. A pinned EIP must lie in the gateway's pool of its family.
+//! 3. A pinned EIP must lie in the gateway's pool of its family, must not be
+//!    the gateway's shared default EIP, and must be free or already its
+//!    owner's: an address belongs to the namespace (or, for cluster
+//!    policies, the cluster) whose policies held it at the last status, else
+//!    to the oldest policy that asks for it. A policy of another owner is
+//!    refused (`EipTaken`) and never moves it.
 //! 4. `default` shares the gateway's default EIP.
 //! 5. `rr` takes an EIP of its own: its previous one while still free, else
 //!    the first pool address that no pinned or `rr` policy holds and that is
 //!    not the default EIP. Pinned policies are served first, then `rr`
 //!    policies keeping their EIP, then new `rr` policies oldest first.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
 
-use crate::model::{Allocator, Gateway, Policy, Snapshot};
+use crate::model::{Allocator, Gateway, Labels, Policy, Snapshot};
 use crate::net::Family;
 use crate::status::Reason;
 
@@ -28,9 +33,14 @@ pub(super) fn allocate<'a>(snapshot: &'a Snapshot, gateways: &Gateways<'a>) -> V
     policies.sort_by(|a, b| (&a.id, &a.age).cmp(&(&b.id, &b.age)));
     policies.dedup_by(|a, b| a.id == b.id);
     policies.sort_by(|a, b| (&a.age, &a.id).cmp(&(&b.age, &b.id)));
+    let namespaces: HashMap<&str, &Labels> = snapshot
+        .namespaces
+        .iter()
+        .map(|n| (n.name.as_str(), &n.labels))
+        .collect();
     let mut works: Vec<Work<'a>> = policies
         .into_iter()
-        .map(|p| resolve_gateway(p, gateways))
+        .map(|p| resolve_gateway(p, gateways, &namespaces))
         .collect();
 
     let cfg = &snapshot.config;
@@ -51,6 +61,65 @@ pub(super) fn allocate<'a>(snapshot: &'a Snapshot, gateways: &Gateways<'a>) -> V
     for w in works.iter_mut().filter(|w| w.failure.is_some()) {
         w.reserved.clone_from(&w.policy.previous_eips);
         held.extend(w.reserved.iter().copied());
+    }
+    // Who owned each address at the last status write.
+    let mut owners: BTreeMap<IpAddr, Vec<Option<&str>>> = BTreeMap::new();
+    for w in &works {
+        for ip in &w.policy.previous_eips {
+            owners.entry(*ip).or_default().push(w.policy.id.namespace.as_deref());
+        }
+    }
+    // Pins are granted oldest first; an address granted to one owner is
+    // refused to the others.
+    let mut granted: HashMap<IpAddr, Option<&str>> = HashMap::new();
+    for w in works.iter_mut().filter(|w| w.failure.is_none()) {
+        let gw = gateways.by_name[w.gateway.expect("resolved")].gateway;
+        let owner = w.policy.id.namespace.as_deref();
+        for family in &families {
+            let Some(ip) = pinned(w.policy, *family) else {
+                continue;
+            };
+            if w.policy.egress_ip.use_node_ip {
+                continue;
+            }
+            if gw.default_eip(*family) == Some(ip) {
+                w.failure = Some((
+                    Reason::EipTaken,
+                    format!(
+                        "spec.egressIP.{family}: {ip} is EgressGateway {}'s default EIP, shared by \
+                         every policy that allocates with `default`; use allocatorPolicy default to \
+                         share it, or pin another address",
+                        gw.name
+                    ),
+                ));
+                break;
+            }
+            let other = granted
+                .get(&ip)
+                .copied()
+                .filter(|o| *o != owner)
+                .or_else(|| {
+                    owners
+                        .get(&ip)
+                        .filter(|os| !os.contains(&owner))
+                        .and_then(|os| os.first().copied())
+                });
+            if let Some(other) = other {
+                let whose = other.map_or_else(
+                    || "a cluster policy".to_owned(),
+                    |ns| format!("namespace {ns}"),
+                );
+                w.failure = Some((
+                    Reason::EipTaken,
+                    format!(
+                        "spec.egressIP.{family}: {ip} is in use by {whose}; a policy may pin only \
+                         an address that is free or already its own namespace's"
+                    ),
+                ));
+                break;
+            }
+            granted.insert(ip, owner);
+        }
     }
     for w in works.iter_mut().filter(|w| w.failure.is_none()) {
         let gw = gateways.by_name[w.gateway.expect("resolved")].gateway;
@@ -138,7 +207,11 @@ fn round_robin(
     }
 }
 
-fn resolve_gateway<'a>(policy: &'a Policy, gateways: &Gateways<'a>) -> Work<'a> {
+fn resolve_gateway<'a>(
+    policy: &'a Policy,
+    gateways: &Gateways<'a>,
+    namespaces: &HashMap<&str, &Labels>,
+) -> Work<'a> {
     let mut work = Work {
         policy,
         gateway: None,
@@ -177,6 +250,21 @@ fn resolve_gateway<'a>(policy: &'a Policy, gateways: &Gateways<'a>) -> Work<'a> 
                     Reason::GatewayInvalid,
                     format!("EgressGateway {name} is not usable: {why}"),
                 ));
+            } else if let (Some(ns), Some(selector)) =
+                (&policy.id.namespace, &info.gateway.namespace_selector)
+            {
+                let empty = Labels::new();
+                let labels = namespaces.get(ns.as_str()).copied().unwrap_or(&empty);
+                if !selector.matches(labels) {
+                    work.failure = Some((
+                        Reason::NamespaceNotAllowed,
+                        format!(
+                            "spec.egressGatewayName: EgressGateway {name} does not admit namespace \
+                             {ns} (its spec.namespaceSelector does not match the namespace's labels); \
+                             ask the gateway's owner, or use another gateway"
+                        ),
+                    ));
+                }
             }
         }
     }

@@ -90,6 +90,7 @@ impl Cluster {
 fn gateway(name: &str, pool: &str, cluster_default: bool, created: i64) -> Gateway {
     Gateway {
         fail_closed: false,
+        namespace_selector: None,
         name: name.into(),
         node_selector: LabelSelector::eq("egress", "true"),
         ipv4_pool: IpPool::new(
@@ -1226,6 +1227,92 @@ fn a_node_without_a_mark_says_so() {
     .2;
     assert!(
         message.contains("g2: no mark left in the mark mask"),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_policy_may_pin_only_a_free_eip_or_its_own_namespaces_and_never_the_shared_default() {
+    let rr = |ns: &str, name: &str| {
+        with(policy(ns, name, "web"), |p| {
+            p.egress_ip.allocator = Allocator::RoundRobin;
+        })
+    };
+    let pin = |ns: &str, name: &str, ip: &str| {
+        let ip: std::net::Ipv4Addr = ip.parse().unwrap();
+        with(policy(ns, name, "web"), move |p| p.egress_ip.ipv4 = Some(ip))
+    };
+    let mut c = Cluster::new()
+        .pod("a", "web-0", "n1", "10.244.1.5", "web")
+        .policy(rr("a", "mine"));
+    let first = c.plan();
+    let mine = PolicyRef::namespaced("a", "mine");
+    let taken = status(&first, &mine).eip_ipv4.unwrap().to_string();
+    remember(&mut c.0, &first.status);
+    let c = c
+        .policy(pin("b", "thief", &taken))
+        .policy(pin("b", "sharer", "198.51.100.10"))
+        .policy(pin("a", "friend", "198.51.100.13"));
+    let plan = c.plan();
+    assert_eq!(
+        status(&plan, &mine).eip_ipv4.map(|ip| ip.to_string()),
+        Some(taken.clone()),
+        "team a keeps its EIP"
+    );
+    let (ok, reason, message) = condition(
+        &plan,
+        &PolicyRef::namespaced("b", "thief"),
+        ConditionType::Ready,
+    );
+    assert_eq!((ok, reason), (false, Reason::EipTaken));
+    assert!(
+        message.contains("spec.egressIP.ipv4") && message.contains("namespace a"),
+        "{message}"
+    );
+    let (ok, reason, message) = condition(
+        &plan,
+        &PolicyRef::namespaced("b", "sharer"),
+        ConditionType::Ready,
+    );
+    assert_eq!((ok, reason), (false, Reason::EipTaken));
+    assert!(message.contains("default EIP"), "{message}");
+    let (ok, _, message) = condition(
+        &plan,
+        &PolicyRef::namespaced("a", "friend"),
+        ConditionType::Allocated,
+    );
+    assert!(ok, "{message}");
+    // The refused pin steers nothing: the pod still goes to team a's EIP.
+    assert_eq!(
+        plan.nodes.values().flat_map(|n| &n.eips).filter(|e| e.ip.to_string() == taken).count(),
+        1
+    );
+}
+
+#[test]
+fn a_gateway_admits_only_the_namespaces_its_selector_matches() {
+    let mut c = Cluster::new()
+        .policy(policy("a", "web", "web"))
+        .policy(policy("b", "web", "web"));
+    c.0.gateways[0].namespace_selector = Some(LabelSelector {
+        match_labels: labels(&[("team", "a")]),
+        ..LabelSelector::default()
+    });
+    let plan = c.plan();
+    let (ok, _, _) = condition(
+        &plan,
+        &PolicyRef::namespaced("a", "web"),
+        ConditionType::Allocated,
+    );
+    assert!(ok);
+    let (ok, reason, message) = condition(
+        &plan,
+        &PolicyRef::namespaced("b", "web"),
+        ConditionType::Ready,
+    );
+    assert_eq!((ok, reason), (false, Reason::NamespaceNotAllowed));
+    assert!(
+        message.contains("spec.egressGatewayName") && message.contains("namespace b"),
         "{message}"
     );
 }

@@ -1,0 +1,78 @@
+//! Tenancy: what one namespace's policies may take from a gateway, checked
+//! with real traffic.
+
+use anyhow::{Context, ensure};
+use serde_json::json;
+
+use super::objects::{app, policy};
+use super::run::{PolicyStatus, Run};
+use super::scenarios::setup_gateway;
+use super::traffic::Expect;
+
+const TARGET_NET: &str = "198.51.100.0/24";
+
+pub fn a_namespace_cannot_take_another_namespaces_eip_or_an_unadmitted_gateway(
+    run: &mut Run,
+) -> anyhow::Result<()> {
+    setup_gateway(run, "e2e-tenancy")?;
+    // Team a's own EIP (rr: not the shared default).
+    let mut web = policy("team-a", "web", "e2e-tenancy", &app("web"), &[TARGET_NET]);
+    web["spec"]["egressIP"]["allocatorPolicy"] = json!("rr");
+    run.apply(&web)?;
+    let status = run.wait_policy_ready("egresspolicy", Some("team-a"), "web")?;
+    let eip = status.eip.context("team a's policy has no EIP")?;
+    run.expect_all(&["web-3"], Expect::Source(eip))?;
+
+    // Team b pins it: refused in its status; team a keeps it.
+    let mut thief = policy("team-b", "thief", "e2e-tenancy", &app("batch"), &[TARGET_NET]);
+    thief["spec"]["egressIP"] = json!({ "ipv4": eip.to_string() });
+    run.apply(&thief)?;
+    let refused = run.wait_reason("egresspolicy", Some("team-b"), "thief", "EipTaken")?;
+    let message = refused["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["reason"] == "EipTaken")
+        .and_then(|c| c["message"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    ensure!(
+        message.contains("spec.egressIP.ipv4") && message.contains("team-a"),
+        "the refusal should name the field and the owner: {message}"
+    );
+    let after = PolicyStatus::of(&run.get("egresspolicy", Some("team-a"), "web")?);
+    ensure!(
+        after.eip == Some(eip),
+        "team a's policy lost {eip}: {after}"
+    );
+    run.expect_steady("web-3", Expect::Source(eip), 5)?;
+    let batch_normal = run.normal_way("batch-1")?;
+    run.expect_sources(&[("batch-1", batch_normal)])?;
+
+    // A gateway open to team a only: team b's policy is told so.
+    let pool = run
+        .pool
+        .get(1..)
+        .context("the run's pool is too small")?
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>();
+    run.apply(&json!({
+        "apiVersion": "egressgw.io/v1alpha1",
+        "kind": "EgressGateway",
+        "metadata": { "name": "e2e-tenancy-a" },
+        "spec": {
+            "nodeSelector": { "selector": { "matchLabels": { "egressgw.io/gateway": "true" } } },
+            "namespaceSelector": { "matchLabels": { "team": "a" } },
+            "ippools": { "ipv4": [pool[1].clone()] },
+        },
+    }))?;
+    run.apply(&policy("team-b", "outsider", "e2e-tenancy-a", &app("batch"), &[TARGET_NET]))?;
+    run.wait_reason("egresspolicy", Some("team-b"), "outsider", "NamespaceNotAllowed")?;
+    run.expect_sources(&[("batch-1", batch_normal)])?;
+    run.note(format!(
+        "team b pinning team a's {eip}: refused ({message:?}), team a kept it (web-3 still seen as {eip}); \
+         a gateway admitting team=a only refused team b's policy with NamespaceNotAllowed"
+    ));
+    Ok(())
+}
