@@ -296,9 +296,10 @@ impl EgressGatewaySpec {
             errors,
         );
         let node_selector = (errors.len() == errors_before).then_some(node_selector);
-        let namespace_selector = self.namespace_selector.as_ref().map(|s| {
-            crate::selector::convert(s, &spec.field("namespaceSelector"), errors)
-        });
+        let namespace_selector = self
+            .namespace_selector
+            .as_ref()
+            .map(|s| crate::selector::convert(s, &spec.field("namespaceSelector"), errors));
         let pools = spec.field("ippools");
         let ipv4_pool = pool(
             &self.ippools.ipv4,

@@ -24,7 +24,13 @@ pub fn a_namespace_cannot_take_another_namespaces_eip_or_an_unadmitted_gateway(
     run.expect_all(&["web-3"], Expect::Source(eip))?;
 
     // Team b pins it: refused in its status; team a keeps it.
-    let mut thief = policy("team-b", "thief", "e2e-tenancy", &app("batch"), &[TARGET_NET]);
+    let mut thief = policy(
+        "team-b",
+        "thief",
+        "e2e-tenancy",
+        &app("batch"),
+        &[TARGET_NET],
+    );
     thief["spec"]["egressIP"] = json!({ "ipv4": eip.to_string() });
     run.apply(&thief)?;
     let refused = run.wait_reason("egresspolicy", Some("team-b"), "thief", "EipTaken")?;
@@ -67,8 +73,19 @@ pub fn a_namespace_cannot_take_another_namespaces_eip_or_an_unadmitted_gateway(
             "ippools": { "ipv4": [pool[1].clone()] },
         },
     }))?;
-    run.apply(&policy("team-b", "outsider", "e2e-tenancy-a", &app("batch"), &[TARGET_NET]))?;
-    run.wait_reason("egresspolicy", Some("team-b"), "outsider", "NamespaceNotAllowed")?;
+    run.apply(&policy(
+        "team-b",
+        "outsider",
+        "e2e-tenancy-a",
+        &app("batch"),
+        &[TARGET_NET],
+    ))?;
+    run.wait_reason(
+        "egresspolicy",
+        Some("team-b"),
+        "outsider",
+        "NamespaceNotAllowed",
+    )?;
     run.expect_sources(&[("batch-1", batch_normal)])?;
     run.note(format!(
         "team b pinning team a's {eip}: refused ({message:?}), team a kept it (web-3 still seen as {eip}); \

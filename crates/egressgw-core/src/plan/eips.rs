@@ -66,7 +66,10 @@ pub(super) fn allocate<'a>(snapshot: &'a Snapshot, gateways: &Gateways<'a>) -> V
     let mut owners: BTreeMap<IpAddr, Vec<Option<&str>>> = BTreeMap::new();
     for w in &works {
         for ip in &w.policy.previous_eips {
-            owners.entry(*ip).or_default().push(w.policy.id.namespace.as_deref());
+            owners
+                .entry(*ip)
+                .or_default()
+                .push(w.policy.id.namespace.as_deref());
         }
     }
     // Pins are granted oldest first; an address granted to one owner is

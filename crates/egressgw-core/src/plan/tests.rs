@@ -1240,7 +1240,9 @@ fn a_policy_may_pin_only_a_free_eip_or_its_own_namespaces_and_never_the_shared_d
     };
     let pin = |ns: &str, name: &str, ip: &str| {
         let ip: std::net::Ipv4Addr = ip.parse().unwrap();
-        with(policy(ns, name, "web"), move |p| p.egress_ip.ipv4 = Some(ip))
+        with(policy(ns, name, "web"), move |p| {
+            p.egress_ip.ipv4 = Some(ip);
+        })
     };
     let mut c = Cluster::new()
         .pod("a", "web-0", "n1", "10.244.1.5", "web")
@@ -1284,7 +1286,11 @@ fn a_policy_may_pin_only_a_free_eip_or_its_own_namespaces_and_never_the_shared_d
     assert!(ok, "{message}");
     // The refused pin steers nothing: the pod still goes to team a's EIP.
     assert_eq!(
-        plan.nodes.values().flat_map(|n| &n.eips).filter(|e| e.ip.to_string() == taken).count(),
+        plan.nodes
+            .values()
+            .flat_map(|n| &n.eips)
+            .filter(|e| e.ip.to_string() == taken)
+            .count(),
         1
     );
 }

@@ -157,17 +157,20 @@ where
     let changed = Arc::clone(changed);
     let kind = K::kind(&()).into_owned();
     let renew = u32::try_from(renew.as_secs()).unwrap_or(u32::MAX).max(1);
-    let stream = watcher(api, watcher::Config::default().any_semantic().timeout(renew))
-        .map_ok(|event| {
-            event.modify(|object| {
-                // Nothing egressgw reads; dropping it keeps the stores small.
-                let meta = object.meta_mut();
-                meta.managed_fields = None;
-                meta.annotations = None;
-            })
+    let stream = watcher(
+        api,
+        watcher::Config::default().any_semantic().timeout(renew),
+    )
+    .map_ok(|event| {
+        event.modify(|object| {
+            // Nothing egressgw reads; dropping it keeps the stores small.
+            let meta = object.meta_mut();
+            meta.managed_fields = None;
+            meta.annotations = None;
         })
-        .backoff(WatchBackoff::default())
-        .reflect(writer);
+    })
+    .backoff(WatchBackoff::default())
+    .reflect(writer);
     tasks.push(tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         while let Some(event) = stream.next().await {
