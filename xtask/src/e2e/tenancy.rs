@@ -4,9 +4,8 @@
 use anyhow::{Context, ensure};
 use serde_json::json;
 
-use super::objects::{app, policy};
+use super::objects::{app, gateway, policy};
 use super::run::{PolicyStatus, Run};
-use super::scenarios::setup_gateway;
 use super::traffic::Expect;
 
 const TARGET_NET: &str = "198.51.100.0/24";
@@ -14,7 +13,10 @@ const TARGET_NET: &str = "198.51.100.0/24";
 pub fn a_namespace_cannot_take_another_namespaces_eip_or_an_unadmitted_gateway(
     run: &mut Run,
 ) -> anyhow::Result<()> {
-    setup_gateway(run, "e2e-tenancy")?;
+    let [first, second, third] = run.pool[..] else {
+        anyhow::bail!("the run's pool should have 3 addresses: {:?}", run.pool);
+    };
+    run.apply(&gateway("e2e-tenancy", &format!("{first}-{second}"), first))?;
     // Team a's own EIP (rr: not the shared default).
     let mut web = policy("team-a", "web", "e2e-tenancy", &app("web"), &[TARGET_NET]);
     web["spec"]["egressIP"]["allocatorPolicy"] = json!("rr");
@@ -56,13 +58,6 @@ pub fn a_namespace_cannot_take_another_namespaces_eip_or_an_unadmitted_gateway(
     run.expect_sources(&[("batch-1", batch_normal)])?;
 
     // A gateway open to team a only: team b's policy is told so.
-    let pool = run
-        .pool
-        .get(1..)
-        .context("the run's pool is too small")?
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>();
     run.apply(&json!({
         "apiVersion": "egressgw.io/v1alpha1",
         "kind": "EgressGateway",
@@ -70,7 +65,7 @@ pub fn a_namespace_cannot_take_another_namespaces_eip_or_an_unadmitted_gateway(
         "spec": {
             "nodeSelector": { "selector": { "matchLabels": { "egressgw.io/gateway": "true" } } },
             "namespaceSelector": { "matchLabels": { "team": "a" } },
-            "ippools": { "ipv4": [pool[1].clone()] },
+            "ippools": { "ipv4": [third.to_string()] },
         },
     }))?;
     run.apply(&policy(
