@@ -314,6 +314,8 @@ pub struct FirewallSpec {
     pub classify: BTreeMap<ElemKey, Verdict>,
     /// `snat4` / `snat6` / `masq4` / `masq6` elements.
     pub nat: BTreeMap<ElemKey, Nat>,
+    /// The EIPs this node SNATs to: what tunnelled traffic may leave with.
+    pub eips: BTreeSet<IpAddr>,
 }
 
 /// A disjoint range as an element key and its value.
@@ -363,6 +365,14 @@ impl FirewallSpec {
         .into_iter()
         .map(|r| r.dst)
         .collect();
+        let eips = state
+            .snat
+            .iter()
+            .filter_map(|e| match e.to {
+                SnatTo::Eip(ip) => Some(ip),
+                SnatTo::NodeIp => None,
+            })
+            .collect();
         let marks = classify
             .values()
             .filter_map(|v| match v {
@@ -382,6 +392,7 @@ impl FirewallSpec {
             cluster,
             classify,
             nat,
+            eips,
         }
     }
 
@@ -412,6 +423,33 @@ impl FirewallSpec {
             .collect();
         chains.push(Chain::regular("local", set_mark(local)));
         chains.push(Chain::regular(FAIL_CLOSED, vec!["counter drop".into()]));
+        // What a gateway sends out for others leaves with the address it
+        // was meant to, or not at all: a connection that came out of the
+        // tunnel, or was classified `local`, and was not translated to one
+        // of this node's EIPs (no SNAT entry yet: a moment during a
+        // failover, a plan that has not arrived here) is dropped after NAT,
+        // never let out with a pod's or, through a CNI's masquerade, the
+        // node's address. `useNodeIP` entries are meant to leave with the
+        // node's address.
+        let mut guard = vec![
+            "ip daddr @cluster4 return".to_owned(),
+            "ip6 daddr @cluster6 return".to_owned(),
+        ];
+        for (v6, proto) in [(false, "ip"), (true, "ip6")] {
+            let eips: Vec<String> = self
+                .eips
+                .iter()
+                .filter(|ip| ip.is_ipv6() == v6)
+                .map(ToString::to_string)
+                .collect();
+            if !eips.is_empty() {
+                guard.push(format!("{proto} saddr {{ {} }} return", eips.join(", ")));
+            }
+        }
+        guard.push("ct original ip saddr . ip daddr @masq4 return".into());
+        guard.push("ct original ip6 saddr . ip6 daddr @masq6 return".into());
+        guard.push("counter drop".into());
+        chains.push(Chain::regular("gateway_guard", guard));
 
         chains.push(Chain::regular(
             "gateway_nat",
@@ -422,14 +460,6 @@ impl FirewallSpec {
                 "ip6 saddr . ip6 daddr @masq6 masquerade".into(),
                 "snat ip to ip saddr . ip daddr map @snat4".into(),
                 "snat ip6 to ip6 saddr . ip6 daddr map @snat6".into(),
-                // What a gateway sends out for others leaves with the
-                // address it was meant to, or not at all: a connection that
-                // came out of the tunnel, or was classified `local`, and
-                // found no SNAT entry (a moment during a failover, a plan
-                // that has not arrived here yet) is dropped, never let out
-                // with a pod's or, through a CNI's masquerade, the node's
-                // address.
-                "counter drop".into(),
             ],
         ));
         chains.push(Chain::base(
@@ -478,9 +508,13 @@ impl FirewallSpec {
             "filter",
             "postrouting",
             PRIO_MARK,
-            vec![format!(
-                "oifname \"{vx}\" meta mark set meta mark & {keep:#010x}"
-            )],
+            vec![
+                format!("oifname \"{vx}\" meta mark set meta mark & {keep:#010x}"),
+                format!("iifname \"{vx}\" oifname != \"{vx}\" jump gateway_guard"),
+                format!(
+                    "meta mark & {mask:#010x} == {local:#010x} oifname != \"{vx}\" jump gateway_guard"
+                ),
+            ],
         ));
         chains
     }
@@ -1240,6 +1274,13 @@ add rule inet egressgw local meta mark set meta mark & 0x00ffffff | 0xfe000000 c
 add rule inet egressgw local ct mark set ct mark & 0x00ffffff | 0xfe000000 comment "fda798e7e8eab830"
 add chain inet egressgw fail_closed
 add rule inet egressgw fail_closed counter drop comment "aad7fa09e1332e50"
+add chain inet egressgw gateway_guard
+add rule inet egressgw gateway_guard ip daddr @cluster4 return comment "4547dd9262c4ecad"
+add rule inet egressgw gateway_guard ip6 daddr @cluster6 return comment "99893f885d8ae25d"
+add rule inet egressgw gateway_guard ip saddr { 192.0.2.10 } return comment "360384b49df0c9b7"
+add rule inet egressgw gateway_guard ct original ip saddr . ip daddr @masq4 return comment "fc3f269bba115ebc"
+add rule inet egressgw gateway_guard ct original ip6 saddr . ip6 daddr @masq6 return comment "14339918059f969c"
+add rule inet egressgw gateway_guard counter drop comment "aad7fa09e1332e50"
 add chain inet egressgw gateway_nat
 add rule inet egressgw gateway_nat ip daddr @cluster4 return comment "4547dd9262c4ecad"
 add rule inet egressgw gateway_nat ip6 daddr @cluster6 return comment "99893f885d8ae25d"
@@ -1247,7 +1288,6 @@ add rule inet egressgw gateway_nat ip saddr . ip daddr @masq4 masquerade comment
 add rule inet egressgw gateway_nat ip6 saddr . ip6 daddr @masq6 masquerade comment "39f50008b14e0682"
 add rule inet egressgw gateway_nat snat ip to ip saddr . ip daddr map @snat4 comment "97ae36449faab7f0"
 add rule inet egressgw gateway_nat snat ip6 to ip6 saddr . ip6 daddr map @snat6 comment "c7ab21c5b185438a"
-add rule inet egressgw gateway_nat counter drop comment "aad7fa09e1332e50"
 add chain inet egressgw prerouting { type filter hook prerouting priority -150; policy accept; }
 add rule inet egressgw prerouting iifname "egress.vxlan" ct state new ct mark set ct mark & 0x00ffffff | 0xff000000 comment "c82debc54673c8f2"
 add rule inet egressgw prerouting ct direction reply ct mark & 0xff000000 == 0xff000000 meta mark set meta mark & 0x00ffffff | 0xff000000 comment "eb4a0ac4441b7d57"
@@ -1266,6 +1306,8 @@ add rule inet egressgw postrouting_nat iifname "egress.vxlan" goto gateway_nat c
 add rule inet egressgw postrouting_nat meta mark & 0xff000000 == 0xfe000000 goto gateway_nat comment "bd63945cf1a3697b"
 add chain inet egressgw postrouting_mark { type filter hook postrouting priority 110; policy accept; }
 add rule inet egressgw postrouting_mark oifname "egress.vxlan" meta mark set meta mark & 0x00ffffff comment "a5a5f4c5e6650e08"
+add rule inet egressgw postrouting_mark iifname "egress.vxlan" oifname != "egress.vxlan" jump gateway_guard comment "689bf374f71a3445"
+add rule inet egressgw postrouting_mark meta mark & 0xff000000 == 0xfe000000 oifname != "egress.vxlan" jump gateway_guard comment "0b5ca3bb4a430a9f"
 add element inet egressgw cluster4 { 10.244.0.0/16 }
 add element inet egressgw classify4 { 10.244.1.2 . 0.0.0.0-203.0.113.191 : jump mark_01000000 }
 add element inet egressgw classify4 { 10.244.1.2 . 203.0.114.0-255.255.255.255 : jump mark_01000000 }
@@ -1279,7 +1321,7 @@ add element inet egressgw snat4 { 10.244.2.5 . 198.51.100.0/24 : 192.0.2.10 }
         let ops = plan(&spec(), None);
         assert_eq!(
             ops[0].to_string(),
-            "add table inet egressgw (8 sets, 8 chains)"
+            "add table inet egressgw (8 sets, 9 chains)"
         );
         assert_eq!(
             shown(&ops[1..]),
@@ -1320,6 +1362,7 @@ add element inet egressgw snat4 { 10.244.2.5 . 198.51.100.0/24 : 192.0.2.10 }
         assert_eq!(
             shown(&ops),
             [
+                "replace chain gateway_guard (7 rules)",
                 "delete element snat4 { 10.244.2.5 . 0.0.0.0-198.51.99.255 }",
                 "delete element snat4 { 10.244.2.5 . 198.51.101.0-255.255.255.255 }",
                 "add element snat4 { 10.244.2.5 . 0.0.0.0-198.51.99.255 : 192.0.2.11 }",
@@ -1373,7 +1416,7 @@ add element inet egressgw snat4 { 10.244.2.5 . 198.51.100.0/24 : 192.0.2.10 }
             [
                 "replace chain prerouting (10 rules)",
                 "replace chain postrouting_nat (4 rules)",
-                "replace chain postrouting_mark (1 rules)",
+                "replace chain postrouting_mark (3 rules)",
             ]
         );
         assert!(ops[0].to_nft().starts_with(
