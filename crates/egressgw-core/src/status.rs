@@ -58,6 +58,9 @@ pub enum Reason {
     PoolOverlap,
     /// Another host on the external segment answers for the EIP.
     EipInUse,
+    /// The EIP lies in the cluster's own prefixes (pods, services, nodes,
+    /// tunnel).
+    EipInCluster,
     /// A pinned EIP belongs to another namespace, or is the shared default.
     EipTaken,
     /// The gateway's namespace selector does not admit the policy's namespace.

@@ -18,6 +18,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
 
+use ipnet::IpNet;
+
 use crate::model::{Allocator, Gateway, Labels, Policy, Snapshot};
 use crate::net::Family;
 use crate::status::Reason;
@@ -27,7 +29,12 @@ use super::{Work, fi};
 
 /// Resolves gateways and allocates EIPs for every valid policy; the result
 /// is sorted oldest first.
-pub(super) fn allocate<'a>(snapshot: &'a Snapshot, gateways: &Gateways<'a>) -> Vec<Work<'a>> {
+pub(super) fn allocate<'a>(
+    snapshot: &'a Snapshot,
+    gateways: &Gateways<'a>,
+    cluster: &[IpNet],
+) -> Vec<Work<'a>> {
+    let in_cluster = |ip: IpAddr| cluster.iter().find(|net| net.contains(&ip)).copied();
     let mut policies: Vec<&Policy> = snapshot.policies.iter().collect();
     // One policy per identity (the oldest copy), then oldest first.
     policies.sort_by(|a, b| (&a.id, &a.age).cmp(&(&b.id, &b.age)));
@@ -50,7 +57,34 @@ pub(super) fn allocate<'a>(snapshot: &'a Snapshot, gateways: &Gateways<'a>) -> V
         .collect();
     for w in works.iter_mut().filter(|w| w.failure.is_none()) {
         let gw = gateways.by_name[w.gateway.expect("resolved")].gateway;
-        w.failure = check_pools(w, gw, &families);
+        w.failure = check_pools(w, gw, &families).or_else(|| {
+            families.iter().find_map(|family| {
+                let (ip, field) = match pinned(w.policy, *family) {
+                    Some(ip) => (ip, format!("spec.egressIP.{family}")),
+                    None if w.policy.egress_ip.allocator == Allocator::Default
+                        && !w.policy.egress_ip.use_node_ip =>
+                    {
+                        let ip = gw.default_eip(*family)?;
+                        let field = format!(
+                            "the default EIP of EgressGateway {} (spec.ippools.{family}DefaultEIP, \
+                             else the pool's first address)",
+                            gw.name
+                        );
+                        (ip, field)
+                    }
+                    None => return None,
+                };
+                let net = in_cluster(ip)?;
+                Some((
+                    Reason::EipInCluster,
+                    format!(
+                        "{field}: {ip} lies in {net}, one of the cluster's own prefixes (pod, \
+                         service, node or tunnel addresses); an EIP must be an address only \
+                         egressgw uses"
+                    ),
+                ))
+            })
+        });
     }
 
     // Addresses a pinned or rr policy owns. Usable gateways' pools do not
@@ -143,7 +177,7 @@ pub(super) fn allocate<'a>(snapshot: &'a Snapshot, gateways: &Gateways<'a>) -> V
                 && !w.policy.egress_ip.use_node_ip
             {
                 let gw = gateways.by_name[w.gateway.expect("resolved")].gateway;
-                round_robin(w, gw, &families, &mut held, keep_previous);
+                round_robin(w, gw, &families, &mut held, keep_previous, &in_cluster);
             }
         }
     }
@@ -166,6 +200,7 @@ fn round_robin(
     families: &[Family],
     held: &mut HashSet<IpAddr>,
     keep_previous: bool,
+    in_cluster: &dyn Fn(IpAddr) -> Option<IpNet>,
 ) {
     for family in families {
         let slot = fi(*family);
@@ -176,7 +211,8 @@ fn round_robin(
             continue;
         }
         let default = gw.default_eip(*family);
-        let free = |ip: &IpAddr| Some(*ip) != default && !held.contains(ip);
+        let free =
+            |ip: &IpAddr| Some(*ip) != default && !held.contains(ip) && in_cluster(*ip).is_none();
         let choice = if keep_previous {
             let mut previous = w.policy.previous_eips.iter();
             previous

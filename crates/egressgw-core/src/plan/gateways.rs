@@ -64,6 +64,7 @@ pub(super) fn resolve(snapshot: &Snapshot) -> Gateways<'_> {
     by_age.sort_by(|a, b| (&a.age, &a.name).cmp(&(&b.age, &b.name)));
     by_age.dedup_by(|a, b| a.name == b.name);
 
+    let cluster = super::nodes::cluster_cidrs(snapshot);
     let mut by_name = BTreeMap::new();
     let mut default = None;
     let mut usable: Vec<&Gateway> = Vec::new();
@@ -89,6 +90,19 @@ pub(super) fn resolve(snapshot: &Snapshot) -> Gateways<'_> {
             .into_iter()
             .filter(|f| snapshot.config.family_enabled(*f))
             .collect();
+        for family in &enabled {
+            for range in gw.pool(*family).ranges() {
+                if let Some(net) = cluster.iter().find(|net| {
+                    Family::of_net(**net) == *family
+                        && range.overlaps(&crate::net::IpRange::of_net(**net))
+                }) {
+                    notes.push(format!(
+                        "spec.ippools.{family}: {range} overlaps {net}, one of the cluster's own \
+                         prefixes: those addresses are never handed out"
+                    ));
+                }
+            }
+        }
         if problem.is_none() && enabled.iter().all(|f| gw.pool(*f).is_empty()) {
             notes.push("it has no EIP pool for the enabled families, so only useNodeIP policies can use it".into());
         }

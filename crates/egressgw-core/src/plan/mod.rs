@@ -56,9 +56,9 @@ fn build(snapshot: &Snapshot, only: Option<&str>) -> Plan {
     let gateways = gateways::resolve(snapshot);
     let tunnels = tunnels::allocate(snapshot, &gateways);
     let gateways = gateways.with_eligibility(snapshot, &tunnels);
-    let mut policies = eips::allocate(snapshot, &gateways);
-    let placed = placement::place(snapshot, &gateways, &mut policies);
     let cluster_cidrs = nodes::cluster_cidrs(snapshot);
+    let mut policies = eips::allocate(snapshot, &gateways, &cluster_cidrs);
+    let placed = placement::place(snapshot, &gateways, &mut policies);
     let classified = classify::classify(snapshot, &policies, &cluster_cidrs);
     let nodes = nodes::build(
         snapshot,

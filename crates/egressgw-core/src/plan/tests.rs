@@ -1322,3 +1322,44 @@ fn a_gateway_admits_only_the_namespaces_its_selector_matches() {
         "{message}"
     );
 }
+
+#[test]
+fn an_eip_inside_the_clusters_own_prefixes_is_never_handed_out() {
+    // The pool covers the three nodes' addresses (172.18.0.11-13) and one
+    // free address.
+    let mut c = Cluster::new()
+        .policy(policy("a", "shared", "web"))
+        .policy(with(policy("a", "own", "web"), |p| {
+            p.egress_ip.allocator = Allocator::RoundRobin;
+        }))
+        .policy(with(policy("a", "pinned", "web"), |p| {
+            p.egress_ip.ipv4 = Some("172.18.0.12".parse().unwrap());
+        }));
+    c.0.gateways[0] = gateway("gw", "172.18.0.11-172.18.0.14", true, 1);
+    let plan = c.plan();
+    let (ok, reason, message) = condition(
+        &plan,
+        &PolicyRef::namespaced("a", "shared"),
+        ConditionType::Allocated,
+    );
+    assert_eq!((ok, reason), (false, Reason::EipInCluster));
+    assert!(message.contains("default EIP") && message.contains("172.18.0.11"), "{message}");
+    let (ok, reason, message) = condition(
+        &plan,
+        &PolicyRef::namespaced("a", "pinned"),
+        ConditionType::Allocated,
+    );
+    assert_eq!((ok, reason), (false, Reason::EipInCluster));
+    assert!(message.contains("spec.egressIP.ipv4"), "{message}");
+    assert_eq!(
+        status(&plan, &PolicyRef::namespaced("a", "own")).eip_ipv4,
+        Some("172.18.0.14".parse().unwrap()),
+        "rr skips the nodes' addresses"
+    );
+    let gw = plan.status.gateways.iter().find(|g| g.gateway == "gw").unwrap();
+    assert!(
+        gw.conditions[0].message.contains("never handed out"),
+        "{}",
+        gw.conditions[0].message
+    );
+}
