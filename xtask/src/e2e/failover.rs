@@ -54,15 +54,15 @@ fn unanswered(samples: &[Sample]) -> usize {
 }
 
 /// How long after `since` probes were answered with `eip` again: to the
-/// start of the first such probe after the last one that was not. `None`
-/// while the last probe was not answered with it.
-fn back_after(samples: &[Sample], since: Instant, eip: Ipv4Addr) -> Option<Duration> {
+/// start of the first such probe after the last one that was not, once
+/// three in a row are. `None` while that has not happened, and when no
+/// probe missed at all (answers that never stopped are not a recovery).
+pub(super) fn back_after(samples: &[Sample], since: Instant, eip: Ipv4Addr) -> Option<Duration> {
     let after: Vec<&Sample> = samples.iter().filter(|s| s.at >= since).collect();
-    let last_bad = after.iter().rposition(|s| !s.seen.is(&Expect::Source(eip)));
-    let first_good = match last_bad {
-        None => after.first()?,
-        Some(i) => after.get(i + 1)?,
-    };
+    let last_bad = after
+        .iter()
+        .rposition(|s| !s.seen.is(&Expect::Source(eip)))?;
+    let first_good = after.get(last_bad + 1)?;
     // Three good probes in a row: back, not a lucky one.
     let settled = after
         .iter()
@@ -528,6 +528,9 @@ mod tests {
         let mut more = samples.clone();
         more.push(sample(ms(120), good()));
         assert_eq!(back_after(&more, t0, eip), Some(Duration::from_millis(80)));
+        // Answers that never stopped are not a recovery.
+        let steady: Vec<Sample> = (0..5).map(|i| sample(ms(i * 20), good())).collect();
+        assert_eq!(back_after(&steady, t0, eip), None);
         assert_eq!(
             wrong_sources(
                 &[sample(ms(0), Seen::Source(Ipv4Addr::new(198, 51, 100, 11)))],

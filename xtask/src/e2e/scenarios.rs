@@ -540,7 +540,8 @@ fn failover_moves_the_eip_to_the_other_gateway_node(run: &mut Run) -> anyhow::Re
         }
     })?;
     let back = eventually("web-3's traffic to come back with the EIP", SETTLE, || {
-        recovery(&prober.samples(), down_at, eip).ok_or_else(|| summary(&prober.samples(), down_at))
+        failover::back_after(&prober.samples(), down_at, eip)
+            .ok_or_else(|| summary(&prober.samples(), down_at))
     })?;
     let samples = prober.finish();
     let lost = samples
@@ -626,20 +627,6 @@ fn word_after(text: &str, key: &str) -> Option<String> {
     words.next().map(str::to_owned)
 }
 
-/// How long after `since` the target first saw `eip` again, counted to the
-/// start of the first probe that got it after at least one that did not.
-/// `None` while that has not happened.
-fn recovery(samples: &[Sample], since: Instant, eip: Ipv4Addr) -> Option<Duration> {
-    let after: Vec<&Sample> = samples.iter().filter(|s| s.at >= since).collect();
-    let first_miss = after
-        .iter()
-        .position(|s| !s.seen.is(&Expect::Source(eip)))?;
-    after[first_miss..]
-        .iter()
-        .find(|s| s.seen.is(&Expect::Source(eip)))
-        .map(|s| s.at.duration_since(since))
-}
-
 /// What the prober saw since `since`, for a failure message.
 fn summary(samples: &[Sample], since: Instant) -> String {
     let after: Vec<&Sample> = samples.iter().filter(|s| s.at >= since).collect();
@@ -656,7 +643,6 @@ fn summary(samples: &[Sample], since: Instant) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::traffic::Seen;
     use super::*;
 
     #[test]
@@ -694,35 +680,5 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), ALL.len());
-    }
-
-    fn sample(at: Instant, seen: Seen) -> Sample {
-        Sample {
-            at,
-            took: Duration::from_millis(1),
-            seen,
-        }
-    }
-
-    #[test]
-    fn recovery_counts_from_the_outage_to_the_first_answer_after_a_miss() {
-        let eip = Ipv4Addr::new(198, 51, 100, 236);
-        let t0 = Instant::now();
-        let ms = |n| t0 + Duration::from_millis(n);
-        let miss = || Seen::NoAnswer("timed out".into());
-        let samples = [
-            sample(t0, Seen::Source(eip)),
-            sample(ms(100), miss()),
-            sample(ms(200), miss()),
-            sample(ms(2400), Seen::Source(eip)),
-        ];
-        assert_eq!(
-            recovery(&samples, ms(50), eip),
-            Some(Duration::from_millis(2350))
-        );
-        assert_eq!(recovery(&samples[..3], ms(50), eip), None);
-        // Answers that never stopped are not a recovery.
-        let steady = [sample(ms(100), Seen::Source(eip))];
-        assert_eq!(recovery(&steady, ms(50), eip), None);
     }
 }

@@ -1343,7 +1343,10 @@ fn an_eip_inside_the_clusters_own_prefixes_is_never_handed_out() {
         ConditionType::Allocated,
     );
     assert_eq!((ok, reason), (false, Reason::EipInCluster));
-    assert!(message.contains("default EIP") && message.contains("172.18.0.11"), "{message}");
+    assert!(
+        message.contains("default EIP") && message.contains("172.18.0.11"),
+        "{message}"
+    );
     let (ok, reason, message) = condition(
         &plan,
         &PolicyRef::namespaced("a", "pinned"),
@@ -1356,7 +1359,12 @@ fn an_eip_inside_the_clusters_own_prefixes_is_never_handed_out() {
         Some("172.18.0.14".parse().unwrap()),
         "rr skips the nodes' addresses"
     );
-    let gw = plan.status.gateways.iter().find(|g| g.gateway == "gw").unwrap();
+    let gw = plan
+        .status
+        .gateways
+        .iter()
+        .find(|g| g.gateway == "gw")
+        .unwrap();
     assert!(
         gw.conditions[0].message.contains("never handed out"),
         "{}",
