@@ -7,8 +7,9 @@
 //! `EgressTunnel` (created with the Node as owner, so it goes with it), and
 //! the status of every gateway and policy. It also watches the agents'
 //! Leases: an agent that stops renewing for `--agent-timeout` gets its
-//! tunnel marked `HeartbeatTimeout`, which makes its node unready, so its
-//! EIPs move to another ready node of the same gateway.
+//! tunnel marked `HeartbeatTimeout`, and its node gets no new EIPs. EIPs it
+//! holds stay: failover is the data plane's (see `crate::failover`), and the
+//! controller records where the agents report holding them.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
@@ -63,8 +64,9 @@ pub struct ControllerArgs {
     /// Address of the health endpoint (`/healthz`, `/readyz`, `/status`).
     #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:9811")]
     pub health_addr: SocketAddr,
-    /// An agent whose Lease is not renewed for this long is unavailable
-    /// and its node's EIPs move.
+    /// An agent whose Lease is not renewed for this long is reported
+    /// (`HeartbeatTimeout`) and its node gets no new EIPs; EIPs it holds
+    /// stay while its node answers its peers.
     #[arg(long, value_name = "SECONDS", default_value_t = 3.0)]
     pub agent_timeout: f64,
     /// Duration of the leader Lease: how long a replica that stopped

@@ -120,6 +120,18 @@ pub struct Prober {
 
 impl Prober {
     pub fn start(netns: Netns, target: SocketAddr, interval: Duration, limit: Duration) -> Self {
+        Self::start_within(netns, target, interval, limit, FAST_PROBE_TIMEOUT)
+    }
+
+    /// [`Self::start`] with its own timeout per probe: where a slow answer
+    /// on a loaded machine must not count as a lost one.
+    pub fn start_within(
+        netns: Netns,
+        target: SocketAddr,
+        interval: Duration,
+        limit: Duration,
+        timeout: Duration,
+    ) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let samples = Arc::new(Mutex::new(Vec::new()));
         let thread = {
@@ -128,7 +140,7 @@ impl Prober {
                 let begun = Instant::now();
                 while !stop.load(Ordering::Relaxed) && begun.elapsed() < limit {
                     let at = Instant::now();
-                    let seen = whoami_within(&netns, target, FAST_PROBE_TIMEOUT);
+                    let seen = whoami_within(&netns, target, timeout);
                     let sample = Sample {
                         at,
                         took: at.elapsed(),
