@@ -152,6 +152,16 @@ fn condition(plan: &Plan, id: &PolicyRef, t: ConditionType) -> (bool, Reason, St
     (c.status, c.reason, c.message.clone())
 }
 
+/// Asserts that condition `t` of `id` is false with `reason` and a
+/// message that contains every one of `words`.
+fn refused(plan: &Plan, id: &PolicyRef, t: ConditionType, reason: Reason, words: &[&str]) {
+    let (ok, got, message) = condition(plan, id, t);
+    assert_eq!((ok, got), (false, reason), "{message}");
+    for word in words {
+        assert!(message.contains(word), "{word:?} not in {message:?}");
+    }
+}
+
 fn entries<'a>(plan: &'a Plan, node: &str, src: &str) -> Vec<&'a ClassifyEntry> {
     plan.nodes[node]
         .classify
@@ -601,15 +611,12 @@ fn a_gateway_without_ready_nodes_fails_its_policies_only() {
         "nowhere",
     ));
     let plan = c.plan();
-    let (ok, reason, message) = condition(
+    refused(
         &plan,
         &PolicyRef::namespaced("a", "db"),
         ConditionType::Ready,
-    );
-    assert_eq!((ok, reason), (false, Reason::NoReadyNode));
-    assert!(
-        message.contains("spec.nodeSelector of EgressGateway lonely matches no node"),
-        "{message}"
+        Reason::NoReadyNode,
+        &["spec.nodeSelector of EgressGateway lonely matches no node"],
     );
     assert!(entries(&plan, "n1", "10.244.1.6").is_empty());
     assert!(gateway_of(&route(&plan, "n1", "10.244.1.5", "203.0.113.1")).is_some());
@@ -1021,13 +1028,13 @@ fn an_invalid_gateway_is_reported_as_invalid_and_keeps_its_default_claim() {
     c.0.gateways
         .push(gateway("younger", "198.51.100.40", true, 9));
     let plan = c.plan();
-    let (ok, reason, message) = condition(
+    refused(
         &plan,
         &PolicyRef::namespaced("a", "p"),
         ConditionType::Ready,
+        Reason::GatewayInvalid,
+        &["spec.ippools.ipv6[0]"],
     );
-    assert_eq!((ok, reason), (false, Reason::GatewayInvalid));
-    assert!(message.contains("spec.ippools.ipv6[0]"), "{message}");
     let gw = plan
         .status
         .gateways
@@ -1140,15 +1147,12 @@ fn a_node_without_a_tunnel_address_of_a_family_is_not_its_gateway() {
         .labels
         .insert("kubernetes.io/hostname".into(), "n1".into());
     let plan = c.plan();
-    let (ok, reason, message) = condition(
+    refused(
         &plan,
         &PolicyRef::namespaced("a", "p"),
         ConditionType::Ready,
-    );
-    assert_eq!((ok, reason), (false, Reason::NoReadyNode));
-    assert!(
-        message.contains("n1: no tunnel IPv6 address left"),
-        "{message}"
+        Reason::NoReadyNode,
+        &["n1: no tunnel IPv6 address left"],
     );
 }
 
@@ -1261,23 +1265,20 @@ fn a_policy_may_pin_only_a_free_eip_or_its_own_namespaces_and_never_the_shared_d
         Some(taken.clone()),
         "team a keeps its EIP"
     );
-    let (ok, reason, message) = condition(
+    refused(
         &plan,
         &PolicyRef::namespaced("b", "thief"),
         ConditionType::Ready,
+        Reason::EipTaken,
+        &["spec.egressIP.ipv4", "namespace a"],
     );
-    assert_eq!((ok, reason), (false, Reason::EipTaken));
-    assert!(
-        message.contains("spec.egressIP.ipv4") && message.contains("namespace a"),
-        "{message}"
-    );
-    let (ok, reason, message) = condition(
+    refused(
         &plan,
         &PolicyRef::namespaced("b", "sharer"),
         ConditionType::Ready,
+        Reason::EipTaken,
+        &["default EIP"],
     );
-    assert_eq!((ok, reason), (false, Reason::EipTaken));
-    assert!(message.contains("default EIP"), "{message}");
     let (ok, _, message) = condition(
         &plan,
         &PolicyRef::namespaced("a", "friend"),
@@ -1311,15 +1312,12 @@ fn a_gateway_admits_only_the_namespaces_its_selector_matches() {
         ConditionType::Allocated,
     );
     assert!(ok);
-    let (ok, reason, message) = condition(
+    refused(
         &plan,
         &PolicyRef::namespaced("b", "web"),
         ConditionType::Ready,
-    );
-    assert_eq!((ok, reason), (false, Reason::NamespaceNotAllowed));
-    assert!(
-        message.contains("spec.egressGatewayName") && message.contains("namespace b"),
-        "{message}"
+        Reason::NamespaceNotAllowed,
+        &["spec.egressGatewayName", "namespace b"],
     );
 }
 
@@ -1337,23 +1335,20 @@ fn an_eip_inside_the_clusters_own_prefixes_is_never_handed_out() {
         }));
     c.0.gateways[0] = gateway("gw", "172.18.0.11-172.18.0.14", true, 1);
     let plan = c.plan();
-    let (ok, reason, message) = condition(
+    refused(
         &plan,
         &PolicyRef::namespaced("a", "shared"),
         ConditionType::Allocated,
+        Reason::EipInCluster,
+        &["default EIP", "172.18.0.11"],
     );
-    assert_eq!((ok, reason), (false, Reason::EipInCluster));
-    assert!(
-        message.contains("default EIP") && message.contains("172.18.0.11"),
-        "{message}"
-    );
-    let (ok, reason, message) = condition(
+    refused(
         &plan,
         &PolicyRef::namespaced("a", "pinned"),
         ConditionType::Allocated,
+        Reason::EipInCluster,
+        &["spec.egressIP.ipv4"],
     );
-    assert_eq!((ok, reason), (false, Reason::EipInCluster));
-    assert!(message.contains("spec.egressIP.ipv4"), "{message}");
     assert_eq!(
         status(&plan, &PolicyRef::namespaced("a", "own")).eip_ipv4,
         Some("172.18.0.14".parse().unwrap()),
