@@ -225,6 +225,27 @@ impl SnapshotBuilder {
         self
     }
 
+    /// Adds a stored object that did not decode as an invalid one, so that
+    /// it gets a status and an Event naming it instead of being dropped.
+    pub fn undecodable(
+        mut self,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+        error: &str,
+    ) -> Self {
+        self.snapshot.invalid.push(InvalidObject {
+            kind: kind.to_owned(),
+            namespace: namespace.map(str::to_owned),
+            name: name.to_owned(),
+            errors: vec![format!(
+                "the stored object cannot be read ({error}); it was stored before a bound existed \
+                 or around admission: fix or recreate it"
+            )],
+        });
+        self
+    }
+
     /// Makes objects with fields their kind does not have invalid, as a
     /// failed validation does, whenever they are added: a policy or tunnel
     /// goes to [`Snapshot::invalid`], a gateway carries the errors. The

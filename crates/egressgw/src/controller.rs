@@ -32,6 +32,7 @@ use kube::{Api, Client, Resource, ResourceExt as _};
 use serde::Serialize;
 use tokio::sync::{Notify, watch};
 
+use crate::cluster::decoded::Decoded;
 use crate::cluster::health::{self, Health};
 use crate::cluster::lease::{self, Elector, Liveness};
 use crate::cluster::watch::{Stores, watch as watch_kind};
@@ -432,27 +433,27 @@ impl Control {
                         .policies
                         .get(&ObjectRef::new(&id.name).within(ns));
                     let Some(current) = current else { continue };
-                    let new =
-                        policy_status(s, current.status.as_ref(), current.metadata.generation, now);
-                    apply_status::<EgressPolicy, _>(
-                        &self.client,
-                        Some(ns),
-                        &id.name,
-                        current.status.as_ref(),
-                        &new,
-                    )
-                    .await
+                    let (stored, generation) = match &*current {
+                        Decoded::Ok(p) => (p.status.as_ref(), p.metadata.generation),
+                        Decoded::Undecodable { meta, .. } => (None, meta.generation),
+                    };
+                    let new = policy_status(s, stored, generation, now);
+                    apply_status::<EgressPolicy, _>(&self.client, Some(ns), &id.name, stored, &new)
+                        .await
                 }
                 None => {
                     let current = self.stores.cluster_policies.get(&ObjectRef::new(&id.name));
                     let Some(current) = current else { continue };
-                    let new =
-                        policy_status(s, current.status.as_ref(), current.metadata.generation, now);
+                    let (stored, generation) = match &*current {
+                        Decoded::Ok(p) => (p.status.as_ref(), p.metadata.generation),
+                        Decoded::Undecodable { meta, .. } => (None, meta.generation),
+                    };
+                    let new = policy_status(s, stored, generation, now);
                     apply_status::<EgressClusterPolicy, _>(
                         &self.client,
                         None,
                         &id.name,
-                        current.status.as_ref(),
+                        stored,
                         &new,
                     )
                     .await

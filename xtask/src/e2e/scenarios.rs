@@ -18,7 +18,7 @@ use super::{failover, install, tenancy};
 pub type Scenario = (&'static str, fn(&mut Run) -> anyhow::Result<()>);
 
 /// Every scenario, in the order they run.
-pub const ALL: [Scenario; 23] = [
+pub const ALL: [Scenario; 24] = [
     (
         "chart_is_lint_clean_and_bad_values_change_nothing",
         install::chart_is_lint_clean_and_bad_values_change_nothing,
@@ -58,6 +58,10 @@ pub const ALL: [Scenario; 23] = [
     (
         "a_namespace_cannot_take_another_namespaces_eip_or_an_unadmitted_gateway",
         tenancy::a_namespace_cannot_take_another_namespaces_eip_or_an_unadmitted_gateway,
+    ),
+    (
+        "an_undecodable_stored_policy_is_reported_and_stops_no_other",
+        tenancy::an_undecodable_stored_policy_is_reported_and_stops_no_other,
     ),
     (
         "new_pod_matching_a_policy_is_covered",

@@ -88,3 +88,80 @@ pub fn a_namespace_cannot_take_another_namespaces_eip_or_an_unadmitted_gateway(
     ));
     Ok(())
 }
+
+/// Stores an EgressPolicy whose priority is out of int32 range, as clusters
+/// that ran an egressgw without the bound may hold: the controller reports
+/// it by name, and policies created afterwards still work.
+pub fn an_undecodable_stored_policy_is_reported_and_stops_no_other(
+    run: &mut Run,
+) -> anyhow::Result<()> {
+    const CRD: &str = "egresspolicies.egressgw.io";
+    let eip = crate::e2e::scenarios::setup_gateway(run, "e2e-undecodable")?;
+    crate::e2e::scenarios::setup_web_policy(run, "e2e-undecodable")?;
+    run.expect_all(&["web-3"], Expect::Source(eip))?;
+
+    // The CRD as an older egressgw had it: no bound on priority.
+    let original = run.lab.kubectl.run(&["get", "crd", CRD, "-o", "json"])?;
+    let mut loose: serde_json::Value = serde_json::from_str(&original)?;
+    let priority = loose["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        ["properties"]["priority"]
+        .as_object_mut()
+        .context("the CRD has no spec.priority")?;
+    priority.remove("minimum");
+    priority.remove("maximum");
+    let replace = |text: &str| {
+        run.lab
+            .kubectl
+            .run_with_input(&["replace", "-f", "-"], Some(text))
+            .map(drop)
+    };
+    replace(&loose.to_string())?;
+    let mut huge = policy(
+        "team-a",
+        "huge",
+        "e2e-undecodable",
+        &app("batch"),
+        &[TARGET_NET],
+    );
+    huge["spec"]["priority"] = json!(99_999_999_999_u64);
+    let stored = run.apply(&huge);
+    // Back to the bounded CRD whatever happened.
+    let mut bounded: serde_json::Value = serde_json::from_str(&original)?;
+    bounded["metadata"]
+        .as_object_mut()
+        .context("the CRD has no metadata")?
+        .remove("resourceVersion");
+    let restored = run
+        .lab
+        .kubectl
+        .run_with_input(
+            &["apply", "--server-side", "--force-conflicts", "-f", "-"],
+            Some(&bounded.to_string()),
+        )
+        .map(drop);
+    stored.context("storing the out-of-range policy with the loose CRD")?;
+    restored.context("restoring the CRD")?;
+
+    let reported = run.wait_reason("egresspolicy", Some("team-a"), "huge", "Invalid")?;
+    let message = reported["status"]["conditions"][0]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    ensure!(message.contains("cannot be read"), "{message}");
+    // The watch of policies goes on: a new policy becomes Ready, and web-3
+    // still leaves with its EIP.
+    let later = policy(
+        "team-a",
+        "later",
+        "e2e-undecodable",
+        &app("batch"),
+        &[TARGET_NET],
+    );
+    run.apply(&later)?;
+    run.wait_policy_ready("egresspolicy", Some("team-a"), "later")?;
+    run.expect_steady("web-3", Expect::Source(eip), 3)?;
+    run.note(format!(
+        "a stored policy with priority 99999999999 is reported Invalid ({message:?}); a policy created after it became Ready"
+    ));
+    Ok(())
+}

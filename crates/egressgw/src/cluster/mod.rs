@@ -1,6 +1,7 @@
 //! What the agent and the controller share on the Kubernetes side: the
 //! client, the watched objects, Leases and the health endpoint.
 
+pub mod decoded;
 pub mod health;
 pub mod lease;
 pub mod owner;

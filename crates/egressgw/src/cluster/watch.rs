@@ -23,6 +23,8 @@ use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
+use super::decoded::Decoded;
+
 /// Reflector stores of everything the planner reads.
 #[derive(Clone)]
 pub struct Stores {
@@ -30,8 +32,10 @@ pub struct Stores {
     pub namespaces: Store<Namespace>,
     pub pods: Store<Pod>,
     pub gateways: Store<EgressGateway>,
-    pub policies: Store<EgressPolicy>,
-    pub cluster_policies: Store<EgressClusterPolicy>,
+    /// Policies are taken one by one (see [`Decoded`]): a stored one that
+    /// does not decode is reported, and stops no other.
+    pub policies: Store<Decoded<EgressPolicy>>,
+    pub cluster_policies: Store<Decoded<EgressClusterPolicy>>,
     pub tunnels: Store<EgressTunnel>,
 }
 
@@ -83,17 +87,36 @@ impl Stores {
     /// The planner's view of the stores now. A node counts as ready only
     /// while its agent reports (see [`SnapshotBuilder::agents_required`]).
     pub fn snapshot(&self, config: Config) -> Snapshot {
-        SnapshotBuilder::new(config)
+        let policies = self.policies.state();
+        let cluster_policies = self.cluster_policies.state();
+        let builder = SnapshotBuilder::new(config)
             .agents_required()
             .nodes(self.nodes.state())
             .namespaces(self.namespaces.state())
             .pods(self.pods.state())
             .gateways(self.gateways.state())
-            .policies(self.policies.state())
-            .cluster_policies(self.cluster_policies.state())
-            .tunnels(self.tunnels.state())
-            .build()
+            .policies(policies.iter().filter_map(|p| p.ok()))
+            .cluster_policies(cluster_policies.iter().filter_map(|p| p.ok()))
+            .tunnels(self.tunnels.state());
+        let builder = undecodable(builder, &policies);
+        undecodable(builder, &cluster_policies).build()
     }
+}
+
+/// Adds the objects of `objects` that did not decode as invalid ones.
+fn undecodable<K: Resource<DynamicType = ()>>(
+    builder: SnapshotBuilder,
+    objects: &[Arc<Decoded<K>>],
+) -> SnapshotBuilder {
+    objects.iter().fold(builder, |b, object| match &**object {
+        Decoded::Ok(_) => b,
+        Decoded::Undecodable { meta, error } => b.undecodable(
+            &K::kind(&()),
+            meta.namespace.as_deref(),
+            meta.name.as_deref().unwrap_or_default(),
+            error,
+        ),
+    })
 }
 
 /// Retries of a failed watch: 250 ms doubling up to 4 s, each with up to
