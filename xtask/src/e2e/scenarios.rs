@@ -18,7 +18,7 @@ use super::{failover, install, tenancy};
 pub type Scenario = (&'static str, fn(&mut Run) -> anyhow::Result<()>);
 
 /// Every scenario, in the order they run.
-pub const ALL: [Scenario; 24] = [
+pub const ALL: [Scenario; 25] = [
     (
         "chart_is_lint_clean_and_bad_values_change_nothing",
         install::chart_is_lint_clean_and_bad_values_change_nothing,
@@ -98,6 +98,10 @@ pub const ALL: [Scenario; 24] = [
     (
         "failover_of_a_gateway_cut_off_from_its_peers_never_holds_the_eip_twice",
         failover::failover_of_a_gateway_cut_off_from_its_peers_never_holds_the_eip_twice,
+    ),
+    (
+        "a_gateway_without_a_snat_entry_drops_instead_of_leaking_the_node_address",
+        failover::a_gateway_without_a_snat_entry_drops_instead_of_leaking_the_node_address,
     ),
     (
         "a_pool_address_in_use_on_the_segment_is_refused",

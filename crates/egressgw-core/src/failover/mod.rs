@@ -25,7 +25,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use crate::state::{Action, Group, NodeState};
+use crate::state::{Action, NodeState};
 
 /// What a node sees now.
 #[derive(Debug, Clone, Copy)]
@@ -95,9 +95,11 @@ pub fn resolve(planned: &NodeState, view: View<'_>) -> Resolved {
     let alive = |node: &str| node == me || view.live.contains(node);
 
     let mut targets = BTreeMap::new();
-    let mut by_id: Vec<Option<(&Group, Option<usize>)>> = Vec::new();
+    // What each group's traffic gets, by group id (ids are the groups'
+    // positions, see `NodeState::groups`).
+    let mut actions: Vec<Action> = Vec::with_capacity(planned.groups.len());
     let mut claims = Vec::new();
-    let mut keep: BTreeSet<IpAddr> = BTreeSet::new();
+    let mut keep: BTreeMap<IpAddr, &str> = BTreeMap::new();
     for group in &planned.groups {
         let index = |node: &str| group.candidates.iter().position(|c| c.node == node);
         let mine = index(me);
@@ -127,56 +129,47 @@ pub fn resolve(planned: &NodeState, view: View<'_>) -> Resolved {
             && let Some(ip) = group.eip
         {
             if holds {
-                keep.insert(ip);
+                keep.insert(ip, &group.gateway);
             } else {
                 claims.push(ip);
             }
         }
+        debug_assert_eq!(usize::try_from(group.id).ok(), Some(actions.len()));
+        actions.push(match target.map(|i| &group.candidates[i]) {
+            Some(c) if c.node == me => Action::Local,
+            Some(c) => Action::Tunnel {
+                gateway: c.node.clone(),
+                mark: c.mark,
+            },
+            None if group.fail_closed => Action::Drop,
+            None => Action::Bypass,
+        });
         targets.insert(
             group.key.clone(),
             target.map(|i| group.candidates[i].node.clone()),
         );
-        let id = usize::try_from(group.id).expect("group ids fit usize");
-        if by_id.len() <= id {
-            by_id.resize(id + 1, None);
-        }
-        by_id[id] = Some((group, target));
     }
 
     let mut state = planned.clone();
     for entry in &mut state.classify {
-        let Some(id) = entry.group else {
-            continue;
-        };
-        let Some(Some((group, target))) = by_id.get(usize::try_from(id).expect("fits")) else {
-            continue;
-        };
-        entry.action = match target {
-            Some(i) if group.candidates[*i].node == me => Action::Local,
-            Some(i) => Action::Tunnel {
-                gateway: group.candidates[*i].node.clone(),
-                mark: group.candidates[*i].mark,
-            },
-            None if group.fail_closed => Action::Drop,
-            None => Action::Bypass,
-        };
+        if let Some(action) = entry
+            .group
+            .and_then(|id| actions.get(usize::try_from(id).ok()?))
+        {
+            entry.action = action.clone();
+        }
     }
-    let gateways: BTreeMap<IpAddr, &str> = planned
-        .groups
-        .iter()
-        .filter_map(|g| Some((g.eip?, g.gateway.as_str())))
-        .collect();
     state.eips = keep
         .iter()
-        .map(|ip| crate::state::OwnedEip {
+        .map(|(ip, gateway)| crate::state::OwnedEip {
             ip: *ip,
-            gateway: gateways[ip].to_owned(),
+            gateway: (*gateway).to_owned(),
         })
         .collect();
     let released = view
         .held
         .iter()
-        .filter(|ip| !keep.contains(ip))
+        .filter(|ip| !keep.contains_key(ip))
         .map(|ip| {
             let why = match planned.groups.iter().find(|g| g.eip == Some(*ip)) {
                 None => "no longer planned here",
