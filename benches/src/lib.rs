@@ -217,6 +217,7 @@ fn make_nodes(count: usize, gateways: usize, pod_prefix: u8) -> Vec<Node> {
             let index = u32_of(i);
             Node {
                 addresses: vec![IpAddr::V4(v4(u32::from(NODE_BASE) + 1 + index))],
+                external_addresses: Vec::new(),
                 pod_cidrs: vec![IpNet::V4(net(
                     v4(u32::from(POD_BASE) + index * block),
                     pod_prefix,

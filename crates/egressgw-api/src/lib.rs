@@ -35,6 +35,7 @@ pub use policy::{
 pub use snapshot::SnapshotBuilder;
 pub use tunnel::{
     EgressTunnel, EgressTunnelSpec, EgressTunnelStatus, TunnelEip, TunnelEipState, TunnelPhase,
+    TunnelUnreachable,
 };
 pub use validation::{FieldError, ValidationErrors};
 

@@ -339,17 +339,19 @@ impl SnapshotBuilder {
 ///
 /// Ready means its `Ready` condition is `True` (a node that reports no
 /// conditions is not ready). Addresses are its `InternalIP`s in status
-/// order; pod CIDRs come from `spec.podCIDRs`, else `spec.podCIDR`.
+/// order, external addresses its `ExternalIP`s; pod CIDRs come from `spec.podCIDRs`, else `spec.podCIDR`.
 pub fn node(node: &Node) -> Option<model::Node> {
     let name = node.metadata.name.clone()?;
     let status = node.status.as_ref();
-    let addresses = status
-        .and_then(|s| s.addresses.as_ref())
-        .into_iter()
-        .flatten()
-        .filter(|a| a.type_ == "InternalIP")
-        .filter_map(|a| a.address.parse::<IpAddr>().ok())
-        .collect();
+    let addresses_of = |kind: &str| -> Vec<IpAddr> {
+        status
+            .and_then(|s| s.addresses.as_ref())
+            .into_iter()
+            .flatten()
+            .filter(|a| a.type_ == kind)
+            .filter_map(|a| a.address.parse::<IpAddr>().ok())
+            .collect()
+    };
     let spec = node.spec.as_ref();
     let pod_cidrs = spec
         .and_then(|s| s.pod_cidrs.clone())
@@ -367,7 +369,8 @@ pub fn node(node: &Node) -> Option<model::Node> {
     Some(model::Node {
         name,
         labels: labels(&node.metadata),
-        addresses,
+        addresses: addresses_of("InternalIP"),
+        external_addresses: addresses_of("ExternalIP"),
         pod_cidrs,
         ready,
         held_eips: Vec::new(),

@@ -197,5 +197,6 @@ pub fn tunnel_status(allocation: &TunnelAllocation) -> EgressTunnelStatus {
         mark: allocation.mark.map(format_mark),
         last_heartbeat_time: None,
         eips: Vec::new(),
+        unreachable: Vec::new(),
     }
 }

@@ -112,6 +112,31 @@ pub struct EgressTunnelStatus {
     /// where the EIPs are.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub eips: Vec<TunnelEip>,
+    /// The gateways and EIPs this node sends selected traffic to that have
+    /// no live gateway node as its data plane sees it (no candidate
+    /// answers its probes): that traffic is dropped (`failClosed`) or
+    /// leaves with the node's own address. Written by the agent; the
+    /// controller records each change as an Event.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unreachable: Vec<TunnelUnreachable>,
+}
+
+/// `status.unreachable[]`: selected traffic of this node with no live
+/// gateway node.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TunnelUnreachable {
+    /// The EgressGateway.
+    pub gateway: String,
+    /// The EIP; unset for `useNodeIP` traffic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eip: Option<String>,
+    /// Whether the traffic is dropped (`true`) or leaves with the node's
+    /// own address (`false`), from the gateway's `spec.failClosed`.
+    pub fail_closed: bool,
+    /// Since when no candidate answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<Time>,
 }
 
 /// `status.eips[]`: an EIP as one node's data plane has it.

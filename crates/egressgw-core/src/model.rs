@@ -50,6 +50,9 @@ pub struct Node {
     /// The node's InternalIP addresses; the first of each family is its
     /// underlay (parent) address.
     pub addresses: Vec<IpAddr>,
+    /// The node's ExternalIP addresses: never an EIP, and not otherwise
+    /// treated as the cluster's (traffic to them may be selected).
+    pub external_addresses: Vec<IpAddr>,
     /// `spec.podCIDRs`.
     pub pod_cidrs: Vec<IpNet>,
     /// Whether the node may carry traffic: its `Ready` condition is true and,

@@ -24,6 +24,7 @@ const ETHERTYPE_IPV6: u16 = 0x86dd;
 const ARP_REQUEST: u16 = 1;
 const ARP_REPLY: u16 = 2;
 const IPPROTO_ICMPV6: u8 = 58;
+const ICMPV6_NEIGHBOUR_SOLICITATION: u8 = 135;
 const ICMPV6_NEIGHBOUR_ADVERTISEMENT: u8 = 136;
 const NA_FLAG_OVERRIDE: u8 = 0x20;
 const ND_OPT_TARGET_LINK_LAYER_ADDRESS: u8 = 2;
@@ -69,22 +70,22 @@ pub fn announce(ip: IpAddr) -> Result<Vec<String>> {
 }
 
 /// Who else answers for `ip` on its segment, if anyone: before a node takes
-/// an EIP it asks, as RFC 5227 has a host ask before using an address.
+/// an EIP it asks, as RFC 5227 has a host ask before using an address and
+/// RFC 4862 (duplicate address detection) before using an IPv6 one.
 ///
-/// On every interface [`announce`] would send on, an ARP probe (sender
-/// address 0.0.0.0, so no neighbour learns anything from it) is sent
-/// `PROBES` times over `wait`, and every ARP frame is read until `wait` has
-/// passed. A reply from `ip`, a request from `ip` (someone announcing it),
-/// or another host's probe for `ip` (someone taking it right now) means it
-/// is in use: the answer names the MAC and interface. `None` means no
-/// answer, or no interface on the EIP's segment at all (a routed EIP).
+/// On every interface [`announce`] would send on, a probe is sent `PROBES`
+/// times over `wait`, and every frame is read until `wait` has passed. For
+/// IPv4 the probe is an ARP request with sender address 0.0.0.0; a reply
+/// from `ip`, a request from `ip` (someone announcing it), or another host's
+/// probe for `ip` (someone taking it right now) means it is in use. For IPv6
+/// it is a Neighbour Solicitation from `::` to `ip`'s solicited-node group;
+/// a Neighbour Advertisement for `ip`, or another host's solicitation from
+/// `::` for `ip`, means it is in use. Either way no neighbour learns anything
+/// from the probe, and the answer names the MAC and interface. `None` means
+/// no answer, or no interface on the EIP's segment at all (a routed EIP).
 /// When the only interfaces on the segment are down, nothing can be asked
-/// and nothing should be announced: that is an error. IPv6 EIPs are not
-/// probed.
+/// and nothing should be announced: that is an error.
 pub fn answered_for(ip: IpAddr, wait: std::time::Duration) -> Result<Option<String>> {
-    let IpAddr::V4(v4) = ip else {
-        return Ok(None);
-    };
     let mut listeners = Vec::new();
     let mut down = Vec::new();
     for iface in pnet_datalink::interfaces() {
@@ -135,7 +136,7 @@ pub fn answered_for(ip: IpAddr, wait: std::time::Duration) -> Result<Option<Stri
     while started.elapsed() < wait {
         if sent < PROBES && started.elapsed() >= every * sent {
             for (name, mac, tx, _) in &mut listeners {
-                if let Some(Err(e)) = tx.send_to(&arp_probe(*mac, v4), None) {
+                if let Some(Err(e)) = tx.send_to(&probe(*mac, ip), None) {
                     return Err(Error::Announce {
                         ip,
                         ifname: name.clone(),
@@ -150,7 +151,7 @@ pub fn answered_for(ip: IpAddr, wait: std::time::Duration) -> Result<Option<Stri
             let Ok(frame) = rx.next() else {
                 continue;
             };
-            if let Some(who) = conflict(frame, v4, &own) {
+            if let Some(who) = conflict(frame, ip, &own) {
                 return Ok(Some(format!("{} on {name}", format_mac(who))));
             }
         }
@@ -158,8 +159,16 @@ pub fn answered_for(ip: IpAddr, wait: std::time::Duration) -> Result<Option<Stri
     Ok(None)
 }
 
-/// How many ARP probes [`answered_for`] sends.
+/// How many probes [`answered_for`] sends.
 const PROBES: u32 = 3;
+
+/// The probe [`answered_for`] sends for `ip` from `mac`.
+fn probe(mac: [u8; 6], ip: IpAddr) -> Vec<u8> {
+    match ip {
+        IpAddr::V4(ip) => arp_probe(mac, ip),
+        IpAddr::V6(ip) => dad_probe(mac, ip),
+    }
+}
 
 /// An ARP probe for `ip` (RFC 5227, 2.1.1): a broadcast request with a zero
 /// sender address and a zero target MAC.
@@ -175,25 +184,76 @@ fn arp_probe(mac: [u8; 6], ip: Ipv4Addr) -> Vec<u8> {
     frame
 }
 
+/// A duplicate address detection probe for `ip` (RFC 4862, 5.4.2): a
+/// Neighbour Solicitation for `ip` from the unspecified address to `ip`'s
+/// solicited-node group, hop limit 255, without a source link-layer option.
+fn dad_probe(mac: [u8; 6], ip: Ipv6Addr) -> Vec<u8> {
+    let group = solicited_node(ip);
+    let mut icmp = vec![ICMPV6_NEIGHBOUR_SOLICITATION, 0, 0, 0, 0, 0, 0, 0];
+    icmp.extend_from_slice(&ip.octets());
+    let checksum = icmpv6_checksum(Ipv6Addr::UNSPECIFIED, group, &icmp);
+    icmp[2..4].copy_from_slice(&checksum.to_be_bytes());
+    ipv6_frame(mac, Ipv6Addr::UNSPECIFIED, group, &icmp)
+}
+
+/// ff02::1:ffXX:XXXX, the group of every address ending in `ip`'s low 24
+/// bits (RFC 4291, 2.7.1).
+fn solicited_node(ip: Ipv6Addr) -> Ipv6Addr {
+    let o = ip.octets();
+    let mut group = [0xff, 0x02, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0xff, 0, 0, 0];
+    group[13..].copy_from_slice(&o[13..]);
+    Ipv6Addr::from(group)
+}
+
 /// The sender MAC of `frame` if it says another host uses or is taking
-/// `ip`: any ARP frame whose sender address is `ip`, or a probe for `ip`
-/// from another MAC. Frames from `own` MACs (our own probes, heard again)
-/// never count.
-fn conflict(frame: &[u8], ip: Ipv4Addr, own: &[[u8; 6]]) -> Option<[u8; 6]> {
+/// `ip`. Frames from `own` MACs (our own probes, heard again) never count.
+fn conflict(frame: &[u8], ip: IpAddr, own: &[[u8; 6]]) -> Option<[u8; 6]> {
+    let sender_mac: [u8; 6] = frame.get(6..12)?.try_into().ok()?;
+    if own.contains(&sender_mac) {
+        return None;
+    }
+    let claims = match ip {
+        IpAddr::V4(ip) => arp_conflict(frame, ip)?,
+        IpAddr::V6(ip) => nd_conflict(frame, ip)?,
+    };
+    claims.then_some(sender_mac)
+}
+
+/// Whether an ARP `frame` says a host uses or is taking `ip`: any ARP frame
+/// whose sender address is `ip`, or a probe for `ip`. `None`: not ARP.
+fn arp_conflict(frame: &[u8], ip: Ipv4Addr) -> Option<bool> {
     let arp = frame.get(14..42)?;
     if frame[12..14] != ETHERTYPE_ARP.to_be_bytes() || arp[0..6] != [0, 1, 0x08, 0x00, 6, 4] {
         return None;
     }
-    let sender_mac: [u8; 6] = arp[8..14].try_into().ok()?;
     let sender_ip = &arp[14..18];
     let target_ip = &arp[24..28];
-    if own.contains(&sender_mac) {
-        return None;
-    }
     let op = u16::from_be_bytes([arp[6], arp[7]]);
     let claims = sender_ip == ip.octets();
     let probes = op == ARP_REQUEST && sender_ip == [0; 4] && target_ip == ip.octets();
-    (claims || probes).then_some(sender_mac)
+    Some(claims || probes)
+}
+
+/// Whether a neighbour discovery `frame` says a host uses or is taking
+/// `ip`: an advertisement for `ip`, or a solicitation for `ip` from the
+/// unspecified address (another host's duplicate address detection).
+/// `None`: not neighbour discovery.
+fn nd_conflict(frame: &[u8], ip: Ipv6Addr) -> Option<bool> {
+    // Ethernet 14, IPv6 header 40, ICMPv6 type, code, checksum, flags 8, target 16.
+    let target = frame.get(62..78)?;
+    if frame[12..14] != ETHERTYPE_IPV6.to_be_bytes()
+        || frame[20] != IPPROTO_ICMPV6
+        || frame[21] != 255
+    {
+        return None;
+    }
+    let source = &frame[22..38];
+    let about_ip = target == ip.octets();
+    Some(match frame[54] {
+        ICMPV6_NEIGHBOUR_ADVERTISEMENT => about_ip,
+        ICMPV6_NEIGHBOUR_SOLICITATION => about_ip && source == Ipv6Addr::UNSPECIFIED.octets(),
+        _ => return None,
+    })
 }
 
 fn format_mac(mac: [u8; 6]) -> String {
@@ -315,13 +375,20 @@ fn unsolicited_na(mac: [u8; 6], ip: Ipv6Addr) -> Vec<u8> {
     let checksum = icmpv6_checksum(ip, ALL_NODES, &icmp);
     icmp[2..4].copy_from_slice(&checksum.to_be_bytes());
 
-    let mut frame = ethernet_header(multicast_mac(ALL_NODES), mac, ETHERTYPE_IPV6);
+    ipv6_frame(mac, ip, ALL_NODES, &icmp)
+}
+
+/// An Ethernet frame from `mac` carrying an IPv6 packet from `src` to the
+/// multicast group `dst` with ICMPv6 `icmp`, hop limit 255 (as neighbour
+/// discovery requires).
+fn ipv6_frame(mac: [u8; 6], src: Ipv6Addr, dst: Ipv6Addr, icmp: &[u8]) -> Vec<u8> {
+    let mut frame = ethernet_header(multicast_mac(dst), mac, ETHERTYPE_IPV6);
     frame.extend_from_slice(&[0x60, 0, 0, 0]); // version 6, class 0, flow 0
     frame.extend_from_slice(&u16::try_from(icmp.len()).unwrap_or(u16::MAX).to_be_bytes());
     frame.extend_from_slice(&[IPPROTO_ICMPV6, 255]);
-    frame.extend_from_slice(&ip.octets());
-    frame.extend_from_slice(&ALL_NODES.octets());
-    frame.extend_from_slice(&icmp);
+    frame.extend_from_slice(&src.octets());
+    frame.extend_from_slice(&dst.octets());
+    frame.extend_from_slice(icmp);
     frame
 }
 
@@ -396,6 +463,68 @@ mod tests {
         );
         assert_eq!(
             conflict(&reply, "198.51.100.8".parse().unwrap(), &[MAC]),
+            None
+        );
+    }
+
+    #[test]
+    fn a_dad_probe_solicits_the_eip_from_the_unspecified_address() {
+        let ip: Ipv6Addr = "2001:db8::12:3456".parse().unwrap();
+        let frame = dad_probe(MAC, ip);
+        let group: Ipv6Addr = "ff02::1:ff12:3456".parse().unwrap();
+        assert_eq!(solicited_node(ip), group);
+        assert_eq!(frame[..6], [0x33, 0x33, 0xff, 0x12, 0x34, 0x56]);
+        assert_eq!(frame[12..14], [0x86, 0xdd]);
+        assert_eq!(frame[18..20], [0, 24], "payload length");
+        assert_eq!(frame[20..22], [58, 255], "ICMPv6, hop limit 255");
+        assert_eq!(frame[22..38], [0; 16], "source ::");
+        assert_eq!(frame[38..54], group.octets());
+        assert_eq!(frame[54], ICMPV6_NEIGHBOUR_SOLICITATION);
+        assert_eq!(frame[62..78], ip.octets(), "target");
+        assert_eq!(frame.len(), 78, "no link-layer address option");
+        assert_eq!(
+            icmpv6_checksum(Ipv6Addr::UNSPECIFIED, group, &frame[54..]),
+            0
+        );
+        let ip = IpAddr::V6(ip);
+        // Our own probe, heard again, is no conflict; another host's is.
+        assert_eq!(conflict(&frame, ip, &[MAC]), None);
+        let other = [2, 0, 0, 0, 0, 9];
+        assert_eq!(
+            conflict(
+                &dad_probe(other, "2001:db8::12:3456".parse().unwrap()),
+                ip,
+                &[MAC]
+            ),
+            Some(other)
+        );
+        // A host advertising it is; an advertisement of another address is not.
+        assert_eq!(
+            conflict(
+                &unsolicited_na(other, "2001:db8::12:3456".parse().unwrap()),
+                ip,
+                &[MAC]
+            ),
+            Some(other)
+        );
+        assert_eq!(
+            conflict(
+                &unsolicited_na(other, "2001:db8::7".parse().unwrap()),
+                ip,
+                &[MAC]
+            ),
+            None
+        );
+        // Ordinary address resolution (a solicitation with a source
+        // address) asks for it without claiming it.
+        let mut resolving = dad_probe(other, "2001:db8::12:3456".parse().unwrap());
+        resolving[22..38].copy_from_slice(&"2001:db8::11".parse::<Ipv6Addr>().unwrap().octets());
+        assert_eq!(conflict(&resolving, ip, &[MAC]), None);
+        // ARP frames say nothing about an IPv6 address, and the reverse.
+        let arp = arp_probe(other, "198.51.100.7".parse().unwrap());
+        assert_eq!(conflict(&arp, ip, &[MAC]), None);
+        assert_eq!(
+            conflict(&frame, "198.51.100.7".parse().unwrap(), &[MAC]),
             None
         );
     }
@@ -694,6 +823,35 @@ mod kernel_tests {
             assert!(answer.contains(&b_mac), "{answer}");
             assert_eq!(
                 answered_for("198.51.100.200".parse().unwrap(), wait).unwrap(),
+                None
+            );
+        });
+    }
+
+    #[test]
+    fn an_ipv6_address_another_host_holds_is_found_by_its_advertisement() {
+        if !root_or_skip("an_ipv6_address_another_host_holds_is_found_by_its_advertisement") {
+            return;
+        }
+        in_new_netns(|| {
+            sh("ip link add name a type veth peer name b");
+            sh("ip addr add 2001:db8::11/64 dev a nodad");
+            // As above, b plays the other host: its kernel defends its
+            // address against duplicate address detection.
+            sh("ip addr add 2001:db8::1/128 dev b nodad");
+            sh("ip link set dev a up && ip link set dev b up");
+            let b_mac = pnet_datalink::interfaces()
+                .into_iter()
+                .find(|i| i.name == "b")
+                .and_then(|i| i.mac)
+                .unwrap()
+                .to_string();
+            let wait = Duration::from_millis(300);
+            let answer = answered_for("2001:db8::1".parse().unwrap(), wait).unwrap();
+            let answer = answer.expect("b answers for 2001:db8::1");
+            assert!(answer.contains(&b_mac), "{answer}");
+            assert_eq!(
+                answered_for("2001:db8::200".parse().unwrap(), wait).unwrap(),
                 None
             );
         });

@@ -6,11 +6,18 @@
 //! whose agent is down but whose network works is alive, and a node whose
 //! tunnel is broken is not. One thread per family sends and receives; the
 //! agent reads [`Prober::live`] as often as it likes.
+//!
+//! It also asks, for each EIP a source node sends traffic to, which of the
+//! EIP's candidate nodes holds it ([`Prober::holders`]): an echo request to
+//! the EIP itself, routed to the candidate by the candidate's gateway mark
+//! (the policy route egressgw already has) with a TTL (hop limit) of 1. A
+//! candidate that holds the EIP delivers it locally and its kernel answers;
+//! one that does not would have to forward it, which a TTL of 1 forbids.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read as _;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -33,14 +40,61 @@ pub struct Target {
     pub addr: IpAddr,
 }
 
+/// A holder question: does `node` (tunnel address `via`, gateway mark
+/// `mark`) hold `eip`?
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct HolderTarget {
+    /// The candidate node.
+    pub node: String,
+    /// Its address on the tunnel, in the EIP's family.
+    pub via: IpAddr,
+    /// Its gateway mark: the policy route to it.
+    pub mark: u32,
+    /// The EIP.
+    pub eip: IpAddr,
+}
+
+/// A moment in a family's probing: when, and how many rounds of probes
+/// had been sent then.
+#[derive(Debug, Clone, Copy)]
+struct Moment {
+    at: Instant,
+    round: u64,
+}
+
 #[derive(Debug)]
 struct Shared {
-    /// Targets and when each was added (a new target is given one
-    /// `down_after` to answer before it counts as dead).
-    targets: Mutex<BTreeMap<IpAddr, (String, Instant)>>,
+    /// Targets and when each was added (a new target is given its time to
+    /// answer before it counts as dead).
+    targets: Mutex<BTreeMap<IpAddr, (String, Moment)>>,
     /// When each address last answered.
-    answered: Mutex<BTreeMap<IpAddr, Instant>>,
+    answered: Mutex<BTreeMap<IpAddr, Moment>>,
+    /// Holder questions, and when each (tunnel address, EIP) was last
+    /// answered.
+    holder_targets: Mutex<Vec<HolderTarget>>,
+    held: Mutex<BTreeMap<(IpAddr, IpAddr), Moment>>,
+    /// Rounds of probes sent so far, per family (IPv4, IPv6).
+    rounds: [AtomicU64; 2],
     stop: AtomicBool,
+}
+
+impl Shared {
+    fn now(&self, addr: IpAddr) -> Moment {
+        Moment {
+            at: Instant::now(),
+            round: self.rounds[usize::from(addr.is_ipv6())].load(Ordering::Relaxed),
+        }
+    }
+
+    /// Whether `since` is too long ago: `misses` rounds of probes have gone
+    /// out since *and* `down_after` has passed. Counting rounds as well as
+    /// time means a prober that could not run (the process stopped, the
+    /// machine overloaded) finds no peer dead for its own silence.
+    fn silent_since(&self, addr: IpAddr, since: Moment, misses: u32, down_after: Duration) -> bool {
+        let now = self.now(addr);
+        now.round.saturating_sub(since.round) >= u64::from(misses)
+            && since.at.elapsed() >= down_after
+    }
 }
 
 /// Probes peers through the tunnel device until dropped.
@@ -57,6 +111,9 @@ impl Prober {
         let shared = Arc::new(Shared {
             targets: Mutex::new(BTreeMap::new()),
             answered: Mutex::new(BTreeMap::new()),
+            holder_targets: Mutex::new(Vec::new()),
+            held: Mutex::new(BTreeMap::new()),
+            rounds: [AtomicU64::new(0), AtomicU64::new(0)],
             stop: AtomicBool::new(false),
         });
         // The echo identifier: distinguishes this agent's replies from
@@ -80,30 +137,60 @@ impl Prober {
     /// Replaces the set of peers to probe.
     pub fn set_targets(&self, targets: &[Target]) {
         let mut current = lock(&self.shared.targets);
-        let now = Instant::now();
         let old = std::mem::take(&mut *current);
         for t in targets {
             let since = old
                 .get(&t.addr)
                 .filter(|(node, _)| *node == t.node)
-                .map_or(now, |(_, since)| *since);
+                .map_or_else(|| self.shared.now(t.addr), |(_, since)| *since);
             current.insert(t.addr, (t.node.clone(), since));
         }
     }
 
-    /// The peers that answered within `down_after`, and those added less
-    /// than `down_after` ago that have not answered yet.
-    pub fn live(&self, down_after: Duration) -> BTreeSet<String> {
+    /// The peers that are not silent: a peer is silent once `misses` rounds
+    /// of probes have gone out since it last answered (or was added) and
+    /// `down_after` has passed.
+    pub fn live(&self, misses: u32, down_after: Duration) -> BTreeSet<String> {
         let targets = lock(&self.shared.targets);
         let answered = lock(&self.shared.answered);
         targets
             .iter()
             .filter(|(addr, (_, added))| {
-                let last = answered.get(addr).copied().unwrap_or(*added).max(*added);
-                last.elapsed() < down_after
+                let last = answered
+                    .get(addr)
+                    .filter(|a| a.at > added.at)
+                    .unwrap_or(added);
+                !self.shared.silent_since(**addr, *last, misses, down_after)
             })
             .map(|(_, (node, _))| node.clone())
             .collect()
+    }
+
+    /// Replaces the holder questions.
+    pub fn set_holder_targets(&self, targets: &[HolderTarget]) {
+        let mut current = lock(&self.shared.holder_targets);
+        *current = targets.to_vec();
+        current.sort();
+        current.dedup();
+        lock(&self.shared.held)
+            .retain(|(via, eip), _| current.iter().any(|t| t.via == *via && t.eip == *eip));
+    }
+
+    /// For each EIP asked about, the nodes that answered for it and are not
+    /// silent since (as [`Self::live`] counts it).
+    pub fn holders(&self, misses: u32, down_after: Duration) -> BTreeMap<IpAddr, BTreeSet<String>> {
+        let targets = lock(&self.shared.holder_targets);
+        let held = lock(&self.shared.held);
+        let mut holders: BTreeMap<IpAddr, BTreeSet<String>> = BTreeMap::new();
+        for t in targets.iter() {
+            if held
+                .get(&(t.via, t.eip))
+                .is_some_and(|at| !self.shared.silent_since(t.eip, *at, misses, down_after))
+            {
+                holders.entry(t.eip).or_default().insert(t.node.clone());
+            }
+        }
+        holders
     }
 
     /// How long ago each peer last answered (`None`: never).
@@ -112,7 +199,7 @@ impl Prober {
         let answered = lock(&self.shared.answered);
         targets
             .iter()
-            .map(|(addr, (node, _))| (node.clone(), answered.get(addr).map(Instant::elapsed)))
+            .map(|(addr, (node, _))| (node.clone(), answered.get(addr).map(|a| a.at.elapsed())))
             .collect()
     }
 }
@@ -130,6 +217,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// The probing loop of one family.
 fn run(shared: &Shared, device: &str, ipv6: bool, ident: u16, interval: Duration) {
     let mut socket: Option<Socket> = None;
+    // Holder questions go out of a socket of their own: TTL 1, the mark
+    // set per question.
+    let mut asking: Option<Socket> = None;
     let mut seq: u16 = 0;
     let mut next_send = Instant::now();
     let mut buf = [0u8; 1500];
@@ -143,10 +233,18 @@ fn run(shared: &Shared, device: &str, ipv6: bool, ident: u16, interval: Duration
                 .copied()
                 .filter(|a| a.is_ipv6() == ipv6)
                 .collect();
+            let questions: Vec<HolderTarget> = lock(&shared.holder_targets)
+                .iter()
+                .filter(|t| t.eip.is_ipv6() == ipv6 && t.via.is_ipv6() == ipv6)
+                .cloned()
+                .collect();
             if targets.is_empty() {
                 thread::sleep(interval);
                 continue;
             }
+            // A round counts whether or not its probes can be sent: a
+            // tunnel device that is gone is a tunnel that does not work.
+            shared.rounds[usize::from(ipv6)].fetch_add(1, Ordering::Relaxed);
             if socket.is_none() {
                 match open(device, ipv6) {
                     Ok(s) => {
@@ -166,7 +264,7 @@ fn run(shared: &Shared, device: &str, ipv6: bool, ident: u16, interval: Duration
             seq = seq.wrapping_add(1);
             let mut failed = false;
             for addr in targets {
-                let request = echo_request(ident, seq, addr);
+                let request = echo_request(ident, seq, &[addr]);
                 if let Some(s) = &socket
                     && s.send_to(&request, &SockAddr::from(SocketAddr::new(addr, 0)))
                         .is_err()
@@ -177,6 +275,20 @@ fn run(shared: &Shared, device: &str, ipv6: bool, ident: u16, interval: Duration
             if failed {
                 // The device may have been replaced: bind afresh next time.
                 socket = None;
+                asking = None;
+            }
+            if !questions.is_empty() && asking.is_none() {
+                asking = open_asking(device, ipv6).ok();
+            }
+            if let Some(a) = &asking {
+                for q in &questions {
+                    let request = echo_request(ident, seq, &[q.via, q.eip]);
+                    // A question that cannot be sent (no route for the mark
+                    // yet) is a question not answered.
+                    let _ = a.set_mark(q.mark).and_then(|()| {
+                        a.send_to(&request, &SockAddr::from(SocketAddr::new(q.eip, 0)))
+                    });
+                }
             }
         }
         let Some(s) = &socket else {
@@ -193,11 +305,22 @@ fn run(shared: &Shared, device: &str, ipv6: bool, ident: u16, interval: Duration
         let Ok(len) = (&*s).read(&mut buf) else {
             continue;
         };
-        if let Some(from) = echo_reply_from(&buf[..len], ipv6, ident) {
-            let targets = lock(&shared.targets);
-            if targets.contains_key(&from) {
-                lock(&shared.answered).insert(from, Instant::now());
+        match echo_reply_from(&buf[..len], ipv6, ident).as_deref() {
+            Some([from]) => {
+                let targets = lock(&shared.targets);
+                if targets.contains_key(from) {
+                    lock(&shared.answered).insert(*from, shared.now(*from));
+                }
             }
+            Some([via, eip]) => {
+                let asked = lock(&shared.holder_targets)
+                    .iter()
+                    .any(|t| t.via == *via && t.eip == *eip);
+                if asked {
+                    lock(&shared.held).insert((*via, *eip), shared.now(*eip));
+                }
+            }
+            _ => {}
         }
     }
 }
@@ -214,12 +337,27 @@ fn open(device: &str, ipv6: bool) -> std::io::Result<Socket> {
     Ok(socket)
 }
 
-/// An echo request with this agent's identifier, carrying the address it
-/// is sent to: the reply echoes it back, which tells whom the reply is from
-/// without reading the source address. The kernel fills in the ICMPv6
-/// checksum; the ICMPv4 one is computed here.
-fn echo_request(ident: u16, seq: u16, to: IpAddr) -> Vec<u8> {
-    let kind = if to.is_ipv6() {
+/// The socket for holder questions: raw ICMP out of `device`, TTL (hop
+/// limit) 1, a small receive buffer (the probe socket reads the answers).
+fn open_asking(device: &str, ipv6: bool) -> std::io::Result<Socket> {
+    let socket = open(device, ipv6)?;
+    if ipv6 {
+        socket.set_unicast_hops_v6(1)?;
+    } else {
+        socket.set_ttl_v4(1)?;
+    }
+    socket.set_recv_buffer_size(1)?;
+    Ok(socket)
+}
+
+/// An echo request with this agent's identifier, carrying `body`: the
+/// address it is sent to (a peer probe) or the tunnel address of the
+/// candidate and the EIP (a holder question). The reply echoes it back,
+/// which tells whom the reply is from without reading the source address.
+/// The kernel fills in the ICMPv6 checksum; the ICMPv4 one is computed here.
+fn echo_request(ident: u16, seq: u16, body: &[IpAddr]) -> Vec<u8> {
+    let ipv6 = body.first().is_some_and(IpAddr::is_ipv6);
+    let kind = if ipv6 {
         ICMPV6_ECHO_REQUEST
     } else {
         ICMP_ECHO_REQUEST
@@ -228,20 +366,23 @@ fn echo_request(ident: u16, seq: u16, to: IpAddr) -> Vec<u8> {
     packet.extend_from_slice(&ident.to_be_bytes());
     packet.extend_from_slice(&seq.to_be_bytes());
     packet.extend_from_slice(MAGIC);
-    match to {
-        IpAddr::V4(a) => packet.extend_from_slice(&a.octets()),
-        IpAddr::V6(a) => packet.extend_from_slice(&a.octets()),
+    for addr in body {
+        match addr {
+            IpAddr::V4(a) => packet.extend_from_slice(&a.octets()),
+            IpAddr::V6(a) => packet.extend_from_slice(&a.octets()),
+        }
     }
-    if to.is_ipv4() {
+    if !ipv6 {
         let sum = checksum(&packet);
         packet[2..4].copy_from_slice(&sum.to_be_bytes());
     }
     packet
 }
 
-/// The peer an echo reply to this agent comes from, if `packet` is one
-/// (with its IPv4 header for ICMPv4, as raw IPv4 sockets deliver it).
-fn echo_reply_from(packet: &[u8], ipv6: bool, ident: u16) -> Option<IpAddr> {
+/// The addresses an echo reply to this agent carries, if `packet` is one
+/// (with its IPv4 header for ICMPv4, as raw IPv4 sockets deliver it): the
+/// peer it answers for, or the candidate and EIP of a holder question.
+fn echo_reply_from(packet: &[u8], ipv6: bool, ident: u16) -> Option<Vec<IpAddr>> {
     let icmp = if ipv6 {
         packet
     } else {
@@ -257,13 +398,20 @@ fn echo_reply_from(packet: &[u8], ipv6: bool, ident: u16) -> Option<IpAddr> {
         return None;
     }
     let payload = icmp[8..].strip_prefix(MAGIC)?;
-    if ipv6 {
-        let octets: [u8; 16] = payload.get(..16)?.try_into().ok()?;
-        Some(IpAddr::from(octets))
-    } else {
-        let octets: [u8; 4] = payload.get(..4)?.try_into().ok()?;
-        Some(IpAddr::from(octets))
+    let width = if ipv6 { 16 } else { 4 };
+    if payload.is_empty() || payload.len() % width != 0 || payload.len() > 2 * width {
+        return None;
     }
+    payload
+        .chunks(width)
+        .map(|c| {
+            if ipv6 {
+                <[u8; 16]>::try_from(c).ok().map(IpAddr::from)
+            } else {
+                <[u8; 4]>::try_from(c).ok().map(IpAddr::from)
+            }
+        })
+        .collect()
 }
 
 /// The Internet checksum (RFC 1071).
@@ -286,7 +434,7 @@ mod tests {
 
     #[test]
     fn an_icmpv4_echo_request_checksums_to_zero() {
-        let packet = echo_request(0x1234, 7, "10.0.0.2".parse().unwrap());
+        let packet = echo_request(0x1234, 7, &["10.0.0.2".parse().unwrap()]);
         assert_eq!(packet[0], ICMP_ECHO_REQUEST);
         assert_eq!(checksum(&packet), 0);
         assert_eq!(&packet[4..8], &[0x12, 0x34, 0, 7]);
@@ -295,18 +443,162 @@ mod tests {
     #[test]
     fn only_echo_replies_with_this_agents_identifier_count_and_name_the_peer() {
         let peer: IpAddr = "10.0.0.2".parse().unwrap();
-        let mut echoed = echo_request(0x1234, 1, peer);
+        let mut echoed = echo_request(0x1234, 1, &[peer]);
         echoed[0] = ICMP_ECHO_REPLY;
         let mut reply = vec![0x45; 20];
         reply.extend_from_slice(&echoed);
-        assert_eq!(echo_reply_from(&reply, false, 0x1234), Some(peer));
+        assert_eq!(echo_reply_from(&reply, false, 0x1234), Some(vec![peer]));
         assert_eq!(echo_reply_from(&reply, false, 0x4321), None);
         let mut request = vec![0x45; 20];
-        request.extend_from_slice(&echo_request(0x1234, 1, peer));
+        request.extend_from_slice(&echo_request(0x1234, 1, &[peer]));
         assert_eq!(echo_reply_from(&request, false, 0x1234), None);
         let peer6: IpAddr = "fd00::2".parse().unwrap();
-        let mut v6 = echo_request(0x1234, 1, peer6);
+        let mut v6 = echo_request(0x1234, 1, &[peer6]);
         v6[0] = ICMPV6_ECHO_REPLY;
-        assert_eq!(echo_reply_from(&v6, true, 0x1234), Some(peer6));
+        assert_eq!(echo_reply_from(&v6, true, 0x1234), Some(vec![peer6]));
+        // A holder question's answer names the candidate and the EIP.
+        let eip: IpAddr = "198.51.100.100".parse().unwrap();
+        let mut answer = echo_request(0x1234, 2, &[peer, eip]);
+        answer[0] = ICMP_ECHO_REPLY;
+        let mut packet = vec![0x45; 20];
+        packet.extend_from_slice(&answer);
+        assert_eq!(
+            echo_reply_from(&packet, false, 0x1234),
+            Some(vec![peer, eip])
+        );
+    }
+
+    #[test]
+    fn a_peer_is_silent_only_after_rounds_went_out_unanswered_and_time_passed() {
+        let shared = Shared {
+            targets: Mutex::new(BTreeMap::new()),
+            answered: Mutex::new(BTreeMap::new()),
+            holder_targets: Mutex::new(Vec::new()),
+            held: Mutex::new(BTreeMap::new()),
+            rounds: [AtomicU64::new(10), AtomicU64::new(0)],
+            stop: AtomicBool::new(false),
+        };
+        let peer: IpAddr = "10.0.0.2".parse().unwrap();
+        let long_ago = Moment {
+            at: Instant::now().checked_sub(Duration::from_secs(5)).unwrap(),
+            round: 10,
+        };
+        let misses = 3;
+        let down_after = Duration::from_millis(300);
+        // The prober itself could not run: no probe went out since.
+        assert!(!shared.silent_since(peer, long_ago, misses, down_after));
+        shared.rounds[0].store(12, Ordering::Relaxed);
+        assert!(!shared.silent_since(peer, long_ago, misses, down_after));
+        shared.rounds[0].store(13, Ordering::Relaxed);
+        assert!(shared.silent_since(peer, long_ago, misses, down_after));
+        // Rounds went out quickly, but not yet for long enough.
+        let just_now = Moment {
+            at: Instant::now(),
+            round: 10,
+        };
+        assert!(!shared.silent_since(peer, just_now, misses, down_after));
+        // IPv6 peers count IPv6 rounds.
+        let peer6: IpAddr = "fd00::2".parse().unwrap();
+        let long_ago6 = Moment {
+            round: 0,
+            ..long_ago
+        };
+        assert!(!shared.silent_since(peer6, long_ago6, misses, down_after));
+    }
+
+    /// A holder question is answered by the candidate's kernel only when
+    /// the candidate holds the EIP: a node that would have to forward it
+    /// drops it (TTL 1). Two namespaces joined by a veth play the source
+    /// and the candidate; the mark routes the question as egressgw's
+    /// policy route does.
+    #[test]
+    fn only_the_candidate_holding_the_eip_answers_a_holder_question() {
+        use crate::testns::{in_new_netns, root_or_skip, sh};
+        if !root_or_skip("only_the_candidate_holding_the_eip_answers_a_holder_question") {
+            return;
+        }
+        in_new_netns(|| {
+            // The peer (the candidate) and, behind it on the external
+            // segment, another host that may hold the EIP instead.
+            let peer = format!("egwprobe{}", std::process::id() % 100_000);
+            let other = format!("{peer}o");
+            sh(&format!("ip netns add {peer} && ip netns add {other}"));
+            let result = std::panic::catch_unwind(|| {
+                sh(&format!(
+                    "ip link add name vx type veth peer name vx netns {peer}"
+                ));
+                sh("sysctl -qw net.ipv4.conf.all.rp_filter=0");
+                sh("ip addr add 10.99.0.1/24 dev vx && ip link set vx up");
+                sh(&format!(
+                    "ip -n {peer} addr add 10.99.0.2/24 dev vx && ip -n {peer} link set vx up && \
+                     ip -n {peer} link set lo up && \
+                     ip netns exec {peer} sysctl -qw net.ipv4.ip_forward=1 && \
+                     ip -n {peer} link add name ext type veth peer name ext netns {other} && \
+                     ip -n {peer} addr add 198.51.100.2/24 dev ext && ip -n {peer} link set ext up && \
+                     ip -n {other} addr add 198.51.100.100/24 dev ext && ip -n {other} link set ext up && \
+                     ip -n {other} route add default via 198.51.100.2"
+                ));
+                sh("ip rule add fwmark 0x01000000/0xff000000 table 100 priority 100");
+                sh("ip route add default via 10.99.0.2 dev vx onlink table 100");
+                let prober = Prober::start("vx", Duration::from_millis(20));
+                prober.set_targets(&[Target {
+                    node: "peer".into(),
+                    addr: "10.99.0.2".parse().unwrap(),
+                }]);
+                let eip: IpAddr = "198.51.100.100".parse().unwrap();
+                prober.set_holder_targets(&[HolderTarget {
+                    node: "peer".into(),
+                    via: "10.99.0.2".parse().unwrap(),
+                    mark: 0x0100_0000,
+                    eip,
+                }]);
+                let within = Duration::from_millis(200);
+                let misses = 3;
+                let holds = || {
+                    prober
+                        .holders(misses, within)
+                        .get(&eip)
+                        .is_some_and(|n| n.contains("peer"))
+                };
+                let wait_for = |want: bool| {
+                    let deadline = Instant::now() + Duration::from_secs(3);
+                    while holds() != want {
+                        if Instant::now() > deadline {
+                            return false;
+                        }
+                        thread::sleep(Duration::from_millis(20));
+                    }
+                    true
+                };
+                thread::sleep(Duration::from_millis(500));
+                assert!(
+                    prober.live(misses, within).contains("peer"),
+                    "the peer answers its probes"
+                );
+                // The other host answers for the EIP, but the question
+                // never reaches it: the peer does not forward it.
+                assert!(!holds(), "the peer does not hold the EIP");
+                sh(&format!(
+                    "ip -n {other} addr del 198.51.100.100/24 dev ext && \
+                     ip -n {peer} addr add 198.51.100.100/32 dev ext"
+                ));
+                assert!(wait_for(true), "the peer holds the EIP now");
+                sh(&format!(
+                    "ip -n {peer} addr del 198.51.100.100/32 dev ext && \
+                     ip -n {other} addr add 198.51.100.100/24 dev ext && \
+                     ip -n {other} route replace default via 198.51.100.2"
+                ));
+                assert!(wait_for(false), "the peer gave the EIP up");
+                thread::sleep(Duration::from_millis(300));
+                assert!(
+                    !holds(),
+                    "the other host's answers never count for the peer"
+                );
+            });
+            sh(&format!("ip netns del {peer}; ip netns del {other}"));
+            if let Err(e) = result {
+                std::panic::resume_unwind(e);
+            }
+        });
     }
 }

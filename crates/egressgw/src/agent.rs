@@ -23,6 +23,7 @@ use anyhow::Context;
 use egressgw_api::EgressTunnel;
 use egressgw_api::tunnel::{
     EgressTunnelStatus, TunnelEip, TunnelEipState, TunnelEndpoint, TunnelParent, TunnelPhase,
+    TunnelUnreachable,
 };
 use egressgw_core::model::Config;
 use egressgw_core::state::NodeState;
@@ -349,9 +350,8 @@ impl Agent {
         let Some((planned, underlay)) = self.planned.clone() else {
             return false;
         };
-        let live = self.liveness.live();
-        let last_answers = self.liveness.last_answers();
-        let resolved = self.memory.resolve(&planned, &live, &last_answers).await;
+        let sight = self.liveness.sight();
+        let resolved = self.memory.resolve(&planned, &sight).await;
         let state = &resolved.state;
         let started = Instant::now();
         let report = self.dataplane.reconcile(state).await;
@@ -373,8 +373,9 @@ impl Agent {
             "last": report,
             "eips": state.eips,
             "failover": {
-                "peers": last_answers,
-                "live": live,
+                "peers": sight.last_answers,
+                "live": sight.live,
+                "holders": sight.holders,
                 "quorum": { "reached": resolved.quorum.reached, "total": resolved.quorum.total },
                 "targets": resolved.targets,
                 "inUse": in_use,
@@ -456,6 +457,17 @@ impl Agent {
             mark: None,
             last_heartbeat_time: None,
             eips,
+            unreachable: self
+                .memory
+                .unreachable
+                .values()
+                .map(|u| TunnelUnreachable {
+                    gateway: u.gateway.clone(),
+                    eip: u.eip.map(|ip| ip.to_string()),
+                    fail_closed: u.fail_closed,
+                    since: Some(Time(u.since)),
+                })
+                .collect(),
         };
         let unchanged = self
             .reported

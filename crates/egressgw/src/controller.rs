@@ -159,6 +159,7 @@ async fn controller(args: &ControllerArgs, config: Config) -> anyhow::Result<()>
         health,
         unavailable: BTreeSet::new(),
         invalid_reported: HashMap::new(),
+        unreachable_reported: BTreeMap::new(),
     };
     let mut last_run = Instant::now();
     let mut pending = true;
@@ -243,6 +244,9 @@ struct Control {
     unavailable: BTreeSet<String>,
     /// Invalid objects already reported by an Event, with their problems.
     invalid_reported: HashMap<(String, Option<String>, String), Vec<String>>,
+    /// Traffic the agents report with no live gateway node, as last
+    /// reported by an Event: (node, gateway, EIP) -> failClosed.
+    unreachable_reported: BTreeMap<(String, String, Option<String>), bool>,
 }
 
 impl Control {
@@ -285,6 +289,7 @@ impl Control {
         ok &= self.write_gateways(&plan.status).await;
         self.report_moves(&snapshot, &plan.status).await;
         self.report_invalid(&snapshot).await;
+        self.report_unreachable(&plan.status).await;
         let eips: BTreeMap<String, String> = plan
             .status
             .eip_nodes
@@ -400,6 +405,7 @@ impl Control {
                 mark: current.mark,
                 last_heartbeat_time: None,
                 eips: Vec::new(),
+                unreachable: Vec::new(),
             };
             if existing.is_some() && current_alloc == wanted {
                 continue;
@@ -539,6 +545,79 @@ impl Control {
                 }
             }
         }
+    }
+
+    /// An Event on the gateway and the policies concerned whenever an
+    /// agent reports that its node's selected traffic has no live gateway
+    /// node any more (Warning, saying whether it is dropped or leaves with
+    /// the node's address) or has one again (Normal).
+    async fn report_unreachable(&mut self, status: &ClusterStatus) {
+        let mut now = BTreeMap::new();
+        for tunnel in self.stores.tunnels.state() {
+            let Some(node) = tunnel.metadata.name.clone() else {
+                continue;
+            };
+            for u in tunnel.status.iter().flat_map(|s| &s.unreachable) {
+                now.insert(
+                    (node.clone(), u.gateway.clone(), u.eip.clone()),
+                    u.fail_closed,
+                );
+            }
+        }
+        let mut notes = Vec::new();
+        for (key @ (node, gateway, eip), fail_closed) in &now {
+            if self.unreachable_reported.get(key) == Some(fail_closed) {
+                continue;
+            }
+            let what = eip.as_ref().map_or_else(
+                || "its useNodeIP traffic".to_owned(),
+                |ip| format!("EIP {ip}"),
+            );
+            let outcome = if *fail_closed {
+                "its selected traffic is dropped (failClosed)".to_owned()
+            } else {
+                format!(
+                    "its selected traffic leaves with node {node}'s own address (failClosed: false)"
+                )
+            };
+            let note =
+                format!("node {node} reaches no gateway node of {gateway} for {what}: {outcome}");
+            notes.push((EventType::Warning, "NoLiveGateway", gateway, eip, note));
+        }
+        for (node, gateway, eip) in self.unreachable_reported.keys() {
+            if now
+                .keys()
+                .any(|(n, g, e)| (n, g, e) == (node, gateway, eip))
+            {
+                continue;
+            }
+            let what = eip.as_ref().map_or_else(
+                || "its useNodeIP traffic".to_owned(),
+                |ip| format!("EIP {ip}"),
+            );
+            let note = format!("node {node} reaches a gateway node of {gateway} for {what} again");
+            notes.push((EventType::Normal, "GatewayReachable", gateway, eip, note));
+        }
+        for (type_, reason, gateway, eip, note) in notes {
+            if type_ == EventType::Warning {
+                tracing::warn!("{note}");
+            } else {
+                tracing::info!("{note}");
+            }
+            if let Some(object) = self.stores.gateways.get(&ObjectRef::new(gateway)) {
+                self.event(&object.object_ref(&()), type_, reason, note.clone())
+                    .await;
+            }
+            let Some(ip) = eip.as_ref().and_then(|ip| ip.parse::<IpAddr>().ok()) else {
+                continue;
+            };
+            for policy in users_of(status, ip) {
+                if let Some(reference) = self.policy_ref(&policy) {
+                    self.event(&reference, type_, reason, note.clone()).await;
+                }
+            }
+        }
+        self.unreachable_reported = now;
     }
 
     /// A Warning Event on each invalid policy, once per set of problems.

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use egressgw_core::failover::{self, Resolved, View};
 use egressgw_core::state::NodeState;
 use egressgw_dataplane::announce;
-use egressgw_dataplane::probe::{Prober, Target};
+use egressgw_dataplane::probe::{HolderTarget, Prober, Target};
 use tokio::sync::Notify;
 
 /// How often the liveness view is read.
@@ -65,8 +65,9 @@ impl ProbeArgs {
 pub struct Liveness {
     prober: Prober,
     down_after: Duration,
-    /// The set as the watcher last saw it.
-    seen: Mutex<BTreeSet<String>>,
+    misses: u32,
+    /// The live set and the holders found, as the watcher last saw them.
+    seen: Mutex<(BTreeSet<String>, Holders)>,
     /// Woken whenever the set changes.
     pub changed: Notify,
 }
@@ -77,7 +78,8 @@ impl Liveness {
         Arc::new(Liveness {
             prober: Prober::start(device, args.interval()),
             down_after: args.down_after(),
-            seen: Mutex::new(BTreeSet::new()),
+            misses: args.probe_misses,
+            seen: Mutex::new((BTreeSet::new(), BTreeMap::new())),
             changed: Notify::new(),
         })
     }
@@ -89,19 +91,22 @@ impl Liveness {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let now = self.live();
-            let mut live = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
-            if *live != now {
-                let gone: Vec<&String> = live.difference(&now).collect();
-                let back: Vec<&String> = now.difference(&live).collect();
+            let now = (self.live(), self.holders());
+            let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+            if *seen != now {
+                let gone: Vec<&String> = seen.0.difference(&now.0).collect();
+                let back: Vec<&String> = now.0.difference(&seen.0).collect();
                 if !gone.is_empty() {
                     tracing::warn!(?gone, "peers stopped answering through the tunnel");
                 }
                 if !back.is_empty() {
                     tracing::info!(?back, "peers answer through the tunnel");
                 }
-                *live = now;
-                drop(live);
+                if seen.1 != now.1 {
+                    tracing::info!(holders = ?now.1, "EIP holders found through the tunnel");
+                }
+                *seen = now;
+                drop(seen);
                 self.changed.notify_one();
             }
         }
@@ -121,12 +126,51 @@ impl Liveness {
             })
             .collect();
         self.prober.set_targets(&targets);
+        // Which candidate holds each EIP this node sends traffic to.
+        let sourced: BTreeSet<u32> = state.classify.iter().filter_map(|e| e.group).collect();
+        let questions: Vec<HolderTarget> = state
+            .groups
+            .iter()
+            .filter(|g| sourced.contains(&g.id))
+            .filter_map(|g| Some((g, g.eip?)))
+            .flat_map(|(g, eip)| {
+                g.candidates.iter().filter_map(move |c| {
+                    let peer = state.peers.iter().find(|p| p.node == c.node)?;
+                    let via = match eip {
+                        IpAddr::V4(_) => IpAddr::V4(peer.ipv4?),
+                        IpAddr::V6(_) => IpAddr::V6(peer.ipv6?),
+                    };
+                    Some(HolderTarget {
+                        node: c.node.clone(),
+                        via,
+                        mark: c.mark,
+                        eip,
+                    })
+                })
+            })
+            .collect();
+        self.prober.set_holder_targets(&questions);
+    }
+
+    /// What the probes show now.
+    pub fn sight(&self) -> Sight {
+        Sight {
+            live: self.live(),
+            holders: self.holders(),
+            last_answers: self.last_answers(),
+        }
+    }
+
+    /// For each EIP this node sends traffic to, the candidates whose
+    /// kernels answered for it within the time a peer may stay silent.
+    pub fn holders(&self) -> Holders {
+        self.prober.holders(self.misses, self.down_after)
     }
 
     /// The peers alive now (a peer just added counts as alive until it
     /// has had its time to answer).
     pub fn live(&self) -> BTreeSet<String> {
-        self.prober.live(self.down_after)
+        self.prober.live(self.misses, self.down_after)
     }
 
     /// How long ago each peer last answered, in milliseconds (`None`: never).
@@ -137,6 +181,20 @@ impl Liveness {
             .map(|(n, d)| (n, d.map(|d| d.as_millis())))
             .collect()
     }
+}
+
+/// For each EIP, the peers found holding it.
+pub type Holders = BTreeMap<IpAddr, BTreeSet<String>>;
+
+/// What this node's probes show.
+#[derive(Debug, Clone, Default)]
+pub struct Sight {
+    /// Peers that answer through the tunnel.
+    pub live: BTreeSet<String>,
+    /// For each EIP, the peers found holding it.
+    pub holders: Holders,
+    /// How long ago each peer last answered, in milliseconds (`None`: never).
+    pub last_answers: BTreeMap<String, Option<u128>>,
 }
 
 /// An EIP found answered for by another host.
@@ -180,18 +238,31 @@ pub struct Memory {
     pub in_use: BTreeMap<IpAddr, InUse>,
     /// Where each group went at the last resolve.
     pub targets: BTreeMap<String, String>,
+    /// Groups this node sends selected traffic to that have no live
+    /// candidate, by key.
+    pub unreachable: BTreeMap<String, Unreachable>,
+}
+
+/// A group of this node's selected traffic with no live candidate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unreachable {
+    pub gateway: String,
+    pub eip: Option<IpAddr>,
+    /// Dropped (true) or sent with the node's own address (false).
+    pub fail_closed: bool,
+    pub since: k8s_openapi::jiff::Timestamp,
 }
 
 impl Memory {
     /// Resolves `planned` against `live`, asking the segment about every
     /// EIP this node should take over (and again about those found in use
     /// a while ago) before it counts as held.
-    pub async fn resolve(
-        &mut self,
-        planned: &NodeState,
-        live: &BTreeSet<String>,
-        last_answers: &BTreeMap<String, Option<u128>>,
-    ) -> Resolved {
+    pub async fn resolve(&mut self, planned: &NodeState, sight: &Sight) -> Resolved {
+        let Sight {
+            live,
+            holders,
+            last_answers,
+        } = sight;
         let held: BTreeSet<IpAddr> = self.held.keys().copied().collect();
         let fresh: BTreeSet<IpAddr> = self
             .in_use
@@ -206,6 +277,7 @@ impl Memory {
                 held: &held,
                 in_use: &fresh,
                 previous: &self.targets,
+                holders,
             },
         );
         for ip in &first.claims {
@@ -276,6 +348,7 @@ impl Memory {
                 held: &held,
                 in_use: &in_use,
                 previous: &self.targets,
+                holders,
             },
         );
         for (ip, why) in &resolved.released {
@@ -285,17 +358,13 @@ impl Memory {
         // Claims still open here were refused above; they wait for the next run.
         for (key, target) in &resolved.targets {
             let before = self.targets.get(key);
-            if before != target.as_ref() {
-                match target {
-                    Some(node) => {
-                        tracing::info!(group = key, to = node, from = ?before, "sending the group's traffic to a new node");
-                    }
-                    None => {
-                        tracing::warn!(group = key, from = ?before, "no live node for the group");
-                    }
-                }
+            if before != target.as_ref()
+                && let Some(node) = target
+            {
+                tracing::info!(group = key, to = node, from = ?before, "sending the group's traffic to a new node");
             }
         }
+        self.note_unreachable(planned, &resolved);
         self.targets = resolved
             .targets
             .iter()
@@ -307,11 +376,140 @@ impl Memory {
         resolved
     }
 
+    /// Follows which groups of this node's selected traffic have no live
+    /// candidate, and says so when that changes.
+    fn note_unreachable(&mut self, planned: &NodeState, resolved: &Resolved) {
+        let sourced: BTreeSet<u32> = planned.classify.iter().filter_map(|e| e.group).collect();
+        let mut now = BTreeMap::new();
+        for group in planned.groups.iter().filter(|g| sourced.contains(&g.id)) {
+            if !matches!(resolved.targets.get(&group.key), Some(None)) {
+                continue;
+            }
+            let unreachable = match self.unreachable.remove(&group.key) {
+                Some(known) if known.fail_closed == group.fail_closed => known,
+                _ => {
+                    let what = if group.fail_closed {
+                        "dropped (failClosed)"
+                    } else {
+                        "sent with this node's own address (failClosed: false)"
+                    };
+                    tracing::warn!(
+                        group = group.key,
+                        "no candidate node of the group answers: its selected traffic is {what}"
+                    );
+                    Unreachable {
+                        gateway: group.gateway.clone(),
+                        eip: group.eip,
+                        fail_closed: group.fail_closed,
+                        since: k8s_openapi::jiff::Timestamp::now(),
+                    }
+                }
+            };
+            now.insert(group.key.clone(), unreachable);
+        }
+        for key in self.unreachable.keys() {
+            if resolved.targets.get(key).is_some_and(Option::is_some) {
+                tracing::info!(group = key, "a candidate node of the group answers again");
+            }
+        }
+        self.unreachable = now;
+    }
+
     /// When the loop should run again to ask the segment anew.
     pub fn recheck_in(&self) -> Option<Duration> {
         self.in_use
             .values()
             .map(|u| u.recheck_every().saturating_sub(u.checked.elapsed()))
             .min()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use egressgw_core::state::{Action, Candidate, ClassifyEntry, Group};
+
+    use super::*;
+
+    fn group(id: u32, key: &str, fail_closed: bool) -> Group {
+        Group {
+            id,
+            key: key.to_owned(),
+            gateway: "gw".to_owned(),
+            eip: Some(IpAddr::from([
+                198,
+                51,
+                100,
+                100 + u8::try_from(id).unwrap(),
+            ])),
+            candidates: vec![Candidate {
+                node: "g1".to_owned(),
+                mark: 0x0100_0000,
+            }],
+            fail_closed,
+        }
+    }
+
+    fn resolved(planned: &NodeState, dead: &[&str]) -> Resolved {
+        let mut targets = BTreeMap::new();
+        for g in &planned.groups {
+            let live = g
+                .candidates
+                .iter()
+                .find(|c| !dead.contains(&c.node.as_str()));
+            targets.insert(g.key.clone(), live.map(|c| c.node.clone()));
+        }
+        Resolved {
+            state: planned.clone(),
+            targets,
+            claims: Vec::new(),
+            released: Vec::new(),
+            quorum: failover::Quorum {
+                reached: 1,
+                total: 2,
+            },
+        }
+    }
+
+    #[test]
+    fn only_groups_this_node_sends_traffic_to_are_reported_unreachable_with_their_outcome() {
+        let mut planned = NodeState {
+            node: "n1".to_owned(),
+            groups: vec![
+                group(0, "gw/a", true),
+                group(1, "gw/b", false),
+                group(2, "gw/c", true),
+            ],
+            ..NodeState::default()
+        };
+        // n1 sends traffic to groups 0 and 1; group 2 only passes through.
+        for id in [0, 1] {
+            planned.classify.push(ClassifyEntry {
+                src: IpAddr::from([10, 244, 1, 5]),
+                dst: "203.0.113.0/24".parse().unwrap(),
+                action: Action::Local,
+                policy: None,
+                group: Some(id),
+            });
+        }
+        let mut memory = Memory::default();
+        memory.note_unreachable(&planned, &resolved(&planned, &["g1"]));
+        let keys: Vec<&str> = memory.unreachable.keys().map(String::as_str).collect();
+        assert_eq!(keys, ["gw/a", "gw/b"]);
+        assert!(memory.unreachable["gw/a"].fail_closed);
+        assert!(!memory.unreachable["gw/b"].fail_closed);
+        let since = memory.unreachable["gw/a"].since;
+
+        // Still down: the same finding, since when it began.
+        memory.note_unreachable(&planned, &resolved(&planned, &["g1"]));
+        assert_eq!(memory.unreachable["gw/a"].since, since);
+
+        // The gateway switches to failing open: said anew.
+        planned.groups[0].fail_closed = false;
+        memory.note_unreachable(&planned, &resolved(&planned, &["g1"]));
+        assert!(!memory.unreachable["gw/a"].fail_closed);
+
+        // A candidate answers again: nothing is unreachable.
+        memory.note_unreachable(&planned, &resolved(&planned, &[]));
+        assert!(memory.unreachable.is_empty());
     }
 }

@@ -479,6 +479,7 @@ pub fn fail_closed_drops_what_has_no_live_gateway_and_fail_open_says_so(
     );
     let dropped = unanswered(&samples);
     ensure!(dropped > 0, "node-1 was down, yet every probe was answered");
+    let closed_note = no_live_gateway_note(run, eip, "dropped (failClosed)")?;
     // Failing open, the same outage lets the traffic out the normal way.
     run.apply(&gateway(false))?;
     eventually(
@@ -496,14 +497,64 @@ pub fn fail_closed_drops_what_has_no_live_gateway_and_fail_open_says_so(
             }
         },
     )?;
+    let open_note = no_live_gateway_note(run, eip, "node-2's own address (failClosed: false)")?;
     run.node_links("node-1", true)?;
     run.expect_all(&["web-2"], Expect::Source(eip))?;
+    eventually("a GatewayReachable Event on the policy", SETTLE, || {
+        let notes = run
+            .event_notes(Some(TEAM_A), "EgressPolicy", "web", "GatewayReachable")
+            .map_err(|e| format!("{e:#}"))?;
+        notes
+            .iter()
+            .any(|n| n.contains("node node-2") && n.contains(&eip.to_string()))
+            .then_some(())
+            .ok_or_else(|| format!("notes: {notes:?}"))
+    })?;
     run.note(format!(
         "node-1, the only gateway node, down: failing closed, {dropped} of {} probes from web-2 dropped, \
-         none seen from another address; failing open, web-2 left as {normal}",
+         none seen from another address; failing open, web-2 left as {normal}; Events said \
+         \"{closed_note}\", then \"{open_note}\"",
         samples.len()
     ));
     Ok(())
+}
+
+/// Waits for node-2's `EgressTunnel` to list `eip` as unreachable and for
+/// a `NoLiveGateway` Event on the policy team-a/web saying `outcome`;
+/// returns the Event's note.
+fn no_live_gateway_note(run: &Run, eip: Ipv4Addr, outcome: &str) -> anyhow::Result<String> {
+    let fail_closed = outcome.contains("dropped");
+    eventually(
+        "node-2's EgressTunnel to list the EIP as unreachable",
+        SETTLE,
+        || {
+            let tunnel = run
+                .get("egresstunnel", None, "node-2")
+                .map_err(|e| format!("{e:#}"))?;
+            let listed = tunnel["status"]["unreachable"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            listed
+                .iter()
+                .any(|u| u["eip"] == eip.to_string() && u["failClosed"] == fail_closed)
+                .then_some(())
+                .ok_or_else(|| format!("status.unreachable: {listed:?}"))
+        },
+    )?;
+    eventually("a NoLiveGateway Event on the policy", SETTLE, || {
+        let notes = run
+            .event_notes(Some(TEAM_A), "EgressPolicy", "web", "NoLiveGateway")
+            .map_err(|e| format!("{e:#}"))?;
+        notes
+            .iter()
+            .rev()
+            .find(|n| {
+                n.contains("node node-2") && n.contains(&eip.to_string()) && n.contains(outcome)
+            })
+            .cloned()
+            .ok_or_else(|| format!("notes: {notes:?}"))
+    })
 }
 
 pub fn a_gateway_without_a_snat_entry_drops_instead_of_leaking_the_node_address(
@@ -516,7 +567,9 @@ pub fn a_gateway_without_a_snat_entry_drops_instead_of_leaking_the_node_address(
     let netns = run.lab.node(&held_by)?.netns.clone();
     // The moment before a gateway's plan arrives: it gets the tunnel's
     // traffic but has no SNAT entry for it. The lab's CNI masquerade would
-    // send it out with the node's address.
+    // send it out with the node's address. The agent is frozen meanwhile,
+    // or its next reconcile would put the entries back.
+    run.freeze_agent(&held_by, true)?;
     crate::lab::cmd::run(
         "ip",
         &[
@@ -535,6 +588,7 @@ pub fn a_gateway_without_a_snat_entry_drops_instead_of_leaking_the_node_address(
     let seen: Vec<Seen> = (0..3)
         .map(|_| super::traffic::whoami(&web3, run.target()))
         .collect();
+    run.freeze_agent(&held_by, false)?;
     let leaked: Vec<String> = seen
         .iter()
         .filter_map(|s| match s {
@@ -546,8 +600,11 @@ pub fn a_gateway_without_a_snat_entry_drops_instead_of_leaking_the_node_address(
         leaked.is_empty(),
         "with {held_by}'s SNAT entries gone, web-3's traffic left as {leaked:?}"
     );
+    // Thawed, the agent puts the entries back.
+    run.expect_all(&["web-3"], Expect::Source(eip))?;
     run.note(format!(
-        "{held_by}'s SNAT entries flushed by hand: web-3's 3 probes got no answer, none left with another address"
+        "{held_by}'s SNAT entries flushed by hand (its agent frozen): web-3's 3 probes got no answer, \
+         none left with another address; thawed, the agent restored them"
     ));
     Ok(())
 }

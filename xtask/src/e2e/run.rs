@@ -36,6 +36,8 @@ pub enum Undo {
     Thaw(String),
     /// Thaw the frozen controller pods.
     ThawControllers,
+    /// Thaw a node's frozen agent.
+    ThawAgent(String),
     /// Set a node's underlay link up again.
     UnderlayUp(String),
 }
@@ -167,6 +169,43 @@ impl<'a> Run<'a> {
         serde_json::from_str(&text).with_context(|| format!("parsing {kind} {name}"))
     }
 
+    /// The notes of the Events (`events.k8s.io/v1`) with `reason` about
+    /// the object `kind`/`name` in `namespace` (cluster-scoped objects'
+    /// Events are in `default`), oldest first.
+    pub fn event_notes(
+        &self,
+        namespace: Option<&str>,
+        kind: &str,
+        name: &str,
+        reason: &str,
+    ) -> anyhow::Result<Vec<String>> {
+        let text = self.lab.kubectl.run(&[
+            "get",
+            "events.events.k8s.io",
+            "--namespace",
+            namespace.unwrap_or("default"),
+            "-o",
+            "json",
+        ])?;
+        let list: Value = serde_json::from_str(&text).context("parsing the Event list")?;
+        let mut events: Vec<(String, String)> = list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|e| {
+                e["reason"] == reason
+                    && e["regarding"]["kind"] == kind
+                    && e["regarding"]["name"] == name
+            })
+            .map(|e| {
+                let at = e["eventTime"].as_str().unwrap_or_default().to_owned();
+                (at, e["note"].as_str().unwrap_or_default().to_owned())
+            })
+            .collect();
+        events.sort();
+        Ok(events.into_iter().map(|(_, note)| note).collect())
+    }
+
     // ---- the lab ----
 
     pub fn add_pod(
@@ -211,6 +250,14 @@ impl<'a> Run<'a> {
             self.undo.push(Undo::ThawControllers);
         }
         egressgw::freeze_controllers(self.lab, frozen)
+    }
+
+    /// Freezes or thaws the agent of `node` (its kernel state stays).
+    pub fn freeze_agent(&mut self, node: &str, frozen: bool) -> anyhow::Result<u32> {
+        if frozen {
+            self.undo.push(Undo::ThawAgent(node.to_owned()));
+        }
+        egressgw::freeze_agent(self.lab, node, frozen)
     }
 
     pub fn kill_agent(&mut self, node: &str) -> anyhow::Result<u32> {
@@ -362,6 +409,7 @@ impl<'a> Run<'a> {
                     egressgw::freeze_control_plane(self.lab, process, false).map(drop)
                 }
                 Undo::ThawControllers => egressgw::freeze_controllers(self.lab, false).map(drop),
+                Undo::ThawAgent(node) => egressgw::freeze_agent(self.lab, node, false).map(drop),
                 Undo::UnderlayUp(node) => self.node_underlay(node, true),
             };
             if let Err(e) = result {

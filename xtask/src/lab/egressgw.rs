@@ -446,6 +446,18 @@ pub fn freeze_controllers(lab: &Lab, frozen: bool) -> anyhow::Result<Vec<u32>> {
     Ok(pids)
 }
 
+/// Freezes (SIGSTOP) or thaws (SIGCONT) the agent of `node`; returns its pid.
+pub fn freeze_agent(lab: &Lab, node: &str, frozen: bool) -> anyhow::Result<u32> {
+    let pod = agent_pod(lab, node)?;
+    let pid = pod
+        .containers
+        .first()
+        .and_then(|c| c.pid)
+        .with_context(|| format!("the agent of {node} is not running"))?;
+    signal(pid, frozen).with_context(|| format!("signalling the agent of {node} (pid {pid})"))?;
+    Ok(pid)
+}
+
 fn signal(pid: u32, frozen: bool) -> anyhow::Result<()> {
     let sig = if frozen { "STOP" } else { "CONT" };
     cmd::run("kill", &["-s", sig, &pid.to_string()]).map(drop)

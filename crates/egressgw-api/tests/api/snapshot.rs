@@ -41,6 +41,7 @@ fn a_node_with_a_true_ready_condition_is_ready_with_its_internal_ips_and_pod_cid
     assert_eq!(n.name, "n1");
     assert!(n.ready);
     assert_eq!(n.addresses, vec![ip("192.168.1.11"), ip("fd00::11")]);
+    assert_eq!(n.external_addresses, vec![ip("203.0.113.1")]);
     assert_eq!(
         n.pod_cidrs,
         vec![

@@ -6,9 +6,13 @@
 //! probes its peers through the tunnel (answered by their kernels, so a dead
 //! agent on a live node is not a dead gateway) and [`resolve`]s the plan
 //! with what it sees; no API server is involved:
-//! - a source sends a group's traffic to the first live candidate, and keeps
-//!   sending it where it went last while that node lives (a recovered node
-//!   does not pull traffic back);
+//! - a source sends a group's traffic to the live candidate it finds
+//!   holding the EIP (it asks the candidates' kernels through the tunnel,
+//!   see [`View::holders`]); while none is found, to where it went last if
+//!   that node lives (a recovered node does not pull traffic back), else to
+//!   the first live candidate. A source that moved on a passing hiccup
+//!   thus comes back to the holder instead of staying with a node that
+//!   cannot send its traffic out;
 //! - a holder keeps its EIP while it reaches at least half of the nodes
 //!   (itself included) and stays a candidate; below that it is cut off and
 //!   gives the EIP up (fencing), before any other node may take it;
@@ -38,6 +42,9 @@ pub struct View<'a> {
     pub in_use: &'a BTreeSet<IpAddr>,
     /// Where each group (by [`Group::key`]) went at the last resolve.
     pub previous: &'a BTreeMap<String, String>,
+    /// For each EIP, the peers found holding it just now (their kernels
+    /// answered for the EIP through the tunnel).
+    pub holders: &'a BTreeMap<IpAddr, BTreeSet<String>>,
 }
 
 /// How many nodes this node reaches, itself included, of how many.
@@ -104,8 +111,23 @@ pub fn resolve(planned: &NodeState, view: View<'_>) -> Resolved {
         let index = |node: &str| group.candidates.iter().position(|c| c.node == node);
         let mine = index(me);
         let holds = group.eip.is_some_and(|ip| view.held.contains(&ip));
+        let holding = group
+            .eip
+            .and_then(|ip| view.holders.get(&ip))
+            .filter(|nodes| !nodes.is_empty());
+        let found_holder = || {
+            let holding = holding?;
+            let live_holder = |n: &String| n.as_str() != me && alive(n) && holding.contains(n);
+            view.previous
+                .get(&group.key)
+                .filter(|n| live_holder(n))
+                .and_then(|n| index(n))
+                .or_else(|| group.candidates.iter().position(|c| live_holder(&c.node)))
+        };
         let target = if holds && mine.is_some() && quorum.may_keep() {
             mine
+        } else if let Some(found) = found_holder() {
+            Some(found)
         } else {
             let sticky = view
                 .previous

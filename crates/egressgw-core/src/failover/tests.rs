@@ -89,6 +89,7 @@ struct Seen {
     held: BTreeSet<IpAddr>,
     in_use: BTreeSet<IpAddr>,
     previous: BTreeMap<String, String>,
+    holders: BTreeMap<IpAddr, BTreeSet<String>>,
 }
 
 impl Seen {
@@ -98,6 +99,7 @@ impl Seen {
             held: BTreeSet::new(),
             in_use: BTreeSet::new(),
             previous: BTreeMap::new(),
+            holders: BTreeMap::new(),
         }
     }
 
@@ -112,6 +114,7 @@ impl Seen {
             held: &self.held,
             in_use: &self.in_use,
             previous: &self.previous,
+            holders: &self.holders,
         }
     }
 }
@@ -219,6 +222,55 @@ fn a_standby_that_took_over_keeps_the_eip_when_the_first_node_returns() {
             gateway: "c".into(),
             mark: mark("c")
         }
+    );
+}
+
+#[test]
+fn a_source_that_moved_on_a_hiccup_returns_to_the_candidate_holding_the_eip() {
+    let key = format!("gw/{EIP}");
+    let source = planned("a", &["a", "b", "c"], &["b", "c"], true);
+    // b missed a few probes: a moved to c, which does not hold the EIP.
+    let mut seen = Seen::new(&["b", "c"]);
+    seen.previous.insert(key.clone(), "c".into());
+    // Nothing known about holders: a stays where it went.
+    assert_eq!(
+        resolve(&source, seen.view()).targets[&key],
+        Some("c".to_owned())
+    );
+    // b answers for the EIP: back to b.
+    seen.holders.insert(ip(EIP), set(&["b"]));
+    let out = resolve(&source, seen.view());
+    assert_eq!(out.targets[&key], Some("b".to_owned()));
+    assert_eq!(
+        action(&out.state),
+        &Action::Tunnel {
+            gateway: "b".into(),
+            mark: mark("b")
+        }
+    );
+    // A holder that does not answer its probes is not followed.
+    let mut seen = Seen::new(&["c"]);
+    seen.holders.insert(ip(EIP), set(&["b"]));
+    assert_eq!(
+        resolve(&source, seen.view()).targets[&key],
+        Some("c".to_owned())
+    );
+    // Two answer for it for a moment (a takeover under way): the one the
+    // traffic goes to already stays.
+    let mut seen = Seen::new(&["b", "c"]);
+    seen.holders.insert(ip(EIP), set(&["b", "c"]));
+    seen.previous.insert(key.clone(), "c".into());
+    assert_eq!(
+        resolve(&source, seen.view()).targets[&key],
+        Some("c".to_owned())
+    );
+    // A holder's own decision is not changed by what others answer.
+    let holder = planned("b", &["a", "b", "c"], &["b", "c"], true);
+    let mut seen = Seen::new(&["a", "c"]).holding();
+    seen.holders.insert(ip(EIP), set(&["c"]));
+    assert_eq!(
+        resolve(&holder, seen.view()).targets[&key],
+        Some("b".to_owned())
     );
 }
 

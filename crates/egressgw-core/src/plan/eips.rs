@@ -34,7 +34,20 @@ pub(super) fn allocate<'a>(
     gateways: &Gateways<'a>,
     cluster: &[IpNet],
 ) -> Vec<Work<'a>> {
-    let in_cluster = |ip: IpAddr| cluster.iter().find(|net| net.contains(&ip)).copied();
+    // Where an address is the cluster's own, said for a status message.
+    let in_cluster = |ip: IpAddr| -> Option<String> {
+        if let Some(net) = cluster.iter().find(|net| net.contains(&ip)) {
+            return Some(format!(
+                "lies in {net}, one of the cluster's own prefixes (pod, service, node or tunnel \
+                 addresses)"
+            ));
+        }
+        snapshot
+            .nodes
+            .iter()
+            .find(|n| n.external_addresses.contains(&ip))
+            .map(|n| format!("is node {}'s ExternalIP", n.name))
+    };
     let mut policies: Vec<&Policy> = snapshot.policies.iter().collect();
     // One policy per identity (the oldest copy), then oldest first.
     policies.sort_by(|a, b| (&a.id, &a.age).cmp(&(&b.id, &b.age)));
@@ -74,14 +87,10 @@ pub(super) fn allocate<'a>(
                     }
                     None => return None,
                 };
-                let net = in_cluster(ip)?;
+                let whose = in_cluster(ip)?;
                 Some((
                     Reason::EipInCluster,
-                    format!(
-                        "{field}: {ip} lies in {net}, one of the cluster's own prefixes (pod, \
-                         service, node or tunnel addresses); an EIP must be an address only \
-                         egressgw uses"
-                    ),
+                    format!("{field}: {ip} {whose}; an EIP must be an address only egressgw uses"),
                 ))
             })
         });
@@ -200,7 +209,7 @@ fn round_robin(
     families: &[Family],
     held: &mut HashSet<IpAddr>,
     keep_previous: bool,
-    in_cluster: &dyn Fn(IpAddr) -> Option<IpNet>,
+    in_cluster: &dyn Fn(IpAddr) -> Option<String>,
 ) {
     for family in families {
         let slot = fi(*family);

@@ -103,6 +103,17 @@ pub(super) fn resolve(snapshot: &Snapshot) -> Gateways<'_> {
                 }
             }
         }
+        for node in &snapshot.nodes {
+            for ip in &node.external_addresses {
+                if gw.pool(Family::of(*ip)).contains(*ip) {
+                    notes.push(format!(
+                        "spec.ippools.{}: {ip} is node {}'s ExternalIP: it is never handed out",
+                        Family::of(*ip),
+                        node.name
+                    ));
+                }
+            }
+        }
         if problem.is_none() && enabled.iter().all(|f| gw.pool(*f).is_empty()) {
             notes.push("it has no EIP pool for the enabled families, so only useNodeIP policies can use it".into());
         }

@@ -49,6 +49,7 @@ impl Cluster {
                 name: name.into(),
                 labels: labels(&[("egress", gw)]),
                 addresses: vec![ip(&format!("172.18.0.{}", 11 + i))],
+                external_addresses: Vec::new(),
                 pod_cidrs: vec![net(&format!("10.244.{}.0/24", i + 1))],
                 ready: true,
                 held_eips: Vec::new(),
@@ -654,6 +655,7 @@ fn a_recompute_moves_an_eip_only_where_the_data_plane_took_it_or_off_a_node_no_l
         name: "g0".into(),
         labels: labels(&[("egress", "true")]),
         addresses: vec![ip("172.18.0.10")],
+        external_addresses: Vec::new(),
         pod_cidrs: vec![net("10.244.0.0/24")],
         ready: true,
         held_eips: Vec::new(),
@@ -885,6 +887,7 @@ fn build_snapshot(
             name: format!("node-{i}"),
             labels: labels(&[("egress", if *gw { "true" } else { "false" })]),
             addresses: vec![IpAddr::from([172, 18, 0, 10 + i as u8])],
+            external_addresses: Vec::new(),
             pod_cidrs: vec![IpNet::new(IpAddr::from([10, 244, i as u8, 0]), 24).unwrap()],
             ready: *ready,
             held_eips: Vec::new(),
@@ -1362,6 +1365,45 @@ fn an_eip_inside_the_clusters_own_prefixes_is_never_handed_out() {
         .unwrap();
     assert!(
         gw.conditions[0].message.contains("never handed out"),
+        "{}",
+        gw.conditions[0].message
+    );
+}
+
+#[test]
+fn a_nodes_external_ip_is_never_an_eip() {
+    let mut c = Cluster::new()
+        .policy(with(policy("a", "own", "web"), |p| {
+            p.egress_ip.allocator = Allocator::RoundRobin;
+        }))
+        .policy(with(policy("a", "pinned", "web"), |p| {
+            p.egress_ip.ipv4 = Some("203.0.113.11".parse().unwrap());
+        }));
+    c.0.gateways[0] = gateway("gw", "203.0.113.10-203.0.113.12", true, 1);
+    c.0.nodes[1].external_addresses = vec![ip("203.0.113.11")];
+    let plan = c.plan();
+    refused(
+        &plan,
+        &PolicyRef::namespaced("a", "pinned"),
+        ConditionType::Allocated,
+        Reason::EipInCluster,
+        &["spec.egressIP.ipv4", "203.0.113.11", "node g1's ExternalIP"],
+    );
+    let rr = status(&plan, &PolicyRef::namespaced("a", "own")).eip_ipv4;
+    assert!(
+        rr.is_some() && rr != Some("203.0.113.11".parse().unwrap()),
+        "rr skips the ExternalIP: {rr:?}"
+    );
+    let gw = plan
+        .status
+        .gateways
+        .iter()
+        .find(|g| g.gateway == "gw")
+        .unwrap();
+    assert!(
+        gw.conditions[0]
+            .message
+            .contains("203.0.113.11 is node g1's ExternalIP"),
         "{}",
         gw.conditions[0].message
     );
