@@ -349,6 +349,7 @@ impl Control {
                             "the agent of node {name} has not renewed its Lease for {:.1} s; its EIPs move to other ready nodes",
                             self.agent_timeout.as_secs_f64()
                         ),
+                        None,
                     )
                     .await;
                 }
@@ -528,19 +529,27 @@ impl Control {
                 };
                 let note = format!("EIP {ip} moved from node {old} to node {new} ({why})");
                 tracing::warn!("{note}");
+                let related = self.tunnel_ref(new);
                 if let Some(object) = self.stores.gateways.get(&ObjectRef::new(&gateway.name)) {
                     self.event(
                         &object.object_ref(&()),
                         EventType::Normal,
                         "EipMoved",
                         note.clone(),
+                        related.clone(),
                     )
                     .await;
                 }
                 for policy in users_of(status, *ip) {
                     if let Some(reference) = self.policy_ref(&policy) {
-                        self.event(&reference, EventType::Normal, "EipMoved", note.clone())
-                            .await;
+                        self.event(
+                            &reference,
+                            EventType::Normal,
+                            "EipMoved",
+                            note.clone(),
+                            related.clone(),
+                        )
+                        .await;
                     }
                 }
             }
@@ -582,7 +591,12 @@ impl Control {
             };
             let note =
                 format!("node {node} reaches no gateway node of {gateway} for {what}: {outcome}");
-            notes.push((EventType::Warning, "NoLiveGateway", gateway, eip, note));
+            let reason = if *fail_closed {
+                "FailingClosed"
+            } else {
+                "FailingOpen"
+            };
+            notes.push((EventType::Warning, reason, node, gateway, eip, note));
         }
         for (node, gateway, eip) in self.unreachable_reported.keys() {
             if now
@@ -596,24 +610,39 @@ impl Control {
                 |ip| format!("EIP {ip}"),
             );
             let note = format!("node {node} reaches a gateway node of {gateway} for {what} again");
-            notes.push((EventType::Normal, "GatewayReachable", gateway, eip, note));
+            notes.push((
+                EventType::Normal,
+                "GatewayReachable",
+                node,
+                gateway,
+                eip,
+                note,
+            ));
         }
-        for (type_, reason, gateway, eip, note) in notes {
+        for (type_, reason, node, gateway, eip, note) in notes {
+            let related = self.tunnel_ref(node);
             if type_ == EventType::Warning {
                 tracing::warn!("{note}");
             } else {
                 tracing::info!("{note}");
             }
             if let Some(object) = self.stores.gateways.get(&ObjectRef::new(gateway)) {
-                self.event(&object.object_ref(&()), type_, reason, note.clone())
-                    .await;
+                self.event(
+                    &object.object_ref(&()),
+                    type_,
+                    reason,
+                    note.clone(),
+                    related.clone(),
+                )
+                .await;
             }
             let Some(ip) = eip.as_ref().and_then(|ip| ip.parse::<IpAddr>().ok()) else {
                 continue;
             };
             for policy in users_of(status, ip) {
                 if let Some(reference) = self.policy_ref(&policy) {
-                    self.event(&reference, type_, reason, note.clone()).await;
+                    self.event(&reference, type_, reason, note.clone(), related.clone())
+                        .await;
                 }
             }
         }
@@ -648,6 +677,7 @@ impl Control {
                             "ignored, its traffic is not steered: {}",
                             invalid.errors.join("; ")
                         ),
+                        None,
                     )
                     .await;
                 }
@@ -655,6 +685,14 @@ impl Control {
             seen.insert(key, invalid.errors.clone());
         }
         self.invalid_reported = seen;
+    }
+
+    /// The `EgressTunnel` of `node`, as an Event's related object.
+    fn tunnel_ref(&self, node: &str) -> Option<ObjectReference> {
+        self.stores
+            .tunnels
+            .get(&ObjectRef::new(node))
+            .map(|t| t.object_ref(&()))
     }
 
     fn policy_ref(&self, id: &PolicyRef) -> Option<ObjectReference> {
@@ -672,19 +710,23 @@ impl Control {
         }
     }
 
+    /// Publishes an Event. Events of the same type, reason and objects are
+    /// counted as a series of the first (the recorder's rule), so `related`
+    /// names the node an Event is about: each node's gets a series of its own.
     async fn event(
         &self,
         reference: &ObjectReference,
         type_: EventType,
         reason: &str,
         note: String,
+        related: Option<ObjectReference>,
     ) {
         let event = Event {
             type_,
             reason: reason.into(),
             note: Some(note),
             action: "Reconcile".into(),
-            secondary: None,
+            secondary: related,
         };
         if let Err(e) = self.recorder.publish(&event, reference).await {
             tracing::warn!(reason, error = %e, "cannot record an Event");

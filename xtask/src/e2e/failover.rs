@@ -479,7 +479,7 @@ pub fn fail_closed_drops_what_has_no_live_gateway_and_fail_open_says_so(
     );
     let dropped = unanswered(&samples);
     ensure!(dropped > 0, "node-1 was down, yet every probe was answered");
-    let closed_note = no_live_gateway_note(run, eip, "dropped (failClosed)")?;
+    let closed_note = no_live_gateway_note(run, eip, "FailingClosed", "dropped (failClosed)")?;
     // Failing open, the same outage lets the traffic out the normal way.
     run.apply(&gateway(false))?;
     eventually(
@@ -497,7 +497,12 @@ pub fn fail_closed_drops_what_has_no_live_gateway_and_fail_open_says_so(
             }
         },
     )?;
-    let open_note = no_live_gateway_note(run, eip, "node-2's own address (failClosed: false)")?;
+    let open_note = no_live_gateway_note(
+        run,
+        eip,
+        "FailingOpen",
+        "node-2's own address (failClosed: false)",
+    )?;
     run.node_links("node-1", true)?;
     run.expect_all(&["web-2"], Expect::Source(eip))?;
     eventually("a GatewayReachable Event on the policy", SETTLE, || {
@@ -520,10 +525,15 @@ pub fn fail_closed_drops_what_has_no_live_gateway_and_fail_open_says_so(
 }
 
 /// Waits for node-2's `EgressTunnel` to list `eip` as unreachable and for
-/// a `NoLiveGateway` Event on the policy team-a/web saying `outcome`;
-/// returns the Event's note.
-fn no_live_gateway_note(run: &Run, eip: Ipv4Addr, outcome: &str) -> anyhow::Result<String> {
-    let fail_closed = outcome.contains("dropped");
+/// a `reason` Event on the policy team-a/web saying `outcome`; returns the
+/// Event's note.
+fn no_live_gateway_note(
+    run: &Run,
+    eip: Ipv4Addr,
+    reason: &str,
+    outcome: &str,
+) -> anyhow::Result<String> {
+    let fail_closed = reason == "FailingClosed";
     eventually(
         "node-2's EgressTunnel to list the EIP as unreachable",
         SETTLE,
@@ -542,9 +552,9 @@ fn no_live_gateway_note(run: &Run, eip: Ipv4Addr, outcome: &str) -> anyhow::Resu
                 .ok_or_else(|| format!("status.unreachable: {listed:?}"))
         },
     )?;
-    eventually("a NoLiveGateway Event on the policy", SETTLE, || {
+    eventually(&format!("a {reason} Event on the policy"), SETTLE, || {
         let notes = run
-            .event_notes(Some(TEAM_A), "EgressPolicy", "web", "NoLiveGateway")
+            .event_notes(Some(TEAM_A), "EgressPolicy", "web", reason)
             .map_err(|e| format!("{e:#}"))?;
         notes
             .iter()

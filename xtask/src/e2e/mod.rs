@@ -107,14 +107,18 @@ pub fn run(args: &E2eArgs) -> anyhow::Result<ExitCode> {
     print_running(selected.len());
     let mut failures = Vec::new();
     for (index, (name, body)) in &selected {
+        let marks = LogMarks::take(&lab);
         if let Err(e) = run_one(&mut lab, *index, name, *body) {
-            failures.push((*name, e));
+            failures.push((*name, e, marks.digest()));
         }
     }
     if !failures.is_empty() {
         println!("\nfailures:");
-        for (name, e) in &failures {
+        for (name, e, digest) in &failures {
             println!("\n---- e2e::{name} ----\n{e:#}");
+            if !digest.is_empty() {
+                println!("what egressgw logged meanwhile (warnings and failover steps):\n{digest}");
+            }
         }
         show_daemon_logs(&lab);
         keep_logs(&lab);
@@ -246,6 +250,63 @@ fn keep_logs(lab: &Lab) {
     match copied {
         Ok(_) => println!("\nthe lab's logs are kept in {}", to.display()),
         Err(e) => println!("\ncould not keep the lab's logs: {e:#}"),
+    }
+}
+
+/// Where every egressgw pod's log stood when a scenario began.
+struct LogMarks(Vec<(String, std::path::PathBuf, u64)>);
+
+/// Log lines worth reading beside a failure.
+const DIGEST_WORDS: &[&str] = &[
+    "WARN",
+    "ERROR",
+    "taking the EIP",
+    "giving the EIP up",
+    "sending the group's traffic",
+    "EIP holders found",
+    "peers answer",
+];
+/// At most this many lines of each log in a digest (the last ones).
+const DIGEST_LINES: usize = 12;
+
+impl LogMarks {
+    fn take(lab: &Lab) -> Self {
+        let logs = crate::lab::kubelet::records(&lab.paths)
+            .into_iter()
+            .filter(|p| p.namespace == egressgw::NAMESPACE)
+            .flat_map(|pod| {
+                pod.containers.into_iter().map(move |c| {
+                    let size = std::fs::metadata(&c.log).map_or(0, |m| m.len());
+                    (format!("{} on {}", pod.name, pod.node), c.log, size)
+                })
+            })
+            .collect();
+        LogMarks(logs)
+    }
+
+    /// The notable lines each log gained since the marks, compactly.
+    fn digest(&self) -> String {
+        let mut out = String::new();
+        for (who, log, offset) in &self.0 {
+            let Ok(text) = std::fs::read(log) else {
+                continue;
+            };
+            let start = usize::try_from(*offset).unwrap_or(0).min(text.len());
+            let text = String::from_utf8_lossy(&text[start..]);
+            let lines: Vec<&str> = text
+                .lines()
+                .filter(|l| DIGEST_WORDS.iter().any(|w| l.contains(w)))
+                .collect();
+            if lines.is_empty() {
+                continue;
+            }
+            out.push_str(&format!("  {who} ({} lines):\n", lines.len()));
+            for line in &lines[lines.len().saturating_sub(DIGEST_LINES)..] {
+                let line: String = line.chars().take(300).collect();
+                out.push_str(&format!("    {line}\n"));
+            }
+        }
+        out
     }
 }
 
