@@ -48,9 +48,9 @@ pub struct SnapshotBuilder {
     snapshot: Snapshot,
     unavailable_agents: BTreeSet<String>,
     reporting_agents: BTreeSet<String>,
-    /// Per EIP, the node that reports holding it most recently (an old
-    /// holder cut off from the API server may still report it).
-    held_eips: BTreeMap<IpAddr, (String, Option<k8s_openapi::jiff::Timestamp>)>,
+    /// Per EIP, every node that reports holding it, with since when (an
+    /// old holder cut off from the API server may still report it).
+    held_eips: BTreeMap<IpAddr, Vec<(String, Option<k8s_openapi::jiff::Timestamp>)>>,
     agents_required: bool,
     unknown_fields: Vec<UnknownFields>,
 }
@@ -194,13 +194,10 @@ impl SnapshotBuilder {
                     && let Ok(ip) = eip.ip.parse::<IpAddr>()
                 {
                     let since = eip.since.as_ref().map(|t| t.0);
-                    let newer = self
-                        .held_eips
-                        .get(&ip)
-                        .is_none_or(|(_, other)| since > *other);
-                    if newer {
-                        self.held_eips.insert(ip, (name.clone(), since));
-                    }
+                    self.held_eips
+                        .entry(ip)
+                        .or_default()
+                        .push((name.clone(), since));
                 }
             }
             for eip in tunnel.status.iter().flat_map(|s| &s.eips) {
@@ -263,11 +260,26 @@ impl SnapshotBuilder {
         for object in std::mem::take(&mut self.unknown_fields) {
             self.refuse_unknown_fields(object);
         }
+        // Of the nodes reporting an EIP, the one that took it last holds
+        // it; at the same moment, one whose agent is still available.
+        let holders: BTreeMap<IpAddr, &str> = self
+            .held_eips
+            .iter()
+            .filter_map(|(ip, reports)| {
+                let holder = reports.iter().max_by_key(|(node, since)| {
+                    (
+                        *since,
+                        !self.unavailable_agents.contains(node),
+                        std::cmp::Reverse(node),
+                    )
+                })?;
+                Some((*ip, holder.0.as_str()))
+            })
+            .collect();
         for node in &mut self.snapshot.nodes {
-            node.held_eips = self
-                .held_eips
+            node.held_eips = holders
                 .iter()
-                .filter(|(_, (holder, _))| *holder == node.name)
+                .filter(|(_, holder)| **holder == node.name)
                 .map(|(ip, _)| *ip)
                 .collect();
             let reporting = self.reporting_agents.contains(&node.name);

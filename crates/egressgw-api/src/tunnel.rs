@@ -3,7 +3,7 @@
 
 use egressgw_core::model::{self, Mac};
 use egressgw_core::net::Family;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -136,7 +136,7 @@ pub struct TunnelUnreachable {
     pub fail_closed: bool,
     /// Since when no candidate answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub since: Option<Time>,
+    pub since: Option<MicroTime>,
 }
 
 /// `status.eips[]`: an EIP as one node's data plane has it.
@@ -147,9 +147,11 @@ pub struct TunnelEip {
     pub ip: String,
     /// `Held` or `InUse`.
     pub state: TunnelEipState,
-    /// Since when it is in this state.
+    /// Since when it is in this state, to the microsecond: when two nodes
+    /// report holding an EIP (the old holder cut off from the API server),
+    /// the later one holds it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub since: Option<Time>,
+    pub since: Option<MicroTime>,
     /// Details: who answered for an address in use, or how the node came to
     /// hold it.
     #[serde(default, skip_serializing_if = "Option::is_none")]

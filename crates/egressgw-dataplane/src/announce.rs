@@ -799,32 +799,37 @@ mod kernel_tests {
         in_new_netns(|| neighbour_of_b_moves_to_a("2001:db8::12/64 nodad", "2001:db8::200"));
     }
 
+    /// `a` is on the segment with `a_addr`; `b` holds `taken` with a host
+    /// prefix, so that egressgw does not count it on the segment and it
+    /// plays the other host, whose kernel answers for (IPv6: defends) its
+    /// address. `taken` is found answered for by `b`'s MAC, `free` is not.
+    fn another_host_answers(a_addr: &str, taken: &str, free: &str) {
+        sh("ip link add name a type veth peer name b");
+        sh(&format!("ip addr add {a_addr} dev a"));
+        let nodad = if taken.contains(':') { " nodad" } else { "" };
+        sh(&format!("ip addr add {taken} dev b{nodad}"));
+        sh("ip link set dev a up && ip link set dev b up");
+        let b_mac = pnet_datalink::interfaces()
+            .into_iter()
+            .find(|i| i.name == "b")
+            .and_then(|i| i.mac)
+            .unwrap()
+            .to_string();
+        let wait = Duration::from_millis(300);
+        let taken = taken.split('/').next().unwrap();
+        let answer = answered_for(taken.parse().unwrap(), wait).unwrap();
+        let answer = answer.unwrap_or_else(|| panic!("b answers for {taken}"));
+        assert!(answer.contains(&b_mac), "{answer}");
+        assert_eq!(answered_for(free.parse().unwrap(), wait).unwrap(), None);
+    }
+
     #[test]
     fn an_address_another_host_answers_for_is_found_and_a_free_one_is_not() {
         if !root_or_skip("an_address_another_host_answers_for_is_found_and_a_free_one_is_not") {
             return;
         }
         in_new_netns(|| {
-            sh("ip link add name a type veth peer name b");
-            sh("ip addr add 198.51.100.11/24 dev a");
-            // A host prefix: b is not on the segment in egressgw's eyes, so
-            // it plays the other host, whose kernel answers for its address.
-            sh("ip addr add 198.51.100.1/32 dev b");
-            sh("ip link set dev a up && ip link set dev b up");
-            let b_mac = pnet_datalink::interfaces()
-                .into_iter()
-                .find(|i| i.name == "b")
-                .and_then(|i| i.mac)
-                .unwrap()
-                .to_string();
-            let wait = Duration::from_millis(300);
-            let answer = answered_for("198.51.100.1".parse().unwrap(), wait).unwrap();
-            let answer = answer.expect("b answers for 198.51.100.1");
-            assert!(answer.contains(&b_mac), "{answer}");
-            assert_eq!(
-                answered_for("198.51.100.200".parse().unwrap(), wait).unwrap(),
-                None
-            );
+            another_host_answers("198.51.100.11/24", "198.51.100.1/32", "198.51.100.200");
         });
     }
 
@@ -834,26 +839,7 @@ mod kernel_tests {
             return;
         }
         in_new_netns(|| {
-            sh("ip link add name a type veth peer name b");
-            sh("ip addr add 2001:db8::11/64 dev a nodad");
-            // As above, b plays the other host: its kernel defends its
-            // address against duplicate address detection.
-            sh("ip addr add 2001:db8::1/128 dev b nodad");
-            sh("ip link set dev a up && ip link set dev b up");
-            let b_mac = pnet_datalink::interfaces()
-                .into_iter()
-                .find(|i| i.name == "b")
-                .and_then(|i| i.mac)
-                .unwrap()
-                .to_string();
-            let wait = Duration::from_millis(300);
-            let answer = answered_for("2001:db8::1".parse().unwrap(), wait).unwrap();
-            let answer = answer.expect("b answers for 2001:db8::1");
-            assert!(answer.contains(&b_mac), "{answer}");
-            assert_eq!(
-                answered_for("2001:db8::200".parse().unwrap(), wait).unwrap(),
-                None
-            );
+            another_host_answers("2001:db8::11/64 nodad", "2001:db8::1/128", "2001:db8::200");
         });
     }
 }

@@ -32,7 +32,7 @@ use egressgw_dataplane::netlink::Rtnetlink;
 use egressgw_dataplane::nft::Nft;
 use egressgw_dataplane::reconcile::Dataplane;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
@@ -438,14 +438,14 @@ impl Agent {
             .map(|(ip, held)| TunnelEip {
                 ip: ip.to_string(),
                 state: TunnelEipState::Held,
-                since: Some(Time(held.since)),
+                since: Some(MicroTime(held.since)),
                 message: held.note.clone(),
             })
             .collect();
         eips.extend(self.memory.in_use.iter().map(|(ip, u)| TunnelEip {
             ip: ip.to_string(),
             state: TunnelEipState::InUse,
-            since: Some(Time(u.since)),
+            since: Some(MicroTime(u.since)),
             message: Some(format!("another host answers for it: {}", u.by)),
         }));
         let status = EgressTunnelStatus {
@@ -465,7 +465,7 @@ impl Agent {
                     gateway: u.gateway.clone(),
                     eip: u.eip.map(|ip| ip.to_string()),
                     fail_closed: u.fail_closed,
-                    since: Some(Time(u.since)),
+                    since: Some(MicroTime(u.since)),
                 })
                 .collect(),
         };

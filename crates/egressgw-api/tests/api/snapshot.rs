@@ -468,3 +468,60 @@ fn the_builder_takes_objects_in_any_form_and_keeps_the_config() {
     assert_eq!(snapshot.config, config);
     assert_eq!(snapshot.nodes.len(), 2);
 }
+
+/// The tunnel of `node` in `phase`, reporting that it holds 198.51.100.7
+/// since `since`.
+fn holding(node: &str, phase: &str, since: &str) -> egressgw_api::EgressTunnel {
+    tunnel(&format!(
+        "{}  eips: [{{ip: 198.51.100.7, state: Held, since: \"{since}\"}}]\n",
+        TUNNEL.replace("n1", node).replace("PHASE", phase)
+    ))
+}
+
+fn holder_of_the_eip(tunnels: Vec<egressgw_api::EgressTunnel>) -> Vec<String> {
+    let nodes = ["n1", "n2"].map(|n| node(&READY_NODE.replace("n1", n)));
+    let snapshot = SnapshotBuilder::new(Config::default())
+        .tunnels(tunnels)
+        .nodes(nodes)
+        .build();
+    snapshot
+        .nodes
+        .iter()
+        .filter(|n| n.held_eips.contains(&ip("198.51.100.7")))
+        .map(|n| n.name.clone())
+        .collect()
+}
+
+#[test]
+fn of_two_nodes_reporting_an_eip_the_one_that_took_it_last_holds_it() {
+    // An old holder cut off from the API server still reports the EIP it
+    // gave up; the node that took it over reports a later moment, within
+    // the same second.
+    let old = holding("n1", "Ready", "2026-11-24T02:23:09.425000Z");
+    let new = holding("n2", "Ready", "2026-11-24T02:23:09.965000Z");
+    assert_eq!(holder_of_the_eip(vec![old.clone(), new.clone()]), ["n2"]);
+    assert_eq!(holder_of_the_eip(vec![new, old]), ["n2"]);
+    // Statuses written before the microseconds: the same moment. The node
+    // whose agent still reports wins over one that timed out.
+    let stale = holding("n1", "HeartbeatTimeout", "2026-11-24T02:23:09Z");
+    let live = holding("n2", "Ready", "2026-11-24T02:23:09Z");
+    assert_eq!(holder_of_the_eip(vec![stale.clone(), live.clone()]), ["n2"]);
+    assert_eq!(holder_of_the_eip(vec![live, stale]), ["n2"]);
+}
+
+#[test]
+fn a_reported_eip_keeps_its_moment_to_the_microsecond() {
+    let since: k8s_openapi::jiff::Timestamp = "2026-11-24T02:23:09.965123Z".parse().unwrap();
+    let eip = egressgw_api::TunnelEip {
+        ip: "198.51.100.7".into(),
+        state: egressgw_api::TunnelEipState::Held,
+        since: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+            since,
+        )),
+        message: None,
+    };
+    let json = serde_json::to_value(&eip).unwrap();
+    assert_eq!(json["since"], "2026-11-24T02:23:09.965123Z");
+    let back: egressgw_api::TunnelEip = serde_json::from_value(json).unwrap();
+    assert_eq!(back, eip);
+}
