@@ -37,8 +37,8 @@ APT_PACKAGES=(ca-certificates curl gcc libc6-dev)
 # What the privileged dataplane tests (crates/egressgw/tests/dataplane.rs)
 # run: ip, bridge and ss (iproute2), nft (nftables), iptables-nft and
 # iptables-legacy (both in Debian 12's iptables), ethtool, iperf3, sysctl
-# (procps).
-TEST_APT_PACKAGES=(iproute2 nftables iptables ethtool iperf3 procps)
+# (procps), conntrack (what a failed scenario shows of a node's connections).
+TEST_APT_PACKAGES=(iproute2 nftables iptables ethtool iperf3 procps conntrack)
 
 SCRIPT_NAME=setup
 # shellcheck source=scripts/lib.sh

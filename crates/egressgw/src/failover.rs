@@ -263,6 +263,7 @@ impl Memory {
             holders,
             last_answers,
         } = sight;
+        self.forget_in_use_held_by_peers(holders);
         let held: BTreeSet<IpAddr> = self.held.keys().copied().collect();
         let fresh: BTreeSet<IpAddr> = self
             .in_use
@@ -376,6 +377,20 @@ impl Memory {
         resolved
     }
 
+    /// An EIP found in use on the segment that a peer's kernel answers for
+    /// through the tunnel is held by that peer (often the answer on the
+    /// segment was its own probe while it took the EIP): it is not in use
+    /// by a foreign host, and this node sends the traffic there.
+    fn forget_in_use_held_by_peers(&mut self, holders: &Holders) {
+        self.in_use.retain(|ip, u| {
+            let peers = holders.get(ip).filter(|h| !h.is_empty());
+            if let Some(peers) = peers {
+                tracing::info!(egress_ip = %ip, ?peers, answered_by = u.by, "the EIP found in use is held by a node of the cluster");
+            }
+            peers.is_none()
+        });
+    }
+
     /// Follows which groups of this node's selected traffic have no live
     /// candidate, and says so when that changes.
     fn note_unreachable(&mut self, planned: &NodeState, resolved: &Resolved) {
@@ -468,6 +483,29 @@ mod tests {
                 total: 2,
             },
         }
+    }
+
+    #[test]
+    fn an_eip_in_use_that_a_peer_holds_is_no_longer_in_use() {
+        let mut memory = Memory::default();
+        let ip = IpAddr::from([198, 51, 100, 169]);
+        let other = IpAddr::from([198, 51, 100, 170]);
+        for addr in [ip, other] {
+            memory.in_use.insert(
+                addr,
+                InUse {
+                    by: "22:e9:47:e4:b7:62 on eth1".into(),
+                    checked: Instant::now(),
+                    found: Instant::now(),
+                    since: k8s_openapi::jiff::Timestamp::now(),
+                },
+            );
+        }
+        let mut holders = Holders::new();
+        holders.insert(ip, ["node-1".to_owned()].into());
+        holders.insert(other, BTreeSet::new());
+        memory.forget_in_use_held_by_peers(&holders);
+        assert_eq!(memory.in_use.keys().copied().collect::<Vec<_>>(), [other]);
     }
 
     #[test]

@@ -458,7 +458,8 @@ pub fn helm_uninstall_leaves_every_node_as_it_was(run: &mut Run) -> anyhow::Resu
     // The removal may drop a packet in flight, as any change of the path
     // can: wait for the normal way, then check that it stays.
     let normal = run.normal_way("web-1")?;
-    run.expect_all(&["web-1"], normal)?;
+    run.expect_all(&["web-1"], normal)
+        .map_err(|e| e.context(network_state(run.lab, "web-1")))?;
     run.expect_steady("web-1", normal, 2)?;
     run.note(format!(
         "helm uninstall + CRDs deleted in {:.1} s; {} node snapshots (links, addresses, rules, \
@@ -468,6 +469,50 @@ pub fn helm_uninstall_leaves_every_node_as_it_was(run: &mut Run) -> anyhow::Resu
         run.lab.state.topology.nodes.len()
     ));
     Ok(())
+}
+
+/// What the path from `pod` to the target looks like now, for a failure
+/// message: the target's neighbours, the pod's node's links with their
+/// counters, and its connection-tracking entries toward the target.
+fn network_state(lab: &Lab, pod: &str) -> String {
+    let topo = &lab.state.topology;
+    let target = &topo.target;
+    let node = topo
+        .pods
+        .iter()
+        .find(|p| p.name == pod)
+        .and_then(|p| topo.node(&p.node).ok());
+    let mut out = vec![format!("the network as {pod} sees it:")];
+    let mut show = |what: &str, ns: &crate::lab::topology::Netns, args: &[&str]| {
+        let text = crate::lab::net::exec(ns, "ip", args).unwrap_or_else(|e| format!("{e:#}"));
+        out.push(format!("{what}:\n{}", text.trim_end()));
+    };
+    show("the target's neighbours", &target.netns, &["neigh", "show"]);
+    if let Some(node) = node {
+        show(
+            &format!("{}'s links", node.name),
+            &node.netns,
+            &["-s", "-br", "link", "show"],
+        );
+        show(
+            &format!("{}'s routes to the target", node.name),
+            &node.netns,
+            &["route", "get", &target.ip.to_string()],
+        );
+        let conntrack = crate::lab::net::exec(
+            &node.netns,
+            "conntrack",
+            &["-L", "-d", &target.ip.to_string()],
+        )
+        .unwrap_or_else(|e| format!("{e:#}"));
+        let lines: Vec<&str> = conntrack.lines().take(20).collect();
+        out.push(format!(
+            "{}'s connections to the target (first 20):\n{}",
+            node.name,
+            lines.join("\n")
+        ));
+    }
+    out.join("\n")
 }
 
 /// The agent pods: node -> (pod name, uid).

@@ -33,7 +33,7 @@ pub mod helm;
 pub mod images;
 pub mod kubectl;
 pub mod kubelet;
-mod net;
+pub mod net;
 mod network;
 pub mod pods;
 pub mod preflight;
