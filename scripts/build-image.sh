@@ -22,8 +22,8 @@
 #      the Containerfile's config (entrypoint, user, env, OCI labels), written
 #      as an OCI archive, target/image/egressgw-<version>.oci.tar, tagged
 #      ghcr.io/egressgw/egressgw:<version>;
-#   6. the checks, on the archive as written: its config, `egressgw --version`
-#      and `nft --version` run in its root filesystem as its user, and
+#   6. the checks, on the archive as written: its config, `egressgw --version`,
+#      `nft --version` and `iperf3 --version` run in its root filesystem as its user, and
 #      `egressgw apply` / `cleanup` run from it in a network namespace of
 #      their own (nft and netlink through the image's userland).
 #
@@ -368,16 +368,18 @@ in_image() {
 }
 
 check_runs() {
-    local rootfs="$1" version nft
+    local rootfs="$1" version nft iperf3
     version="$(in_image "$rootfs" "$NONROOT_UID:$NONROOT_UID" egressgw --version)" ||
         die "egressgw --version failed in the image"
     [[ "$version" == "egressgw $VERSION" ]] || die "egressgw --version says '$version', expected 'egressgw $VERSION'"
     nft="$(in_image "$rootfs" "$NONROOT_UID:$NONROOT_UID" nft --version)" || die "nft --version failed in the image"
+    iperf3="$(in_image "$rootfs" "$NONROOT_UID:$NONROOT_UID" iperf3 --version | head -n 1)" ||
+        die "iperf3 --version failed in the image (egressgw bench's Pods run it)"
     grep -q "^nonroot:x:$NONROOT_UID:$NONROOT_UID:" "$rootfs/etc/passwd" ||
         die "no user nonroot ($NONROOT_UID) in the image's /etc/passwd"
     [[ -z "$(find "$rootfs/dev" -mindepth 1 -print -quit 2>/dev/null)" ]] ||
         die "the image has files in /dev: the runtime provides /dev"
-    detail "ok: as $NONROOT_UID: '$version', '$nft'"
+    detail "ok: as $NONROOT_UID: '$version', '$nft', '$iperf3'"
 }
 
 # check_dataplane ROOTFS: the agent's dataplane works from the image's

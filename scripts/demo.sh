@@ -11,7 +11,8 @@
 # of its own, leaves with the EIP through a gateway node; batch-1 leaves the
 # normal way, from its node's address. Then it takes the gateway node down
 # and measures how long web-3's traffic takes to come back with the same
-# EIP through the other gateway node. The lab stays up at the end.
+# EIP through the other gateway node, and ends with a short bench of the
+# path (docs/bench.md). The lab stays up at the end.
 #
 # Each step of that story is checked: when one does not happen (no EIP, a
 # pod seen from the wrong address, no failover), the demo says what it
@@ -196,6 +197,12 @@ run "$KUBECTL" get egresspolicies -A -o wide
 wait_for_source web-3 "$EIP" 30 >/dev/null ||
     fail "web-3's traffic lost EIP $EIP after $NODE came back"
 show_source web-3 "after $NODE came back" "$EIP" "team-a/web keeps its EIP"
+
+header "Bench: what the path costs (iperf3, 3 s per case)"
+# The three cases of docs/bench.md, once each, from node-3 through a gateway
+# of the bench's own; `cargo xtask bench --repeat 5 --reverse --offload both`
+# gives the full table.
+run cargo xtask bench --duration 3 --repeat 1
 
 header "The lab stays up"
 cat <<EOF

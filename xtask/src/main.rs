@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod chart;
 mod e2e;
 mod gen_crds;
@@ -35,6 +36,9 @@ enum Task {
     /// End-to-end tests: a fresh lab, egressgw deployed, every scenario with
     /// real traffic (see docs/e2e.md).
     E2e(e2e::E2eArgs),
+    /// `egressgw bench` on the lab: up if needed, egressgw installed from the
+    /// chart, the three iperf3 cases measured (see docs/bench.md).
+    Bench(bench::BenchArgs),
 }
 
 /// Runs the task. An error prints as its message chain, one line: a
@@ -45,6 +49,7 @@ fn main() -> ExitCode {
     let result = match Cli::parse().task {
         Task::Lab(command) => lab::run(command),
         Task::E2e(args) => e2e::run(&args),
+        Task::Bench(args) => bench::run(&args),
         Task::GenCrds { check } => gen_crds::run(check),
         Task::Chart(command) => chart::run(&command),
     };

@@ -1,6 +1,7 @@
 //! `egressgw`: the egress gateway's command line.
 
 mod agent;
+mod bench;
 mod cluster;
 mod config;
 mod controller;
@@ -74,6 +75,20 @@ enum Command {
     /// writes every object's status with server-side apply, and records
     /// Events on EIP moves and invalid policies.
     Controller(controller::ControllerArgs),
+    /// Measure throughput and latency: node -> node, egress VXLAN -> egress
+    /// VXLAN, pod -> egress node -> target, with iperf3 in the cluster.
+    ///
+    /// Creates a namespace with an EgressPolicy for the gateway, an iperf3
+    /// server Pod on the gateway node and, per run, a client Pod on the
+    /// source node (the agents' image, which carries iperf3); runs the
+    /// cases interleaved, reads each result from its Pod's log, prints the
+    /// table and removes everything it created (also on failure and
+    /// Ctrl-C). Case 3 counts only when the target saw the EIP. See
+    /// docs/bench.md.
+    Bench(bench::BenchArgs),
+    /// What a bench Pod runs (used by `egressgw bench`).
+    #[command(hide = true)]
+    BenchClient(bench::client::ClientArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -167,6 +182,8 @@ fn main() -> ExitCode {
         Command::Cleanup(args) => dataplane::cleanup(&args),
         Command::Agent(args) => agent::run(&args),
         Command::Controller(args) => controller::run(&args),
+        Command::Bench(args) => bench::run(&args),
+        Command::BenchClient(args) => bench::client::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

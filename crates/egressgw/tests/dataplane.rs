@@ -289,6 +289,102 @@ fn replies_return_through_the_tunnel_and_a_long_transfer_completes() {
     );
 }
 
+/// `egressgw bench-client` in `ns` with `args`: its exit status and the
+/// JSON after its result (or interfaces) line, or its error line.
+fn bench_client(ns: &Netns, args: &[&str]) -> (bool, Result<serde_json::Value, String>) {
+    let mut all = vec!["bench-client"];
+    all.extend_from_slice(args);
+    let out = support::process::run_bounded(
+        &mut ns.command(env!("CARGO_BIN_EXE_egressgw"), &all),
+        Duration::from_secs(60),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let found = stdout.lines().find_map(|l| {
+        l.strip_prefix("egressgw-bench-result: ")
+            .or_else(|| l.strip_prefix("egressgw-bench-interfaces: "))
+            .map(|json| serde_json::from_str(json).map_err(|e| format!("{e}: {json}")))
+    });
+    let result = found.unwrap_or_else(|| {
+        Err(stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("egressgw-bench-error: "))
+            .unwrap_or(&stdout)
+            .to_owned())
+    });
+    (out.status.success(), result)
+}
+
+#[test]
+fn the_bench_client_measures_a_selected_pod_and_proves_it_left_with_the_eip() {
+    if !have_root("the_bench_client_measures_a_selected_pod_and_proves_it_left_with_the_eip") {
+        return;
+    }
+    let topo = Topology::new(Masquerade::Nft);
+    let _iperf3 = support::process::Background::spawn(
+        &mut topo
+            .target
+            .command("iperf3", &["-s", "-B", TARGET_IP, "-p", "5201"]),
+    );
+    let gw = apply_both(&topo, &Policy::default(), DEFAULT_CONFIG);
+    let eip = eip(&gw).to_string();
+    let common = [
+        "--server",
+        TARGET_IP,
+        "--duration",
+        "1",
+        "--connects",
+        "20",
+        "--source-wait",
+        "5",
+    ];
+
+    let mut args = common.to_vec();
+    args.extend(["--expect-source", &eip, "--interfaces", "eth0,nonexistent"]);
+    let (ok, result) = bench_client(&topo.pod_a1, &args);
+    let result = result.unwrap_or_else(|e| panic!("pod-a1's bench client: {e}"));
+    assert!(ok, "pod-a1's bench client failed: {result}");
+    assert_eq!(
+        result["seenFrom"],
+        eip.as_str(),
+        "the target must see the EIP: {result}"
+    );
+    assert!(
+        result["receivedBps"].as_f64().unwrap_or(0.0) > 0.0,
+        "{result}"
+    );
+    assert_eq!(
+        result["connectRttUs"].as_array().map(Vec::len),
+        Some(20),
+        "{result}"
+    );
+    assert_eq!(result["interfaces"][0]["name"], "eth0", "{result}");
+    assert_eq!(
+        result["interfaces"].as_array().map(Vec::len),
+        Some(1),
+        "{result}"
+    );
+
+    // pod-a2 is not selected: it leaves from node A's address, and the
+    // client refuses to count that.
+    let mut args = common.to_vec();
+    args.extend(["--expect-source", &eip]);
+    let (ok, result) = bench_client(&topo.pod_a2, &args);
+    assert!(!ok, "an unselected pod's run must fail: {result:?}");
+    let error = result.expect_err("no result for an unselected pod");
+    assert!(
+        error.contains(&format!("did not see {eip}")) && error.contains(NODE_A_IP),
+        "{error}"
+    );
+
+    // Node A's tunnel, as the bench reads it back.
+    let (ok, result) = bench_client(&topo.node_a, &["--interfaces-only", "--interfaces", VXLAN]);
+    let result = result.unwrap_or_else(|e| panic!("node A's interfaces: {e}"));
+    assert!(ok);
+    assert_eq!(result[0]["name"], VXLAN, "{result}");
+    assert_eq!(result[0]["txChecksum"], true, "{result}");
+    assert!(result[0]["mtu"].as_u64().unwrap_or(0) > 1000, "{result}");
+}
+
 /// The tunnel's `tx-checksumming` on node A under `vxlan.disableChecksumOffload`.
 fn tx_checksumming_with(disable: bool) -> String {
     let topo = Topology::new(Masquerade::Nft);

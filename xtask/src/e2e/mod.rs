@@ -18,6 +18,7 @@ use crate::lab::state::Paths;
 use crate::lab::up::{self, UpArgs};
 use crate::lab::{down, process};
 
+mod bench;
 mod failover;
 mod install;
 mod objects;

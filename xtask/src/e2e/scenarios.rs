@@ -18,7 +18,7 @@ use super::{failover, install, tenancy};
 pub type Scenario = (&'static str, fn(&mut Run) -> anyhow::Result<()>);
 
 /// Every scenario, in the order they run.
-pub const ALL: [Scenario; 25] = [
+pub const ALL: [Scenario; 26] = [
     (
         "chart_is_lint_clean_and_bad_values_change_nothing",
         install::chart_is_lint_clean_and_bad_values_change_nothing,
@@ -116,6 +116,10 @@ pub const ALL: [Scenario; 25] = [
         failover::apiserver_outage_changes_no_source_and_moves_no_eip,
     ),
     // Last: egressgw is gone afterwards.
+    (
+        "smoke_bench_measures_every_case_and_case_3_leaves_with_the_eip",
+        super::bench::smoke_bench_measures_every_case_and_case_3_leaves_with_the_eip,
+    ),
     (
         "helm_uninstall_leaves_every_node_as_it_was",
         install::helm_uninstall_leaves_every_node_as_it_was,

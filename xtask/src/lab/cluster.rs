@@ -271,7 +271,7 @@ fn node_status(node: &Node, info: &NodeInfo, now: &str) -> Value {
                 condition("PIDPressure", "False", "KubeletHasSufficientPID", "the lab does not measure PID pressure"),
                 condition("Ready", "True", "LabNodeReady", "the egressgw lab plays kubelet for this node"),
             ],
-            "daemonEndpoints": { "kubeletEndpoint": { "Port": 0 } },
+            "daemonEndpoints": { "kubeletEndpoint": { "Port": super::kubelet::KUBELET_PORT } },
             "nodeInfo": {
                 "kubeletVersion": KUBERNETES_VERSION,
                 "osImage": "egressgw lab (network namespace)",

@@ -155,6 +155,16 @@ fn apiserver_args(topo: &Topology, pki: &Pki) -> Vec<String> {
         ("service-cluster-ip-range", SERVICE_CIDR),
         // No kube-proxy: the kubernetes Service needs no endpoints.
         ("endpoint-reconciler-type", "none"),
+        // pods/log goes to the kubelet stand-in on the node's InternalIP
+        // (the Hostname address names no host), with a client certificate
+        // it requires, and a serving certificate it verifies.
+        ("kubelet-preferred-address-types", "InternalIP"),
+        (
+            "kubelet-client-certificate",
+            &path(pki.kubelet_client_cert()),
+        ),
+        ("kubelet-client-key", &path(pki.kubelet_client_key())),
+        ("kubelet-certificate-authority", &path(pki.ca_cert())),
         ("allow-privileged", "true"),
         ("profiling", "false"),
     ])

@@ -32,6 +32,9 @@ pub const AGENT_HEALTH_PORT: u16 = 9812;
 pub const LAB_IMAGE: &str = "lab.egressgw.io/egressgw";
 /// Where the chart's containers find the binary.
 const IMAGE_BINARY: &str = "/usr/local/bin/egressgw";
+/// iperf3, in the image and on the machine (Debian's package, which
+/// `scripts/lab-deps.sh` installs).
+const IMAGE_IPERF3: &str = "/usr/bin/iperf3";
 /// The agent DaemonSet and the controller Deployment, as the chart names them.
 const AGENT_DAEMONSET: &str = "egressgw-agent";
 const CONTROLLER_DEPLOYMENT: &str = "egressgw-controller";
@@ -101,7 +104,7 @@ pub fn deploy(args: &DeployArgs, paths: &Paths) -> anyhow::Result<()> {
 
 /// The binary to deploy: the one given, else `egressgw` beside the running
 /// xtask (both are built into the same target directory).
-fn find_binary(given: Option<&Path>) -> anyhow::Result<PathBuf> {
+pub fn find_binary(given: Option<&Path>) -> anyhow::Result<PathBuf> {
     let path = match given {
         Some(path) => path.to_path_buf(),
         None => {
@@ -133,11 +136,12 @@ fn register_image(paths: &Paths, binary: &Path, dir: &Path) -> anyhow::Result<(P
             .with_context(|| format!("making {} executable", tmp.display()))?;
         fs::rename(&tmp, &copy).with_context(|| format!("moving {} into place", copy.display()))?;
     }
-    KnownImages::register(
-        paths,
-        &format!("{LAB_IMAGE}:{tag}"),
-        Image::of_binary(&copy, IMAGE_BINARY),
-    )?;
+    let mut image = Image::of_binary(&copy, IMAGE_BINARY);
+    // The image carries iperf3 for `egressgw bench`, as the Containerfile's does.
+    image
+        .binaries
+        .insert(IMAGE_IPERF3.to_owned(), PathBuf::from(IMAGE_IPERF3));
+    KnownImages::register(paths, &format!("{LAB_IMAGE}:{tag}"), image)?;
     Ok((copy, tag))
 }
 

@@ -6,7 +6,7 @@ use std::fs;
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 
 use anyhow::Context;
 
@@ -73,6 +73,21 @@ impl Kubectl {
         child
             .wait_with_output()
             .with_context(|| format!("waiting for kubectl {}", args.join(" ")))
+    }
+
+    /// Starts `kubectl args...` with its stdout piped, its stderr dropped:
+    /// for commands that stream (`logs -f`), which the caller reads and
+    /// ends.
+    pub fn spawn(&self, args: &[&str]) -> anyhow::Result<Child> {
+        Command::new("ip")
+            .args(["netns", "exec", self.netns.as_str(), &self.program])
+            .args(["--kubeconfig", &self.kubeconfig])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting kubectl {}", args.join(" ")))
     }
 
     /// Writes a script that runs this kubectl from the host: `<lab>/kubectl get pods -A`.

@@ -6,16 +6,20 @@
 //! ServiceAccount token their spec asks for; a failing liveness probe
 //! restarts a container; a deleted Pod gets SIGTERM, goes, and is replaced;
 //! a Pod with an unknown image stays Pending and says why; a kubectl in a Pod
-//! authenticates as its ServiceAccount, bound to its Pod and node; nothing is
-//! left on the machine's filesystem.
+//! authenticates as its ServiceAccount, bound to its Pod and node; `kubectl
+//! logs` reads what a container printed through the API server and the
+//! stand-in's kubelet API (the current run, `--previous`, `-f` until the
+//! container stops); nothing is left on the machine's filesystem.
 //!
 //! It works in a namespace of its own (`lab-selftest`), removed at the end
 //! (unless `--keep`), and exits non-zero naming each check that failed.
 
 use std::fs;
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -25,6 +29,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::images::{Image, KnownImages};
+use super::kubectl::Kubectl;
 use super::kubelet::api::Api;
 use super::kubelet::caps::CapSet;
 use super::probe::in_netns;
@@ -105,6 +110,10 @@ pub fn run(args: &SelftestArgs, paths: &Paths) -> anyhow::Result<()> {
         test.web_as_specified(),
     );
     check(
+        "kubectl logs reads a container's output through the API server",
+        test.logs(),
+    );
+    check(
         "an unknown image stays Pending and says so",
         test.unknown_image_pending(),
     );
@@ -117,7 +126,11 @@ pub fn run(args: &SelftestArgs, paths: &Paths) -> anyhow::Result<()> {
         test.liveness_restarts(),
     );
     check(
-        "a deleted Pod gets SIGTERM, goes, and is replaced",
+        "kubectl logs --previous reads the run before a restart",
+        test.previous_logs(),
+    );
+    check(
+        "a deleted Pod gets SIGTERM (kubectl logs -f shows it, then ends), goes, and is replaced",
         test.deletion_replaces(),
     );
     let left: Vec<&str> = MOUNT_PATHS
@@ -439,6 +452,102 @@ impl Selftest<'_> {
         ))
     }
 
+    /// `kubectl logs` of the DaemonSet's container is exactly what it printed
+    /// since it started (its log file after the last start), `--tail` and
+    /// `--limit-bytes` cut it; a container the Pod lacks and `--previous`
+    /// of a container that never restarted fail, saying so.
+    fn logs(&self) -> anyhow::Result<String> {
+        let nodes = self.lab.state.topology.nodes.len();
+        let pod = self.ready_pods("app=testpod-agent", nodes)?.remove(0);
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let printed = current_run(&self.log_of(&pod, "agent"), "agent");
+        ensure!(
+            printed.contains("testpod: listening on"),
+            "its log file holds no output of the current run: {printed:?}"
+        );
+        let logs = |extra: &[&str]| {
+            let mut args = vec!["logs", "-n", NAMESPACE, &name, "-c", "agent"];
+            args.extend_from_slice(extra);
+            self.kubectl(&args)
+        };
+        let got = logs(&[])?;
+        ensure!(
+            got == printed,
+            "kubectl logs printed {got:?}, the container {printed:?}"
+        );
+        let last = printed.lines().last().unwrap_or_default();
+        let tail = logs(&["--tail=1"])?;
+        ensure!(
+            tail.trim_end() == last,
+            "--tail=1 printed {tail:?}, not the last line {last:?}"
+        );
+        let limited = logs(&["--limit-bytes=7"])?;
+        ensure!(
+            printed.as_bytes().get(..7) == Some(limited.as_bytes()),
+            "--limit-bytes=7 printed {limited:?}"
+        );
+        let wrong = self.failure(&["logs", "-n", NAMESPACE, &name, "-c", "nope"])?;
+        let wanted = format!("container nope is not valid for pod {name}");
+        ensure!(
+            wrong.contains(&wanted),
+            "kubectl logs -c nope said {wrong:?}, not {wanted:?}"
+        );
+        let previous =
+            self.failure(&["logs", "-n", NAMESPACE, &name, "-c", "agent", "--previous"])?;
+        let wanted = format!("previous terminated container \"agent\" in pod \"{name}\" not found");
+        ensure!(
+            previous.contains(&wanted),
+            "kubectl logs --previous said {previous:?}, not {wanted:?}"
+        );
+        Ok(format!(
+            "{name}: {} bytes as printed, --tail=1 and --limit-bytes=7 cut them; -c nope: {wrong:?}; --previous: {previous:?}",
+            got.len()
+        ))
+    }
+
+    /// Runs kubectl expecting it to fail; what it said.
+    fn failure(&self, args: &[&str]) -> anyhow::Result<String> {
+        let out = self.lab.kubectl.output(args, None)?;
+        ensure!(
+            !out.status.success(),
+            "kubectl {} succeeded: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout)
+        );
+        Ok(String::from_utf8_lossy(&out.stderr).trim().to_owned())
+    }
+
+    /// `kubectl logs --previous` of the container the liveness probe
+    /// restarted is the run that broke; the current run starts afresh.
+    fn previous_logs(&self) -> anyhow::Result<String> {
+        let restarted = self
+            .pods("app=testpod-web")?
+            .into_iter()
+            .find(|p| restart_count(p) >= 1)
+            .context("no web Pod has restarted")?;
+        let name = restarted.metadata.name.clone().unwrap_or_default();
+        let logs = |extra: &[&str]| {
+            let mut args = vec!["logs", "-n", NAMESPACE, &name, "-c", "web"];
+            args.extend_from_slice(extra);
+            self.kubectl(&args)
+        };
+        let broke = "testpod: /healthz fails from now on";
+        let previous = logs(&["--previous"])?;
+        ensure!(
+            previous.contains(broke),
+            "--previous printed {previous:?}, without {broke:?}"
+        );
+        let current = logs(&[])?;
+        ensure!(
+            current.contains("testpod: listening on") && !current.contains(broke),
+            "the current run printed {current:?}"
+        );
+        Ok(format!(
+            "{name} (restartCount {}): --previous shows {broke:?}, the current run does not",
+            restart_count(&restarted)
+        ))
+    }
+
     fn unknown_image_pending(&self) -> anyhow::Result<String> {
         self.wait_for("the unknown image's Pod to say why it waits", || {
             let Some(pod) = self.pod("unknown-image")? else {
@@ -513,16 +622,7 @@ impl Selftest<'_> {
         http_get(cp, SocketAddr::from((ip, WEB_PORT)), "/break")?;
         self.wait_for(&format!("{name} to restart and be Ready again"), || {
             let pod = self.pod(&name)?.context("the pod is gone")?;
-            let restarts = pod
-                .status
-                .as_ref()
-                .and_then(|s| {
-                    s.container_statuses
-                        .as_ref()?
-                        .first()
-                        .map(|c| c.restart_count)
-                })
-                .unwrap_or(0);
+            let restarts = restart_count(&pod);
             ensure!(restarts >= 1, "restartCount {restarts}");
             Ok(is_ready(&pod).then(|| format!("{name}: restartCount {restarts}, Ready again")))
         })
@@ -533,6 +633,9 @@ impl Selftest<'_> {
         let victim = before[0].clone();
         let name = victim.metadata.name.clone().unwrap_or_default();
         let netns = super::kubelet::pod_netns(&self.lab.state.topology.prefix, NAMESPACE, &name);
+        let follow_args = ["logs", "-f", "-n", NAMESPACE, &name, "-c", "web"];
+        let mut follow = Follow::start(&self.lab.kubectl, &follow_args)?;
+        follow.wait_for("testpod: listening on", self.timeout)?;
         self.kubectl(&["delete", "pod", &name, "-n", NAMESPACE, "--wait=false"])?;
         self.wait_for(&format!("{name} to be gone from the API"), || {
             Ok(self.pod(&name)?.is_none().then_some(()))
@@ -541,6 +644,11 @@ impl Selftest<'_> {
         ensure!(
             log.contains("testpod: SIGTERM received"),
             "its log does not show SIGTERM:\n{log}"
+        );
+        let followed = follow.wait_end(Duration::from_secs(15))?;
+        ensure!(
+            followed.contains("testpod: SIGTERM received"),
+            "kubectl logs -f printed {followed:?}, not the SIGTERM"
         );
         ensure!(
             !super::net::netns_exists(&netns),
@@ -553,7 +661,7 @@ impl Selftest<'_> {
             .collect();
         ensure!(!names.contains(&name), "{name} is still listed");
         Ok(format!(
-            "{name} stopped by SIGTERM, deleted, its netns removed; now {}",
+            "{name} stopped by SIGTERM (kubectl logs -f showed it and ended), deleted, its netns removed; now {}",
             names.join(", ")
         ))
     }
@@ -610,6 +718,99 @@ fn is_ready(pod: &Pod) -> bool {
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn restart_count(pod: &Pod) -> i32 {
+    pod.status
+        .as_ref()
+        .and_then(|s| {
+            s.container_statuses
+                .as_ref()?
+                .first()
+                .map(|c| c.restart_count)
+        })
+        .unwrap_or(0)
+}
+
+/// What a container printed since it last started: its log file after the
+/// last start marker.
+fn current_run(log: &str, container: &str) -> String {
+    super::kubelet::logs::runs(log.as_bytes(), container)
+        .last()
+        .map(|run| log[run.clone()].to_owned())
+        .unwrap_or_default()
+}
+
+/// A `kubectl logs -f` running, its output read line by line by a thread;
+/// killed when dropped.
+struct Follow {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Follow {
+    fn start(kubectl: &Kubectl, args: &[&str]) -> anyhow::Result<Self> {
+        let mut child = kubectl.spawn(args)?;
+        let stdout = child.stdout.take().context("kubectl's output")?;
+        let (sender, lines) = mpsc::channel();
+        thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if sender.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Self {
+            child,
+            lines,
+            seen: Vec::new(),
+        })
+    }
+
+    /// Waits until it printed a line holding `text`.
+    fn wait_for(&mut self, text: &str, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        while !self.seen.iter().any(|l| l.contains(text)) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => self.seen.push(line),
+                Err(_) => bail!(
+                    "kubectl logs -f printed no {text:?} (it printed {:?})",
+                    self.seen
+                ),
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for it to end by itself, successfully, within `timeout`;
+    /// everything it printed.
+    fn wait_end(mut self, timeout: Duration) -> anyhow::Result<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => self.seen.push(line),
+                Err(RecvTimeoutError::Disconnected) => break,
+                Err(RecvTimeoutError::Timeout) => bail!(
+                    "kubectl logs -f did not end within {}s of the container's end (it printed {:?})",
+                    timeout.as_secs(),
+                    self.seen
+                ),
+            }
+        }
+        let status = self.child.wait().context("waiting for kubectl logs -f")?;
+        ensure!(status.success(), "kubectl logs -f ended with {status}");
+        Ok(self.seen.join("\n"))
+    }
+}
+
+impl Drop for Follow {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 fn node_of(pod: &Pod) -> &str {

@@ -95,7 +95,7 @@ fn create(
     })?;
     let cp_ip = topo.control_plane.ip;
     let pki = step("certificates and tokens", || {
-        certs::create(&paths.pki(), cp_ip, KUBERNETES_SERVICE_IP)
+        certs::create(&paths.pki(), cp_ip, KUBERNETES_SERVICE_IP, &topo.nodes)
     })?;
     let kubectl = Kubectl::new(bins, paths, topo);
     step(

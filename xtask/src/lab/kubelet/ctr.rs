@@ -11,6 +11,7 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
 use super::container::RuntimeSpec;
+use super::logs::LogState;
 use super::pod::{PodKey, log};
 use super::probes::Prober;
 use super::status::{ContainerView, State, Terminated};
@@ -114,6 +115,17 @@ impl Ctr {
                 .readiness
                 .as_ref()
                 .is_none_or(|p| p.result == Some(true))
+    }
+
+    /// Its state as the log API sees it: a container that ran and waits
+    /// to start again has that run as its `lastState`.
+    pub(super) fn log_state(&self) -> LogState {
+        match &self.phase {
+            Phase::Running(_) => LogState::Running,
+            Phase::Terminated(_) => LogState::Exited { restarting: false },
+            Phase::Waiting { .. } if self.ever_started => LogState::Exited { restarting: true },
+            Phase::Waiting { reason, .. } => LogState::Waiting(reason.clone()),
+        }
     }
 
     pub(super) fn succeeded(&self) -> bool {

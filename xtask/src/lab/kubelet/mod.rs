@@ -9,7 +9,9 @@
 //! from a store a watch keeps current ([`watch`]), compares them with what
 //! runs, and acts (start, restart, probe, stop, report status); while the
 //! API does not answer, what runs goes on.
-//! It writes `kubelet/pods.json` (what it runs, with pids) for `lab status`.
+//! It writes `kubelet/pods.json` (what it runs, with pids) for `lab status`,
+//! and serves kubelet's container-log API on each node's address
+//! ([`server`]), so `kubectl logs` works.
 //!
 //! The lab's own pods (the network namespaces `lab up` and `lab pod add`
 //! make, image `egressgw-lab/netns:none`) are left alone.
@@ -37,11 +39,13 @@ mod container;
 mod ctr;
 mod env;
 mod hold;
+pub mod logs;
 mod pod;
 mod probes;
 mod quantity;
 mod record;
 mod sandbox;
+mod server;
 pub mod shim;
 mod status;
 mod volumes;
@@ -51,6 +55,7 @@ pub use hold::{hold, release};
 pub use pod::LAB_POD_IMAGE;
 pub use record::Record;
 pub use sandbox::{is_pod_netns, netns_name as pod_netns};
+pub use server::KUBELET_PORT;
 
 /// The name of the stand-in's process in `lab.json` (and of its log).
 pub const PROCESS: &str = "kubelet";
@@ -130,6 +135,12 @@ pub fn serve(paths: &Paths) -> anyhow::Result<()> {
         .map(|n| (n.name.clone(), n.clone()))
         .collect();
     let shim = std::env::current_exe().context("finding this program")?;
+    let logs = server::Shared::default();
+    if let Err(e) = server::start(&paths.pki(), &state.topology.nodes, &logs) {
+        pod::log(&format!(
+            "the kubelet API is not served (no `kubectl logs`): {e:#}"
+        ));
+    }
     record::clean_up_after_previous(paths);
     fs::create_dir_all(record::pods_dir(paths)).context("creating the pods directory")?;
     let (cpu, memory) = machine();
@@ -169,6 +180,7 @@ pub fn serve(paths: &Paths) -> anyhow::Result<()> {
             online: true,
         };
         run.round(&watch, &mut ctx);
+        logs.publish(run.directory());
         run.write_records(paths);
         thread::sleep(ROUND.saturating_sub(started.elapsed()));
     }
@@ -276,6 +288,26 @@ impl Runner {
             worker.sync(ours.get(uid).copied(), ctx, &mut taken);
         }
         self.workers.retain(|_, w| !w.finished);
+    }
+
+    /// What the kubelet API serves after this round: the Pods it runs and
+    /// the lab's own pods.
+    fn directory(&self) -> logs::Directory {
+        let mut directory = logs::Directory::default();
+        for w in self.workers.values() {
+            directory.add_pod(&w.key.namespace, &w.key.name, w.logs());
+        }
+        for p in self.last_pods.iter().filter(|p| pod::is_lab_pod(p)) {
+            let (Some(namespace), Some(name), Some(spec)) =
+                (&p.metadata.namespace, &p.metadata.name, &p.spec)
+            else {
+                continue;
+            };
+            let node = spec.node_name.as_deref().unwrap_or_default();
+            let containers = spec.containers.iter().map(|c| c.name.clone()).collect();
+            directory.add_lab_pod(namespace, name, node, containers);
+        }
+        directory
     }
 
     fn write_records(&self, paths: &Paths) {

@@ -17,6 +17,7 @@ use super::api::Api;
 use super::container::{Input, VolumeSource, runtime_spec};
 use super::ctr::{Ctr, FIRST_BACKOFF, Phase, Process};
 use super::env::{Objects, PodFacts, kubernetes_service};
+use super::logs::{self, ContainerLogs, PodLogs};
 use super::probes::{Kind, Prober, Target};
 use super::record::{ContainerRecord, Record, nodes_dir, pods_dir, start_ticks};
 use super::sandbox::{self, Sandbox};
@@ -587,12 +588,14 @@ impl PodWorker {
             .append(true)
             .open(&log_path)
             .map_err(|e| config_error(e.into()))?;
-        let _ = writeln!(
-            out,
-            "--- egressgw lab: {} started (restart {}) at {}",
-            c.name,
-            ctr.restarts + u32::from(ctr.ever_started),
-            crate::lab::cluster::rfc3339(SystemTime::now())
+        // One write, so a reader following the file never sees half a marker.
+        let _ = out.write_all(
+            logs::marker(
+                &c.name,
+                ctr.restarts + u32::from(ctr.ever_started),
+                &crate::lab::cluster::rfc3339(SystemTime::now()),
+            )
+            .as_bytes(),
         );
         let err = out.try_clone().map_err(|e| config_error(e.into()))?;
         let child = Command::new(&ctx.shim)
@@ -856,6 +859,28 @@ impl PodWorker {
                 .map(|s| s.ip.to_string())
                 .unwrap_or_default(),
             phase: self.phase.clone(),
+            containers,
+        }
+    }
+
+    /// What the kubelet API serves of this Pod's logs.
+    pub fn logs(&self) -> PodLogs {
+        let containers = self
+            .init
+            .iter()
+            .chain(&self.containers)
+            .map(|c| {
+                let logs = ContainerLogs {
+                    path: self.log_path(&c.name),
+                    state: c.log_state(),
+                    pid: c.running().map(|p| p.pid),
+                };
+                (c.name.clone(), logs)
+            })
+            .collect();
+        PodLogs {
+            node: self.node.clone(),
+            terminating: self.terminating,
             containers,
         }
     }

@@ -1,0 +1,200 @@
+//! The bench's smoke run: `egressgw bench` as a user runs it, against the
+//! lab, with every case and variant once for 2 s. It proves the bench
+//! works end to end (its Pods run, their logs are read, offload is
+//! switched and read back, everything is removed), not how fast anything
+//! is: no number is compared with another.
+
+use anyhow::{Context, bail, ensure};
+use serde_json::Value;
+
+use super::objects;
+use super::run::Run;
+use crate::lab::session::Lab;
+
+/// The bench's gateway in this scenario.
+const GATEWAY: &str = "bench-smoke";
+/// The non-gateway node the bench's clients run on.
+const SOURCE: &str = "node-3";
+
+/// `egressgw bench --repeat 1 --duration 2 --reverse --offload both`: every
+/// case produced a number in every variant; case 3 left through the tunnel
+/// (the source node's `egress.vxlan` sent at least what cases 2 and 3 sent
+/// forward) with the EIP (the target's iperf3 saw it); offload
+/// was off where it was switched off; nothing of the bench is left.
+pub fn smoke_bench_measures_every_case_and_case_3_leaves_with_the_eip(
+    run: &mut Run,
+) -> anyhow::Result<()> {
+    let eip = *run.pool.first().context("no pool")?;
+    run.apply(&objects::gateway(GATEWAY, &run.pool_range(), eip))?;
+    let output =
+        std::env::temp_dir().join(format!("egressgw-bench-smoke-{}.json", std::process::id()));
+    let sent_before = tunnel_tx_bytes(run.lab, SOURCE)?;
+    let result = bench(run.lab, &output);
+    let sent_after = tunnel_tx_bytes(run.lab, SOURCE)?;
+    let text = std::fs::read_to_string(&output);
+    let _ = std::fs::remove_file(&output);
+    result?;
+    let doc: Value =
+        serde_json::from_str(&text.with_context(|| format!("reading {}", output.display()))?)?;
+    let samples = doc["samples"].as_array().context("no samples")?;
+    let expected_runs = 3 * 2 + 2 * 2;
+    ensure!(
+        samples.len() == expected_runs,
+        "{} samples, expected {expected_runs}",
+        samples.len()
+    );
+    let placement_eip = doc["placement"]["eip"].as_str().unwrap_or_default();
+    ensure!(
+        placement_eip == eip.to_string(),
+        "the bench's EIP is {placement_eip}, the gateway's pool starts at {eip}"
+    );
+    // Bytes the source node sent forward through its tunnel: case 2's
+    // and, if it took the tunnel, case 3's.
+    let (mut case2_sent, mut case3_sent) = (0.0, 0.0);
+    for s in samples {
+        let what = format!("{} ({})", s["pod"], s["case"]);
+        let received = s["result"]["receivedBps"].as_f64().unwrap_or(0.0);
+        ensure!(received > 0.0, "{what}: no throughput ({received} bit/s)");
+        let rtts = s["result"]["connectRttUs"].as_array().map_or(0, Vec::len);
+        ensure!(rtts > 0, "{what}: no round trips");
+        let forward_bytes = if s["variant"]["reverse"] == false {
+            s["result"]["sentBps"].as_f64().unwrap_or(0.0) * 2.0 / 8.0
+        } else {
+            0.0
+        };
+        if s["case"] == "podToTarget" {
+            let seen = s["result"]["seenFrom"].as_str().unwrap_or("nothing");
+            ensure!(
+                seen == placement_eip,
+                "{what}: the target saw {seen}, not the EIP {placement_eip}"
+            );
+            case3_sent += forward_bytes;
+        } else if s["case"] == "tunnelToTunnel" {
+            case2_sent += forward_bytes;
+        }
+        let offload = &s["variant"]["offload"];
+        ensure!(
+            offload.is_boolean(),
+            "{what}: offload state not read back ({offload})"
+        );
+    }
+    let off = samples
+        .iter()
+        .filter(|s| s["variant"]["offload"] == false)
+        .count();
+    ensure!(
+        off == 4,
+        "{off} samples with offload off, expected 4 (cases 2 and 3, both directions)"
+    );
+    let tunnel_sent = sent_after.saturating_sub(sent_before) as f64;
+    // iperf3's rate times its 2 s, a little under what it really sent.
+    ensure!(
+        tunnel_sent >= (case2_sent + case3_sent) * 0.9,
+        "{SOURCE}'s egress.vxlan sent {tunnel_sent} bytes, less than cases 2 and 3 did forward \
+         ({case2_sent} + {case3_sent}): case 3 did not take the tunnel"
+    );
+    let left = run.lab.kubectl.run(&[
+        "get",
+        "namespace",
+        "egressgw-bench",
+        "--ignore-not-found",
+        "-o",
+        "name",
+    ])?;
+    ensure!(
+        left.trim().is_empty(),
+        "the bench left its namespace: {left}"
+    );
+    run.note(format!(
+        "{} runs; case 3 left with {placement_eip}; cases 2 and 3 sent {:.0} + {:.0} MB forward, \
+         {SOURCE}'s tunnel {:.0} MB",
+        samples.len(),
+        case2_sent / 1e6,
+        case3_sent / 1e6,
+        tunnel_sent / 1e6
+    ));
+    Ok(())
+}
+
+/// Runs the deployed `egressgw bench` in the control plane's namespace.
+fn bench(lab: &Lab, output: &std::path::Path) -> anyhow::Result<()> {
+    let binary = &lab
+        .state
+        .egressgw
+        .as_ref()
+        .context("egressgw is not deployed")?
+        .binary;
+    let topo = &lab.state.topology;
+    let target = format!("{}:{}", topo.target.ip, topo.target.iperf3_port);
+    let kubeconfig = lab.paths.kubeconfig();
+    let args: Vec<String> = ["netns", "exec", topo.control_plane.netns.as_str()]
+        .into_iter()
+        .map(str::to_owned)
+        .chain([
+            binary.display().to_string(),
+            "bench".into(),
+            "--kubeconfig".into(),
+            kubeconfig.display().to_string(),
+        ])
+        .chain(
+            [
+                "--source-node",
+                SOURCE,
+                "--gateway",
+                GATEWAY,
+                "--target",
+                &target,
+                "--duration",
+                "2",
+                "--repeat",
+                "1",
+                "--reverse",
+                "--offload",
+                "both",
+                "--output",
+            ]
+            .map(str::to_owned),
+        )
+        .chain([output.display().to_string()])
+        .collect();
+    let out = std::process::Command::new("ip")
+        .args(&args)
+        .output()
+        .context("running egressgw bench")?;
+    if !out.status.success() {
+        bail!(
+            "egressgw bench failed ({}):\n{}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    Ok(())
+}
+
+/// Bytes `node`'s `egress.vxlan` has sent.
+fn tunnel_tx_bytes(lab: &Lab, node: &str) -> anyhow::Result<u64> {
+    let netns = lab
+        .state
+        .topology
+        .nodes
+        .iter()
+        .find(|n| n.name == node)
+        .with_context(|| format!("no node {node}"))?
+        .netns
+        .as_str()
+        .to_owned();
+    let text = crate::lab::cmd::run(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &netns,
+            "cat",
+            "/sys/class/net/egress.vxlan/statistics/tx_bytes",
+        ],
+    )?;
+    text.trim()
+        .parse()
+        .with_context(|| format!("{node}'s egress.vxlan tx_bytes: {text}"))
+}
