@@ -74,10 +74,33 @@ pub fn netns_pids(ns: &Netns) -> anyhow::Result<HashSet<u32>> {
         .collect()
 }
 
-/// Creates bridge `name` in `ns`, up.
+/// Creates bridge `name` in `ns`, up, with a MAC address of its own.
+///
+/// A bridge without one takes the lowest MAC of its ports and changes it as
+/// ports come and go: a pod that resolved its gateway while a Pod's veth
+/// with a lower MAC was a port keeps that MAC in its neighbour cache after
+/// the veth is gone, and its frames are flooded to the other ports instead
+/// of being routed (and, with `br_netfilter` loaded, masqueraded to the
+/// bridge's address on the way) for the half minute it takes the cache to
+/// notice. CNI bridges avoid this the same way.
 pub fn add_bridge(ns: &Netns, name: &str) -> anyhow::Result<()> {
-    ip(ns, &["link", "add", name, "type", "bridge"])?;
+    let mac = bridge_mac(ns, name);
+    ip(
+        ns,
+        &["link", "add", name, "address", &mac, "type", "bridge"],
+    )?;
     link_up(ns, name)
+}
+
+/// A locally administered unicast MAC, stable for the bridge's name.
+fn bridge_mac(ns: &Netns, name: &str) -> String {
+    let mut hash = super::build::Fnv1a::default();
+    hash.write(format!("{ns}/{name}").as_bytes());
+    let b = hash.finish().to_be_bytes();
+    format!(
+        "02:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+        b[3], b[4], b[5], b[6], b[7]
+    )
 }
 
 /// Creates a veth pair: `name` in `ns`, `peer` in `peer_ns`; both up.
@@ -133,4 +156,18 @@ pub fn sysctl(ns: &Netns, key: &str, value: &str) -> anyhow::Result<()> {
 /// Runs `iptables args...` inside `ns`.
 pub fn iptables(ns: &Netns, args: &[&str]) -> anyhow::Result<()> {
     exec(ns, "iptables", args).map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bridge_macs_are_local_unicast_stable_and_differ_by_namespace() {
+        let a = bridge_mac(&Netns::parse("e2e-node-1"), "cni0");
+        let b = bridge_mac(&Netns::parse("e2e-node-2"), "cni0");
+        assert_ne!(a, b);
+        assert!(a.starts_with("02:") && a.len() == 17, "{a}");
+        assert_eq!(a, bridge_mac(&Netns::parse("e2e-node-1"), "cni0"));
+    }
 }
