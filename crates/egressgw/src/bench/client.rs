@@ -308,10 +308,15 @@ async fn connect_rtts(args: &ClientArgs, server: IpAddr) -> anyhow::Result<Vec<u
             .await
             .with_context(|| format!("connecting to {server}: no answer within 3 s"))?;
         // A reset answers the SYN as well as a SYN-ACK does: iperf3's server
-        // closes its listening socket for a moment after every test.
+        // closes its listening socket for a moment after every test (and
+        // resets what waited in its queue).
         match answer {
             Ok(stream) => drop(stream),
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::ConnectionReset
+                ) => {}
             Err(e) => return Err(e).with_context(|| format!("connecting to {server}")),
         }
         rtts.push(u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX));
