@@ -104,7 +104,7 @@ pub fn answered_for(ip: IpAddr, wait: std::time::Duration) -> Result<Option<Stri
         };
         let config = Config {
             read_timeout: Some(std::time::Duration::from_millis(10)),
-            ..Config::default()
+            ..packet_config()
         };
         let (tx, rx) = match pnet_datalink::channel(&iface, config) {
             Ok(Channel::Ethernet(tx, rx)) => (tx, rx),
@@ -319,8 +319,20 @@ fn frames(ip: IpAddr, mac: [u8; 6]) -> Vec<Vec<u8>> {
     }
 }
 
+/// Packet sockets on the uplink, not promiscuous: the answers to a probe
+/// come to this node's MAC or to broadcast (IPv6: all-nodes), and putting
+/// the uplink in promiscuous mode for every probe and announcement would
+/// make its NIC take every frame on the segment, and some drivers reset
+/// their receive path on each change.
+fn packet_config() -> Config {
+    Config {
+        promiscuous: false,
+        ..Config::default()
+    }
+}
+
 fn send(iface: &NetworkInterface, frames: &[Vec<u8>]) -> Result<(), String> {
-    let mut tx = match pnet_datalink::channel(iface, Config::default()) {
+    let mut tx = match pnet_datalink::channel(iface, packet_config()) {
         Ok(Channel::Ethernet(tx, _)) => tx,
         Ok(_) => return Err("no Ethernet channel".to_owned()),
         Err(e) => return Err(format!("open packet socket: {e}")),
