@@ -66,7 +66,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
         ensure_gateway(&lab)?;
     }
     let command = bench_command(&lab, &binary, &args.flags)?;
-    println!("running: {}", shown(&command));
+    println!("running: {}", command.join(" "));
     let status = Command::new(&command[0])
         .args(&command[1..])
         .status()
@@ -142,10 +142,6 @@ fn bench_command(
     }
     command.extend(flags.iter().cloned());
     Ok(command)
-}
-
-fn shown(command: &[String]) -> String {
-    command.join(" ")
 }
 
 #[cfg(test)]

@@ -140,9 +140,9 @@ async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
              `egressgw bench --cleanup`"
         )),
     };
-    let samples = outcome?;
+    let (placed, samples) = outcome?;
     cleaned?;
-    bench.report(&samples)
+    bench.report(&placed, &samples)
 }
 
 fn progress(line: &str) {
@@ -273,8 +273,6 @@ struct Bench<'a> {
     setup: Setup,
     target: SocketAddr,
     agents: Agents,
-    /// Filled in by `prepare`.
-    placed: Option<Placed>,
     started: Instant,
     environment: BTreeMap<String, Value>,
 }
@@ -342,14 +340,13 @@ impl<'a> Bench<'a> {
             setup,
             target,
             agents,
-            placed: None,
             started: Instant::now(),
             environment: BTreeMap::new(),
         })
     }
 
     /// Everything up to the report: objects, phases, runs.
-    async fn measure(&mut self) -> anyhow::Result<Vec<Sample>> {
+    async fn measure(&mut self) -> anyhow::Result<(Placed, Vec<Sample>)> {
         let placed = self.prepare().await?;
         let (config, _) = offload::read_config(&self.client, &self.agents).await?;
         let configured_on = !offload::offload_disabled(&config)?;
@@ -374,7 +371,7 @@ impl<'a> Bench<'a> {
                 samples.push(sample);
             }
         }
-        Ok(samples)
+        Ok((placed, samples))
     }
 
     /// Creates the namespace, the policy and the server; finds the nodes'
@@ -437,7 +434,6 @@ impl<'a> Bench<'a> {
             self.setup.source_node, self.target
         ));
         self.start_server(&gateway_node).await?;
-        self.placed = Some(placed.clone());
         Ok(placed)
     }
 
@@ -747,9 +743,8 @@ impl<'a> Bench<'a> {
     }
 
     /// Prints the table; writes the JSON and the chart when asked.
-    fn report(&self, samples: &[Sample]) -> anyhow::Result<()> {
+    fn report(&self, placed: &Placed, samples: &[Sample]) -> anyhow::Result<()> {
         let rows = report::summarize(samples);
-        let placed = self.placed.as_ref().context("the bench did not start")?;
         let heading = format!(
             "egressgw bench: {} -> {} (gateway {}, EIP {}) -> target {}; {} x {} s, {} stream(s)",
             self.setup.source_node,
