@@ -12,7 +12,10 @@
 //!   that node lives (a recovered node does not pull traffic back), else to
 //!   the first live candidate. A source that moved on a passing hiccup
 //!   thus comes back to the holder instead of staying with a node that
-//!   cannot send its traffic out;
+//!   cannot send its traffic out. A candidate that finds itself the first
+//!   live one claims, wherever its traffic went before: two candidates that
+//!   once sent to each other (their plans disagreed for a moment) would
+//!   otherwise wait for each other forever;
 //! - a holder keeps its EIP while it reaches at least half of the nodes
 //!   (itself included) and stays a candidate; below that it is cut off and
 //!   gives the EIP up (fencing), before any other node may take it;
@@ -124,27 +127,37 @@ pub fn resolve(planned: &NodeState, view: View<'_>) -> Resolved {
                 .and_then(|n| index(n))
                 .or_else(|| group.candidates.iter().position(|c| live_holder(&c.node)))
         };
+        // The first candidate that lives and, if it is this node, may take
+        // the EIP.
+        let first_live = || {
+            group.candidates.iter().position(|c| {
+                if c.node != me {
+                    return view.live.contains(&c.node);
+                }
+                match group.eip {
+                    Some(ip) => quorum.may_claim() && !view.in_use.contains(&ip),
+                    None => true,
+                }
+            })
+        };
         let target = if holds && mine.is_some() && quorum.may_keep() {
             mine
         } else if let Some(found) = found_holder() {
             Some(found)
         } else {
-            let sticky = view
-                .previous
-                .get(&group.key)
-                .filter(|n| n.as_str() != me && alive(n))
-                .and_then(|n| index(n));
-            sticky.or_else(|| {
-                group.candidates.iter().position(|c| {
-                    if c.node != me {
-                        return view.live.contains(&c.node);
-                    }
-                    match group.eip {
-                        Some(ip) => quorum.may_claim() && !view.in_use.contains(&ip),
-                        None => true,
-                    }
-                })
-            })
+            let first = first_live();
+            if first.is_some() && first == mine {
+                // This node's turn: it claims, wherever the traffic went
+                // before (see the module's notes).
+                first
+            } else {
+                let sticky = view
+                    .previous
+                    .get(&group.key)
+                    .filter(|n| n.as_str() != me && alive(n))
+                    .and_then(|n| index(n));
+                sticky.or(first)
+            }
         };
         if target.is_some()
             && target == mine

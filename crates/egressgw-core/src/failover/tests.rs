@@ -296,3 +296,31 @@ fn an_eip_no_longer_planned_here_is_released() {
         vec![(ip(EIP), "this node is no longer a candidate")]
     );
 }
+
+#[test]
+fn two_candidates_that_sent_to_each_other_do_not_wait_for_each_other_forever() {
+    // Their plans disagreed for a moment (each saw the other first), so
+    // each sent the group to the other; now they agree that a comes first.
+    let key = format!("gw/{EIP}");
+    let a = planned("a", &["a", "b", "c"], &["a", "b"], true);
+    let mut seen = Seen::new(&["b", "c"]);
+    seen.previous.insert(key.clone(), "b".into());
+    let out = resolve(&a, seen.view());
+    assert_eq!(out.claims, vec![ip(EIP)], "the first live candidate claims");
+    assert_eq!(out.targets[&key], Some("a".to_owned()));
+
+    let b = planned("b", &["a", "b", "c"], &["a", "b"], true);
+    let mut seen = Seen::new(&["a", "c"]);
+    seen.previous.insert(key.clone(), "a".into());
+    let out = resolve(&b, seen.view());
+    assert!(out.claims.is_empty());
+    assert_eq!(out.targets[&key], Some("a".to_owned()));
+
+    // A standby that sent its own pods to the next one while the first was
+    // silent claims nothing when the first is back and nobody holds yet.
+    let mut seen = Seen::new(&["a", "c"]);
+    seen.previous.insert(key.clone(), "a".into());
+    let c = planned("c", &["a", "b", "c"], &["a", "b", "c"], true);
+    let out = resolve(&c, seen.view());
+    assert!(out.claims.is_empty());
+}
