@@ -15,6 +15,7 @@
 //! no operation at all.
 
 pub mod announce;
+pub mod conntrack;
 mod error;
 pub mod ethtool;
 pub mod fake;

@@ -800,6 +800,10 @@ pub trait Firewall {
 
     /// Deletes the table; returns whether it existed.
     fn remove(&mut self) -> Result<bool>;
+
+    /// Deletes the conntrack entries under `keys` that never saw an answer
+    /// (see [`crate::conntrack`]); returns how many went.
+    fn forget_unanswered(&mut self, keys: &[ElemKey]) -> std::io::Result<usize>;
 }
 
 /// The real backend: runs the `nft` binary in the caller's network
@@ -870,6 +874,10 @@ fn is_missing(e: &Error) -> bool {
 }
 
 impl Firewall for Nft {
+    fn forget_unanswered(&mut self, keys: &[ElemKey]) -> std::io::Result<usize> {
+        crate::conntrack::forget_unanswered(keys)
+    }
+
     fn observe(&mut self) -> Result<Option<Observed>> {
         let what = format!("list table {FAMILY} {TABLE}");
         match self.run(&what, &["-j", "list", "table", FAMILY, TABLE], "") {
@@ -1059,6 +1067,8 @@ pub struct FakeFirewall {
     pub fail: BTreeSet<String>,
     /// How many `apply` calls carried at least one op.
     pub transactions: usize,
+    /// The keys whose unanswered connections were to be forgotten.
+    pub forgotten: Vec<ElemKey>,
 }
 
 impl FakeFirewall {
@@ -1127,6 +1137,11 @@ impl FakeFirewall {
 }
 
 impl Firewall for FakeFirewall {
+    fn forget_unanswered(&mut self, keys: &[ElemKey]) -> std::io::Result<usize> {
+        self.forgotten.extend_from_slice(keys);
+        Ok(keys.len())
+    }
+
     fn observe(&mut self) -> Result<Option<Observed>> {
         Ok(self.table.clone())
     }

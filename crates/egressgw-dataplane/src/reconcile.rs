@@ -9,7 +9,7 @@ use tracing::Instrument as _;
 
 use crate::kernel::{self, Desired, KernelOp, KernelPlan, Parent, Scope};
 use crate::netlink::Netlink;
-use crate::nft::{self, Firewall, FirewallSpec};
+use crate::nft::{self, ElemChange, ElemKey, Firewall, FirewallSpec, FwOp, Verdict};
 
 /// A node's dataplane: the routing side and the firewall, reconciled
 /// together.
@@ -186,9 +186,40 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
                 let ops = nft::plan(&spec, observed.as_ref());
                 if !ops.is_empty() {
                     report.merge(self.firewall.apply(&ops));
+                    self.forget_unanswered(&ops, report);
                 }
             }
             Err(e) => report.record("read the nftables table", Err(e)),
+        }
+    }
+
+    /// Sources classified anew (or sent elsewhere) by `ops` start afresh:
+    /// their connection attempts that never saw an answer are forgotten,
+    /// so that the next packet follows the classification instead of the
+    /// NAT binding of the way it left before (see [`crate::conntrack`]).
+    fn forget_unanswered(&mut self, ops: &[FwOp], report: &mut Report) {
+        let keys: Vec<ElemKey> = ops
+            .iter()
+            .filter_map(|op| match op {
+                FwOp::Classify(ElemChange::Add, key, Verdict::Mark(_) | Verdict::Local) => {
+                    Some(*key)
+                }
+                _ => None,
+            })
+            .collect();
+        if keys.is_empty() {
+            return;
+        }
+        match self.firewall.forget_unanswered(&keys) {
+            Ok(0) => {}
+            Ok(n) => report.record(
+                format!("forget {n} unanswered connection(s) of newly classified sources"),
+                Ok::<(), String>(()),
+            ),
+            Err(e) => report.warn(format!(
+                "cannot forget the unanswered connections of newly classified sources \
+                 (their next attempt may stall): {e}"
+            )),
         }
     }
 
@@ -274,6 +305,45 @@ mod tests {
 
             let second = dp.reconcile(&node_state(true)).await;
             assert_eq!(second.ops(), 0, "{:?}", second.applied);
+        });
+    }
+
+    #[test]
+    fn sources_classified_anew_have_their_unanswered_connections_forgotten() {
+        run(async {
+            use egressgw_core::state::{Action, ClassifyEntry};
+            let mut dp = dataplane();
+            let mut state = node_state(true);
+            let entry = |src: &str, action: Action| ClassifyEntry {
+                src: ip(src),
+                dst: "198.51.100.0/24".parse().unwrap(),
+                action,
+                policy: None,
+                group: None,
+            };
+            state.classify = vec![
+                entry(
+                    "10.244.1.2",
+                    Action::Tunnel {
+                        gateway: "b".into(),
+                        mark: Config::default().mark(1),
+                    },
+                ),
+                entry("10.244.1.3", Action::Local),
+                entry("10.244.1.4", Action::Drop),
+                entry("10.244.1.5", Action::Bypass),
+            ];
+            let first = dp.reconcile(&state).await;
+            assert!(first.is_ok(), "{:?}", first.failed);
+            // Dropped traffic never leaves, bypassed traffic stays on the
+            // way it took: only sources sent somewhere new start afresh.
+            let forgotten: Vec<IpAddr> = dp.firewall.forgotten.iter().map(|k| k.src).collect();
+            assert_eq!(forgotten, vec![ip("10.244.1.2"), ip("10.244.1.3")]);
+            assert!(first.applied.iter().any(|op| op.starts_with("forget ")));
+            // Nothing classified anew: nothing forgotten.
+            dp.firewall.forgotten.clear();
+            dp.reconcile(&state).await;
+            assert!(dp.firewall.forgotten.is_empty());
         });
     }
 

@@ -22,7 +22,7 @@ use support::netns::{
 };
 use support::traffic::{
     SOURCE_BYTES, Server, Service, counters, download, ethtool_feature, iperf3, iperf3_client,
-    iperf3_result, iperf3_server, upload, whoami,
+    iperf3_result, iperf3_server, upload, whoami, whoami_from_port,
 };
 
 /// The tunnel device's default name.
@@ -241,6 +241,54 @@ fn a_selected_pod_on_the_gateway_node_is_snatted_to_the_egress_ip() {
         eip(&gw),
         "pod-b1 is selected, on the gateway",
     );
+}
+
+#[test]
+fn a_connection_attempt_that_left_the_normal_way_before_its_pod_was_selected_gets_through_at_once()
+{
+    if !have_root(
+        "a_connection_attempt_that_left_the_normal_way_before_its_pod_was_selected_gets_through_at_once",
+    ) {
+        return;
+    }
+    let topo = Topology::new(Masquerade::Nft);
+    let _target = Server::start(&topo.target, Service::Whoami);
+    // The target allows the EIPs only, as a partner's allowlist does: what
+    // leaves with a node's address is dropped, unanswered.
+    for cmd in [
+        "add table ip allowlist".to_owned(),
+        "add chain ip allowlist input { type filter hook input priority 0 ; }".to_owned(),
+        format!(
+            "add rule ip allowlist input tcp dport 8080 ip saddr {{ {NODE_A_IP}, {NODE_B_EXTERNAL_IP} }} drop"
+        ),
+    ] {
+        topo.target.run("nft", &[&cmd]);
+    }
+    // Before the policy: each pod's attempt leaves masqueraded and stays
+    // unanswered, its conntrack entry on the node waiting for an answer.
+    let attempts = [
+        (&topo.pod_a1, 40_001, "pod-a1 on node A"),
+        (&topo.pod_b1, 40_002, "pod-b1 on the gateway node B"),
+    ];
+    for (pod, port, what) in attempts {
+        let seen = whoami_from_port(pod, TARGET_IP, port, Duration::from_millis(800));
+        assert!(
+            seen.is_err(),
+            "{what}: the target dropped the node's address, yet saw {seen:?}"
+        );
+    }
+    let gw = apply_both(&topo, &Policy::default(), DEFAULT_CONFIG);
+    // The same tuple again (a retransmission, or a port used again): the
+    // first SYN must get through with the EIP, not stall behind the old
+    // entry's masquerade binding.
+    for (pod, port, what) in attempts {
+        match whoami_from_port(pod, TARGET_IP, port, Duration::from_millis(800)) {
+            Ok(seen) => assert_eq!(seen, eip(&gw), "{what}"),
+            Err(e) => {
+                panic!("{what}: the attempt from the same port after the policy stalled: {e}")
+            }
+        }
+    }
 }
 
 #[test]

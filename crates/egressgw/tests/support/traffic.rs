@@ -161,6 +161,43 @@ pub fn whoami(ns: &Netns, ip: &str) -> Result<IpAddr, String> {
         .map_err(|e| format!("whoami from {ip} answered {answer:?}: {e}"))
 }
 
+/// [`whoami`] from a fixed source port, giving up after `timeout`: shorter
+/// than TCP's first retransmission (1 s), it asks whether the first SYN
+/// got through.
+pub fn whoami_from_port(
+    ns: &Netns,
+    ip: &str,
+    port: u16,
+    timeout: Duration,
+) -> Result<IpAddr, String> {
+    let dst = SocketAddr::new(ip.parse().expect("a valid test address"), WHOAMI_PORT);
+    let src = SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), port);
+    let stream = ns
+        .enter(move || -> std::io::Result<TcpStream> {
+            let socket = socket2::Socket::new(
+                socket2::Domain::IPV4,
+                socket2::Type::STREAM,
+                Some(socket2::Protocol::TCP),
+            )?;
+            socket.set_reuse_address(true)?;
+            socket.bind(&src.into())?;
+            socket.connect_timeout(&dst.into(), timeout)?;
+            Ok(socket.into())
+        })
+        .map_err(|e| format!("connecting from {} port {port} to {dst}: {e}", ns.name()))?;
+    stream
+        .set_read_timeout(Some(timeout))
+        .map_err(|e| format!("setting timeouts: {e}"))?;
+    let mut answer = String::new();
+    (&stream)
+        .read_to_string(&mut answer)
+        .map_err(|e| format!("reading whoami from {ip} in {}: {e}", ns.name()))?;
+    answer
+        .trim()
+        .parse()
+        .map_err(|e| format!("whoami from {ip} answered {answer:?}: {e}"))
+}
+
 /// Downloads from the source service at `ip`; returns the bytes received.
 pub fn download(ns: &Netns, ip: &str) -> Result<usize, String> {
     let mut stream = connect(ns, ip, SOURCE_PORT)?;
