@@ -445,7 +445,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
-    use crate::testns::{in_new_netns, root_or_skip, sh};
+    use crate::testns::{in_new_netns, links_up, root_or_skip, sh};
 
     const MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x0a];
 
@@ -678,7 +678,7 @@ mod tests {
     fn veth_pair_with(addr: &str) {
         sh("ip link add name a type veth peer name b");
         sh(&format!("ip addr add {addr} dev a"));
-        sh("ip link set dev a up && ip link set dev b up");
+        links_up(&["a", "b"]);
     }
 
     #[test]
@@ -749,7 +749,7 @@ mod kernel_tests {
     use std::time::{Duration, Instant};
 
     use super::*;
-    use crate::testns::{in_new_netns, root_or_skip, sh};
+    use crate::testns::{in_new_netns, links_up, root_or_skip, sh};
 
     /// Gives `b` an address and a stale neighbour entry for `eip` pointing to
     /// a wrong MAC, announces `eip`, and waits up to 2 s for `b`'s kernel to
@@ -757,7 +757,7 @@ mod kernel_tests {
     fn neighbour_of_b_moves_to_a(b_addr: &str, eip: &str) {
         sh("ip link add name a type veth peer name b");
         sh(&format!("ip addr add {b_addr} dev b"));
-        sh("ip link set dev a up && ip link set dev b up");
+        links_up(&["a", "b"]);
         let prefix = b_addr.split_once('/').map(|(_, p)| p).unwrap_or_default();
         let a_addr = if eip.contains(':') {
             "2001:db8::11"
@@ -820,7 +820,7 @@ mod kernel_tests {
         sh(&format!("ip addr add {a_addr} dev a"));
         let nodad = if taken.contains(':') { " nodad" } else { "" };
         sh(&format!("ip addr add {taken} dev b{nodad}"));
-        sh("ip link set dev a up && ip link set dev b up");
+        links_up(&["a", "b"]);
         let b_mac = pnet_datalink::interfaces()
             .into_iter()
             .find(|i| i.name == "b")

@@ -62,6 +62,30 @@ pub(crate) fn sh(cmd: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Sets the links `names` up and waits (at most 5 s) until the kernel has
+/// switched each on: right after `ip link set up` a veth's carrier comes
+/// through the kernel's link watcher, and until then what is sent on it is
+/// dropped.
+pub(crate) fn links_up(names: &[&str]) {
+    for name in names {
+        sh(&format!("ip link set dev {name} up"));
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    for name in names {
+        loop {
+            let link = sh(&format!("ip -o link show dev {name}"));
+            if link.contains("state UP") {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{name} is not up after 5 s: {link}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
+
 /// Node A of a two-node cluster whose gateway is B; with `eip`, A is
 /// also a gateway owning it.
 pub(crate) fn node_state(eip: bool) -> NodeState {
