@@ -40,6 +40,13 @@ APT_PACKAGES=(ca-certificates curl gcc libc6-dev)
 # (procps), conntrack (what a failed scenario shows of a node's connections).
 TEST_APT_PACKAGES=(iproute2 nftables iptables ethtool iperf3 procps conntrack)
 
+# The eBPF datapath (bpf/egressgw-ebpf) builds with a nightly toolchain that
+# has rust-src (for -Z build-std=core) and bpf-linker, which links against
+# that nightly's own LLVM: Debian ships no LLVM new enough.
+EBPF_TOOLCHAIN="${EGRESSGW_EBPF_TOOLCHAIN:-nightly}"
+EBPF_LLVM_MAJOR=22
+BPF_LINKER_VERSION=0.13.0
+
 SCRIPT_NAME=setup
 # shellcheck source=scripts/lib.sh
 source "$ROOT/scripts/lib.sh"
@@ -131,11 +138,52 @@ step_rust() {
     detail "ok: $(rustc --version)"
 }
 
+# The nightly's LLVM shared library (libLLVM.so.<major>...), or nothing.
+nightly_libllvm() {
+    local sysroot
+    sysroot="$(rustc "+$EBPF_TOOLCHAIN" --print sysroot 2>/dev/null)" || return 0
+    find "$sysroot/lib" -maxdepth 1 -name "libLLVM.so.$EBPF_LLVM_MAJOR.*" -print -quit
+}
+
+step_ebpf_toolchain() {
+    log "eBPF toolchain ($EBPF_TOOLCHAIN with rust-src, bpf-linker $BPF_LINKER_VERSION)"
+    command -v rustup >/dev/null || die "the eBPF build needs rustup (for the $EBPF_TOOLCHAIN toolchain)"
+    if ! rustc "+$EBPF_TOOLCHAIN" --version >/dev/null 2>&1; then
+        detail "installing the $EBPF_TOOLCHAIN toolchain"
+        quietly "rustup toolchain install" rustup toolchain install "$EBPF_TOOLCHAIN" --profile minimal
+    fi
+    if ! grep '^rust-src' <<<"$(rustup component list --installed --toolchain "$EBPF_TOOLCHAIN")" >/dev/null; then
+        detail "adding rust-src to $EBPF_TOOLCHAIN"
+        quietly "rustup component add rust-src" rustup component add --toolchain "$EBPF_TOOLCHAIN" rust-src
+    fi
+    local libllvm key
+    libllvm="$(nightly_libllvm)"
+    [[ -n "$libllvm" ]] ||
+        die "$EBPF_TOOLCHAIN ($(rustc "+$EBPF_TOOLCHAIN" --version)) ships no LLVM $EBPF_LLVM_MAJOR library for bpf-linker; set EGRESSGW_EBPF_TOOLCHAIN to a nightly with LLVM $EBPF_LLVM_MAJOR"
+    key="bpf-linker $BPF_LINKER_VERSION ${libllvm##*/}"
+    if marker_ok bpf-linker "$key" && [[ -x "$CARGO_BIN/bpf-linker" ]]; then
+        detail "ok: bpf-linker $BPF_LINKER_VERSION (LLVM of ${libllvm##*/})"
+        return 0
+    fi
+    # bpf-linker finds LLVM under LLVM_PREFIX/lib64: point that at the
+    # nightly's library.
+    local prefix="$CACHE_DIR/bpf-linker-llvm"
+    mkdir -p "$prefix/lib64"
+    ln -sfn "$libllvm" "$prefix/lib64/libLLVM.so"
+    detail "building bpf-linker $BPF_LINKER_VERSION against ${libllvm##*/} (about 2 minutes)"
+    quietly "cargo install bpf-linker" env LLVM_PREFIX="$prefix" \
+        cargo "+$EBPF_TOOLCHAIN" install bpf-linker --version "$BPF_LINKER_VERSION" --locked \
+        --no-default-features --features "llvm-$EBPF_LLVM_MAJOR"
+    marker_set bpf-linker "$key"
+    detail "ok: bpf-linker $BPF_LINKER_VERSION"
+}
+
 main() {
     mkdir -p "$CACHE_DIR"
     start_log
     step_apt
     step_rust
+    step_ebpf_toolchain
     if ! (PATH="$ORIGINAL_PATH" && command -v cargo >/dev/null); then
         detail "note: add $CARGO_BIN to your PATH (the other scripts do this themselves)"
     fi

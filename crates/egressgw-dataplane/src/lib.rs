@@ -16,6 +16,7 @@
 
 pub mod announce;
 pub mod conntrack;
+pub mod ebpf;
 mod error;
 pub mod ethtool;
 pub mod fake;

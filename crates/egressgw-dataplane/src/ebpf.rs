@@ -1,0 +1,399 @@
+//! The eBPF classifier (`bpf/egressgw-ebpf`): loaded from the object built
+//! into this binary, attached on TC ingress of the interfaces pod traffic
+//! enters a node by, filled from the planner's classification entries, and
+//! read back for its per-policy counters. The map layout is
+//! `egressgw-common`'s.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use aya::maps::lpm_trie::Key;
+use aya::maps::{LpmTrie, MapData, PerCpuArray};
+use aya::programs::tc::{self, SchedClassifierLinkId};
+use aya::programs::{SchedClassifier, TcAttachType};
+use aya::util::KernelVersion;
+use egressgw_common as common;
+use egressgw_common::{Counter, Dst4, Dst6, Key4, Key6, Verdict};
+use ipnet::IpNet;
+
+/// The object built into this binary, if it was built with one.
+pub fn object() -> Option<&'static [u8]> {
+    #[cfg(egressgw_ebpf)]
+    {
+        Some(aya::include_bytes_aligned!(concat!(
+            env!("OUT_DIR"),
+            "/egressgw-ebpf"
+        )))
+    }
+    #[cfg(not(egressgw_ebpf))]
+    {
+        None
+    }
+}
+
+/// What went wrong with the eBPF classifier, naming the object concerned.
+#[derive(Debug, thiserror::Error)]
+pub enum EbpfError {
+    /// This binary carries no program.
+    #[error(
+        "this build of egressgw carries no eBPF program (it was built without the eBPF toolchain or with AYA_BUILD_SKIP=1)"
+    )]
+    NotBuilt,
+    /// A step failed.
+    #[error("{what}: {message}")]
+    Failed {
+        /// The step and its object.
+        what: String,
+        /// What aya or the kernel said.
+        message: String,
+    },
+}
+
+fn failed(what: impl Into<String>) -> impl FnOnce(String) -> EbpfError {
+    let what = what.into();
+    move |message| EbpfError::Failed { what, message }
+}
+
+/// The loaded classifier and where it is attached.
+#[derive(Debug)]
+pub struct Classifier {
+    ebpf: aya::Ebpf,
+    attached: BTreeMap<String, SchedClassifierLinkId>,
+}
+
+impl Classifier {
+    /// Loads the program and creates its maps (empty).
+    pub fn load() -> Result<Self, EbpfError> {
+        let object = object().ok_or(EbpfError::NotBuilt)?;
+        let mut ebpf = aya::Ebpf::load(object)
+            .map_err(|e| e.to_string())
+            .map_err(failed("loading the eBPF object"))?;
+        program(&mut ebpf)?
+            .load()
+            .map_err(|e| format!("{e:#}"))
+            .map_err(failed(format!("loading the program {}", common::PROGRAM)))?;
+        Ok(Classifier {
+            ebpf,
+            attached: BTreeMap::new(),
+        })
+    }
+
+    /// Attaches the program on TC ingress of `iface` (TCX where the kernel
+    /// has it, clsact otherwise); attaching twice does nothing.
+    pub fn attach(&mut self, iface: &str) -> Result<(), EbpfError> {
+        if self.attached.contains_key(iface) {
+            return Ok(());
+        }
+        let tcx = KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0));
+        if !tcx {
+            // An existing clsact qdisc is fine.
+            let _ = tc::qdisc_add_clsact(iface);
+        }
+        let id = program(&mut self.ebpf)?
+            .attach(iface, TcAttachType::Ingress)
+            .map_err(|e| format!("{e:#}"))
+            .map_err(failed(format!("attaching to the ingress of {iface}")))?;
+        self.attached.insert(iface.to_owned(), id);
+        Ok(())
+    }
+
+    /// Detaches the program from `iface`.
+    pub fn detach(&mut self, iface: &str) -> Result<(), EbpfError> {
+        let Some(id) = self.attached.remove(iface) else {
+            return Ok(());
+        };
+        program(&mut self.ebpf)?
+            .detach(id)
+            .map_err(|e| format!("{e:#}"))
+            .map_err(failed(format!("detaching from the ingress of {iface}")))
+    }
+
+    /// Classifies traffic from `src` to `dst` with `verdict`.
+    pub fn insert(&mut self, src: IpAddr, dst: IpNet, verdict: Verdict) -> Result<(), EbpfError> {
+        let what = format!("classify entry {src} . {dst}");
+        match (src, dst) {
+            (IpAddr::V4(s), IpNet::V4(d)) => {
+                self.trie4(common::CLASSIFY4)?
+                    .insert(&key4(s.octets(), d), verdict, 0)
+            }
+            (IpAddr::V6(s), IpNet::V6(d)) => {
+                self.trie6(common::CLASSIFY6)?
+                    .insert(&key6(s.octets(), d), verdict, 0)
+            }
+            _ => {
+                return Err(failed(what)(
+                    "source and destination of different families".into(),
+                ));
+            }
+        }
+        .map_err(|e| e.to_string())
+        .map_err(failed(what))
+    }
+
+    /// Removes the entry for `src` and `dst`.
+    pub fn remove(&mut self, src: IpAddr, dst: IpNet) -> Result<(), EbpfError> {
+        let what = format!("classify entry {src} . {dst}");
+        match (src, dst) {
+            (IpAddr::V4(s), IpNet::V4(d)) => {
+                self.trie4(common::CLASSIFY4)?.remove(&key4(s.octets(), d))
+            }
+            (IpAddr::V6(s), IpNet::V6(d)) => {
+                self.trie6(common::CLASSIFY6)?.remove(&key6(s.octets(), d))
+            }
+            _ => {
+                return Err(failed(what)(
+                    "source and destination of different families".into(),
+                ));
+            }
+        }
+        .map_err(|e| e.to_string())
+        .map_err(failed(what))
+    }
+
+    /// Marks `net` as inside the cluster: never classified.
+    pub fn insert_cluster(&mut self, net: IpNet) -> Result<(), EbpfError> {
+        let what = format!("in-cluster range {net}");
+        match net {
+            IpNet::V4(n) => {
+                let mut trie: LpmTrie<&mut MapData, Dst4, u32> = self.map(common::CLUSTER4)?;
+                trie.insert(
+                    &Key::new(
+                        u32::from(n.prefix_len()),
+                        Dst4 {
+                            dst: n.network().octets(),
+                        },
+                    ),
+                    1,
+                    0,
+                )
+            }
+            IpNet::V6(n) => {
+                let mut trie: LpmTrie<&mut MapData, Dst6, u32> = self.map(common::CLUSTER6)?;
+                trie.insert(
+                    &Key::new(
+                        u32::from(n.prefix_len()),
+                        Dst6 {
+                            dst: n.network().octets(),
+                        },
+                    ),
+                    1,
+                    0,
+                )
+            }
+        }
+        .map_err(|e| e.to_string())
+        .map_err(failed(what))
+    }
+
+    /// Counter `index` summed over every CPU.
+    pub fn counter(&self, index: u32) -> Result<Counter, EbpfError> {
+        let what = format!("counter {index}");
+        let map = self
+            .ebpf
+            .map(common::COUNTERS)
+            .ok_or_else(|| failed(what.clone())("the object has no counters map".into()))?;
+        let array: PerCpuArray<&MapData, Counter> = PerCpuArray::try_from(map)
+            .map_err(|e| e.to_string())
+            .map_err(failed(what.clone()))?;
+        let per_cpu = array
+            .get(&index, 0)
+            .map_err(|e| e.to_string())
+            .map_err(failed(what))?;
+        Ok(per_cpu.iter().fold(Counter::default(), |sum, c| Counter {
+            packets: sum.packets + c.packets,
+            bytes: sum.bytes + c.bytes,
+        }))
+    }
+
+    fn trie4(&mut self, name: &str) -> Result<LpmTrie<&mut MapData, Key4, Verdict>, EbpfError> {
+        self.map(name)
+    }
+
+    fn trie6(&mut self, name: &str) -> Result<LpmTrie<&mut MapData, Key6, Verdict>, EbpfError> {
+        self.map(name)
+    }
+
+    fn map<'a, T>(&'a mut self, name: &str) -> Result<T, EbpfError>
+    where
+        T: TryFrom<&'a mut aya::maps::Map, Error = aya::maps::MapError>,
+    {
+        let map = self
+            .ebpf
+            .map_mut(name)
+            .ok_or_else(|| failed(format!("map {name}"))("the object has no such map".into()))?;
+        T::try_from(map)
+            .map_err(|e| e.to_string())
+            .map_err(failed(format!("map {name}")))
+    }
+}
+
+fn program(ebpf: &mut aya::Ebpf) -> Result<&mut SchedClassifier, EbpfError> {
+    let what = format!("program {}", common::PROGRAM);
+    ebpf.program_mut(common::PROGRAM)
+        .ok_or_else(|| failed(what.clone())("the object has no such program".into()))?
+        .try_into()
+        .map_err(|e: aya::programs::ProgramError| e.to_string())
+        .map_err(failed(what))
+}
+
+/// The trie key of source `src` and destination network `dst`.
+fn key4(src: [u8; 4], dst: ipnet::Ipv4Net) -> Key<Key4> {
+    Key::new(
+        32 + u32::from(dst.prefix_len()),
+        Key4 {
+            src,
+            dst: dst.network().octets(),
+        },
+    )
+}
+
+fn key6(src: [u8; 16], dst: ipnet::Ipv6Net) -> Key<Key6> {
+    Key::new(
+        128 + u32::from(dst.prefix_len()),
+        Key6 {
+            src,
+            dst: dst.network().octets(),
+        },
+    )
+}
+
+#[cfg(test)]
+mod kernel_tests {
+    use std::net::UdpSocket;
+
+    use egressgw_common::kind;
+
+    use super::*;
+    use crate::testns::{in_new_netns, links_up, root_or_skip, sh};
+
+    const POD: &str = "10.244.1.5";
+    const OTHER_POD: &str = "10.244.1.6";
+    const MARK: u32 = 0x0100_0000;
+    const MASK: u32 = 0xff00_0000;
+
+    /// `a` plays the pod's side, `b` the node's: what leaves `a` enters `b`,
+    /// where the classifier sits. nftables counts, per mark, what enters
+    /// by `b` after the classifier.
+    fn wire() {
+        sh("ip link add name a type veth peer name b");
+        sh(&format!(
+            "ip addr add {POD}/32 dev a && ip addr add {OTHER_POD}/32 dev a"
+        ));
+        links_up(&["a", "b"]);
+        let b_mac =
+            sh("ip -o link show dev b | sed -n 's/.*link\\/ether \\([0-9a-f:]*\\).*/\\1/p'");
+        for dst in ["198.51.100.1", "198.51.100.2", "10.96.0.10"] {
+            sh(&format!("ip route add {dst}/32 dev a"));
+            sh(&format!(
+                "ip neigh replace {dst} lladdr {} dev a nud permanent",
+                b_mac.trim()
+            ));
+        }
+        sh("nft add table ip seen");
+        sh("nft 'add chain ip seen pre { type filter hook prerouting priority -300 ; }'");
+        sh(&format!(
+            "nft add rule ip seen pre iifname b meta mark and {MASK:#x} == {MARK:#x} counter comment marked"
+        ));
+        sh(&format!(
+            "nft add rule ip seen pre iifname b meta mark and {MASK:#x} == 0 counter comment unmarked"
+        ));
+    }
+
+    /// How many packets the rule with `comment` counted.
+    fn seen(comment: &str) -> u64 {
+        let out = sh("nft list chain ip seen pre");
+        out.lines()
+            .find(|l| l.contains(&format!("comment \"{comment}\"")))
+            .and_then(|l| l.split("packets ").nth(1))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no counter {comment} in {out}"))
+    }
+
+    /// Sends `n` datagrams from `src` to `dst`.
+    fn send(src: &str, dst: &str, n: usize) {
+        let socket = UdpSocket::bind((src.parse::<IpAddr>().unwrap(), 0)).unwrap();
+        for _ in 0..n {
+            socket
+                .send_to(b"egressgw", (dst.parse::<IpAddr>().unwrap(), 9))
+                .unwrap();
+        }
+    }
+
+    fn verdict(kind: u32, counter: u32) -> Verdict {
+        Verdict {
+            kind,
+            mark: MARK,
+            mask: MASK,
+            counter,
+        }
+    }
+
+    #[test]
+    fn the_classifier_marks_counts_drops_and_leaves_alone_by_longest_prefix() {
+        if !root_or_skip("the_classifier_marks_counts_drops_and_leaves_alone_by_longest_prefix") {
+            return;
+        }
+        in_new_netns(|| {
+            wire();
+            let mut classifier = Classifier::load().expect("the program loads");
+            classifier.attach("b").expect("the program attaches");
+            let net = |s: &str| s.parse::<IpNet>().unwrap();
+            let pod: IpAddr = POD.parse().unwrap();
+            classifier
+                .insert(pod, net("198.51.100.0/24"), verdict(kind::MARK, 7))
+                .unwrap();
+            // More specific: excluded.
+            classifier
+                .insert(pod, net("198.51.100.2/32"), verdict(kind::LEAVE, 8))
+                .unwrap();
+            classifier
+                .insert(pod, net("0.0.0.0/0"), verdict(kind::MARK, 9))
+                .unwrap();
+            classifier.insert_cluster(net("10.96.0.0/16")).unwrap();
+
+            send(POD, "198.51.100.1", 5);
+            assert_eq!(
+                seen("marked"),
+                5,
+                "the pod's traffic to 198.51.100.1 gets the mark"
+            );
+            let c7 = classifier.counter(7).unwrap();
+            assert_eq!(c7.packets, 5);
+            assert!(c7.bytes >= 5 * (14 + 20 + 8 + 8), "{c7:?}");
+
+            send(POD, "198.51.100.2", 3);
+            assert_eq!(seen("marked"), 5, "the /32 exclusion wins over the /24");
+            assert_eq!(classifier.counter(8).unwrap().packets, 3);
+
+            send(POD, "10.96.0.10", 2);
+            assert_eq!(seen("marked"), 5, "in-cluster destinations are left alone");
+            assert_eq!(classifier.counter(9).unwrap().packets, 0, "and not counted");
+
+            send(OTHER_POD, "198.51.100.1", 4);
+            assert_eq!(seen("marked"), 5, "another pod is not selected");
+            assert_eq!(seen("unmarked"), 3 + 2 + 4);
+
+            // A drop verdict: nothing enters.
+            classifier
+                .insert(pod, net("198.51.100.0/24"), verdict(kind::DROP, 7))
+                .unwrap();
+            let before = seen("unmarked") + seen("marked");
+            send(POD, "198.51.100.1", 4);
+            assert_eq!(
+                seen("unmarked") + seen("marked"),
+                before,
+                "dropped at the classifier"
+            );
+            assert_eq!(classifier.counter(7).unwrap().packets, 5 + 4);
+
+            // Removed: left alone again.
+            classifier.remove(pod, net("198.51.100.0/24")).unwrap();
+            classifier.remove(pod, net("0.0.0.0/0")).unwrap();
+            let unmarked = seen("unmarked");
+            send(POD, "198.51.100.1", 1);
+            assert_eq!(seen("unmarked"), unmarked + 1);
+            classifier.detach("b").unwrap();
+        });
+    }
+}
