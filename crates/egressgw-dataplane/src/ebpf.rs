@@ -6,10 +6,12 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::path::{Path, PathBuf};
 
 use aya::maps::lpm_trie::Key;
 use aya::maps::{LpmTrie, MapData, PerCpuArray};
-use aya::programs::tc::{self, SchedClassifierLinkId};
+use aya::programs::links::{FdLink, PinnedLink};
+use aya::programs::tc::{self, SchedClassifierLink, SchedClassifierLinkId};
 use aya::programs::{SchedClassifier, TcAttachType};
 use aya::util::KernelVersion;
 use egressgw_common as common;
@@ -54,18 +56,64 @@ fn failed(what: impl Into<String>) -> impl FnOnce(String) -> EbpfError {
     move |message| EbpfError::Failed { what, message }
 }
 
+/// Every map of the program, by name.
+const MAPS: [&str; 5] = [
+    common::CLASSIFY4,
+    common::CLASSIFY6,
+    common::CLUSTER4,
+    common::CLUSTER6,
+    common::COUNTERS,
+];
+
+/// Where a pinned attachment to `iface` lives in the pin directory.
+fn link_pin(dir: &Path, iface: &str) -> PathBuf {
+    dir.join(format!("link-ingress-{iface}"))
+}
+
 /// The loaded classifier and where it is attached.
 #[derive(Debug)]
 pub struct Classifier {
     ebpf: aya::Ebpf,
+    /// Attachments this process manages (unpinned: they end with it).
     attached: BTreeMap<String, SchedClassifierLinkId>,
+    /// Where maps and attachments are pinned, if they are.
+    pins: Option<PathBuf>,
 }
 
 impl Classifier {
-    /// Loads the program and creates its maps (empty).
+    /// Loads the program and creates its maps (empty); everything goes
+    /// away with this value.
     pub fn load() -> Result<Self, EbpfError> {
+        Self::load_with(aya::EbpfLoader::new(), None)
+    }
+
+    /// Loads the program with its maps pinned in `dir` (on a bpf
+    /// filesystem, e.g. `/sys/fs/bpf/egressgw`): maps already pinned there
+    /// are adopted with their entries and counters, so a restarted agent
+    /// finds the state its predecessor left, and [`Self::attach`] pins its
+    /// attachments there too, so that traffic keeps being classified
+    /// between two agents.
+    pub fn load_pinned(dir: &Path) -> Result<Self, EbpfError> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| e.to_string())
+            .map_err(failed(format!(
+                "creating the pin directory {}",
+                dir.display()
+            )))?;
+        let mut loader = aya::EbpfLoader::new();
+        for name in MAPS {
+            loader.map_pin_path(name, dir.join(name));
+        }
+        Self::load_with(loader, Some(dir.to_owned()))
+    }
+
+    fn load_with(
+        mut loader: aya::EbpfLoader<'_>,
+        pins: Option<PathBuf>,
+    ) -> Result<Self, EbpfError> {
         let object = object().ok_or(EbpfError::NotBuilt)?;
-        let mut ebpf = aya::Ebpf::load(object)
+        let mut ebpf = loader
+            .load(object)
             .map_err(|e| e.to_string())
             .map_err(failed("loading the eBPF object"))?;
         program(&mut ebpf)?
@@ -75,16 +123,55 @@ impl Classifier {
         Ok(Classifier {
             ebpf,
             attached: BTreeMap::new(),
+            pins,
         })
     }
 
     /// Attaches the program on TC ingress of `iface` (TCX where the kernel
-    /// has it, clsact otherwise); attaching twice does nothing.
+    /// has it, clsact otherwise); attaching twice does nothing. Loaded
+    /// with pins on a kernel with TCX, the attachment is pinned, and one
+    /// that an earlier agent pinned is taken over in place: the kernel
+    /// swaps the program atomically, with no moment unclassified.
     pub fn attach(&mut self, iface: &str) -> Result<(), EbpfError> {
         if self.attached.contains_key(iface) {
             return Ok(());
         }
+        let what = format!("attaching to the ingress of {iface}");
         let tcx = KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0));
+        if let (Some(dir), true) = (&self.pins, tcx) {
+            let pin = link_pin(dir, iface);
+            let prog = program(&mut self.ebpf)?;
+            if pin.exists() {
+                let old = PinnedLink::from_pin(&pin)
+                    .map_err(|e| e.to_string())
+                    .map_err(failed(format!("{what}: reading {}", pin.display())))?;
+                let link = SchedClassifierLink::try_from(FdLink::from(old))
+                    .map_err(|e| e.to_string())
+                    .map_err(failed(format!("{what}: {}", pin.display())))?;
+                // The pin stays and now leads to this program.
+                let id = prog
+                    .attach_to_link(link)
+                    .map_err(|e| format!("{e:#}"))
+                    .map_err(failed(what.clone()))?;
+                drop(prog.take_link(id));
+            } else {
+                let id = prog
+                    .attach(iface, TcAttachType::Ingress)
+                    .map_err(|e| format!("{e:#}"))
+                    .map_err(failed(what.clone()))?;
+                let link = prog
+                    .take_link(id)
+                    .map_err(|e| format!("{e:#}"))
+                    .map_err(failed(what.clone()))?;
+                FdLink::try_from(link)
+                    .map_err(|e| e.to_string())
+                    .map_err(failed(what.clone()))?
+                    .pin(&pin)
+                    .map_err(|e| e.to_string())
+                    .map_err(failed(format!("{what}: pinning at {}", pin.display())))?;
+            }
+            return Ok(());
+        }
         if !tcx {
             // An existing clsact qdisc is fine.
             let _ = tc::qdisc_add_clsact(iface);
@@ -92,13 +179,16 @@ impl Classifier {
         let id = program(&mut self.ebpf)?
             .attach(iface, TcAttachType::Ingress)
             .map_err(|e| format!("{e:#}"))
-            .map_err(failed(format!("attaching to the ingress of {iface}")))?;
+            .map_err(failed(what))?;
         self.attached.insert(iface.to_owned(), id);
         Ok(())
     }
 
-    /// Detaches the program from `iface`.
+    /// Detaches the program from `iface`, pinned or not.
     pub fn detach(&mut self, iface: &str) -> Result<(), EbpfError> {
+        if let Some(dir) = &self.pins {
+            unpin_link(&link_pin(dir, iface))?;
+        }
         let Some(id) = self.attached.remove(iface) else {
             return Ok(());
         };
@@ -106,6 +196,30 @@ impl Classifier {
             .detach(id)
             .map_err(|e| format!("{e:#}"))
             .map_err(failed(format!("detaching from the ingress of {iface}")))
+    }
+
+    /// Removes everything pinned in `dir`: detaches every pinned
+    /// attachment and drops every pinned map, then the directory. What is
+    /// not there is no error.
+    pub fn remove_pins(dir: &Path) -> Result<(), EbpfError> {
+        let entries = match std::fs::read_dir(dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(failed(format!("reading {}", dir.display()))(e.to_string())),
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if entry.file_name().to_string_lossy().starts_with("link-") {
+                unpin_link(&path)?;
+            } else {
+                std::fs::remove_file(&path)
+                    .map_err(|e| e.to_string())
+                    .map_err(failed(format!("removing {}", path.display())))?;
+            }
+        }
+        std::fs::remove_dir(dir)
+            .map_err(|e| e.to_string())
+            .map_err(failed(format!("removing {}", dir.display())))
     }
 
     /// Classifies traffic from `src` to `dst` with `verdict`.
@@ -227,6 +341,22 @@ impl Classifier {
     }
 }
 
+/// Removes a pinned attachment: with its pin and its last descriptor gone,
+/// the kernel detaches it.
+fn unpin_link(pin: &Path) -> Result<(), EbpfError> {
+    if !pin.exists() {
+        return Ok(());
+    }
+    let what = format!("detaching the attachment pinned at {}", pin.display());
+    PinnedLink::from_pin(pin)
+        .map_err(|e| e.to_string())
+        .map_err(failed(what.clone()))?
+        .unpin()
+        .map(drop)
+        .map_err(|e| e.to_string())
+        .map_err(failed(what))
+}
+
 fn program(ebpf: &mut aya::Ebpf) -> Result<&mut SchedClassifier, EbpfError> {
     let what = format!("program {}", common::PROGRAM);
     ebpf.program_mut(common::PROGRAM)
@@ -320,6 +450,14 @@ mod kernel_tests {
         }
     }
 
+    /// Gives the calling thread a mount namespace of its own with a fresh
+    /// bpf filesystem on /sys/fs/bpf: its pins go away with the thread.
+    fn private_bpffs() {
+        use nix::sched::{CloneFlags, unshare};
+        unshare(CloneFlags::CLONE_FS | CloneFlags::CLONE_NEWNS).expect("unshare(CLONE_NEWNS)");
+        sh("mount --make-rprivate / && mount -t bpf bpf /sys/fs/bpf");
+    }
+
     fn verdict(kind: u32, counter: u32) -> Verdict {
         Verdict {
             kind,
@@ -394,6 +532,58 @@ mod kernel_tests {
             send(POD, "198.51.100.1", 1);
             assert_eq!(seen("unmarked"), unmarked + 1);
             classifier.detach("b").unwrap();
+        });
+    }
+
+    #[test]
+    fn a_restarted_classifier_adopts_the_pinned_state_and_swaps_the_program_in_place() {
+        if !root_or_skip(
+            "a_restarted_classifier_adopts_the_pinned_state_and_swaps_the_program_in_place",
+        ) {
+            return;
+        }
+        in_new_netns(|| {
+            private_bpffs();
+            wire();
+            let dir = Path::new("/sys/fs/bpf/egressgw");
+            let pod: IpAddr = POD.parse().unwrap();
+            let first = {
+                let mut c = Classifier::load_pinned(dir).expect("the program loads with pins");
+                c.attach("b").unwrap();
+                c.insert(
+                    pod,
+                    "198.51.100.0/24".parse().unwrap(),
+                    verdict(kind::MARK, 7),
+                )
+                .unwrap();
+                send(POD, "198.51.100.1", 3);
+                assert_eq!(seen("marked"), 3);
+                c
+            };
+            // The agent is gone: what it pinned keeps classifying.
+            drop(first);
+            send(POD, "198.51.100.1", 2);
+            assert_eq!(seen("marked"), 5, "classified while no agent runs");
+
+            // The next agent finds the entries and counters, and takes the
+            // attachment over: one program on the interface, never none.
+            let mut second = Classifier::load_pinned(dir).unwrap();
+            assert_eq!(second.counter(7).unwrap().packets, 5, "counters adopted");
+            second.attach("b").unwrap();
+            let (_, programs) = SchedClassifier::query_tcx("b", TcAttachType::Ingress).unwrap();
+            assert_eq!(programs.len(), 1, "the program was swapped, not added");
+            send(POD, "198.51.100.1", 2);
+            assert_eq!(seen("marked"), 7);
+            assert_eq!(second.counter(7).unwrap().packets, 7);
+
+            // Cleanup detaches and unpins everything.
+            drop(second);
+            Classifier::remove_pins(dir).unwrap();
+            assert!(!dir.exists());
+            let (_, programs) = SchedClassifier::query_tcx("b", TcAttachType::Ingress).unwrap();
+            assert!(programs.is_empty(), "detached");
+            send(POD, "198.51.100.1", 1);
+            assert_eq!(seen("marked"), 7, "no longer classified");
         });
     }
 }
