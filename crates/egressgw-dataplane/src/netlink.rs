@@ -25,7 +25,7 @@ use netlink_packet_route::route::{
 };
 use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
-use rtnetlink::{Handle, LinkDummy, LinkIfb, LinkUnspec, LinkVxlan};
+use rtnetlink::{Handle, LinkDummy, LinkIfb, LinkUnspec, LinkVxlan, RouteMessageBuilder};
 
 use crate::kernel::{
     KernelOp, KernelState, Parent, Rule, Scope, VxlanIdentity, VxlanLink, VxlanSettings,
@@ -95,6 +95,62 @@ impl Rtnetlink {
             indexes: BTreeMap::new(),
             sysctl_net: PathBuf::from(SYSCTL_NET),
         })
+    }
+
+    /// The interfaces the node reaches each of `pods` by, as the kernel's
+    /// route lookup answers: where their traffic enters the node, and so
+    /// where the eBPF classifier attaches. A bridge CNI gives its bridge, a
+    /// routed CNI (Calico and the like) each pod's own veth; no CNI needs
+    /// to be known. Addresses that are the node's own (a host-network pod)
+    /// or have no route are left out.
+    pub async fn pod_interfaces(
+        &self,
+        pods: &[IpAddr],
+    ) -> Result<BTreeMap<String, BTreeSet<IpAddr>>> {
+        let mut by_index: BTreeMap<u32, BTreeSet<IpAddr>> = BTreeMap::new();
+        for pod in pods {
+            let prefix = if pod.is_ipv4() { 32 } else { 128 };
+            let Ok(query) = RouteMessageBuilder::<IpAddr>::new().destination_prefix(*pod, prefix)
+            else {
+                continue;
+            };
+            let mut answers = self.handle.route().get(query.build()).execute();
+            let answer = match answers.try_next().await {
+                Ok(answer) => answer,
+                // No route (ENETUNREACH and the like): not reachable here.
+                Err(rtnetlink::Error::NetlinkError(_)) => None,
+                Err(e) => return Err(nl(format!("route to pod {pod}: get"))(e)),
+            };
+            let Some(route) = answer else { continue };
+            if route.header.kind == RouteType::Local {
+                continue;
+            }
+            let oif = route.attributes.iter().find_map(|a| match a {
+                RouteAttribute::Oif(index) => Some(*index),
+                _ => None,
+            });
+            if let Some(index) = oif {
+                by_index.entry(index).or_default().insert(*pod);
+            }
+        }
+        let mut out = BTreeMap::new();
+        for (index, pods) in by_index {
+            let mut links = self.handle.link().get().match_index(index).execute();
+            let link = links
+                .try_next()
+                .await
+                .map_err(nl(format!("link {index}: get")))?;
+            let name = link.and_then(|l| {
+                l.attributes.into_iter().find_map(|a| match a {
+                    LinkAttribute::IfName(name) => Some(name),
+                    _ => None,
+                })
+            });
+            if let Some(name) = name.filter(|n| n != "lo") {
+                out.insert(name, pods);
+            }
+        }
+        Ok(out)
     }
 
     /// Reads and writes network sysctls under `dir` (the `/proc/sys/net` of
@@ -1015,6 +1071,48 @@ mod tests {
 
     fn ifindex(name: &str) -> String {
         sh(&format!("ip -o link show {name} | cut -d: -f1"))
+    }
+
+    #[test]
+    fn pod_interfaces_come_from_the_routes_to_the_pods_whatever_the_cni() {
+        if !root_or_skip("pod_interfaces_come_from_the_routes_to_the_pods_whatever_the_cni") {
+            return;
+        }
+        block_on_in_new_netns(async || {
+            underlay();
+            // A bridge CNI: the pods are on the bridge's subnet.
+            sh(
+                "ip link add cni0 type bridge && ip addr add 10.244.1.1/24 dev cni0 \
+                && ip link set cni0 up",
+            );
+            // A routed CNI: one /32 route per pod over the pod's own veth.
+            sh(
+                "ip link add cali1 type veth peer name cali1p && ip link set cali1 up \
+                && ip link set cali1p up && ip route add 10.244.9.77/32 dev cali1 scope link",
+            );
+            let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+            let found = Rtnetlink::connect()
+                .unwrap()
+                .pod_interfaces(&[
+                    ip("10.244.1.5"),
+                    ip("10.244.1.6"),
+                    ip("10.244.9.77"),
+                    // A host-network pod has the node's own address.
+                    ip("172.18.0.11"),
+                    // No route at all.
+                    ip("192.0.2.9"),
+                ])
+                .await
+                .unwrap();
+            let want = BTreeMap::from([
+                ("cali1".to_owned(), BTreeSet::from([ip("10.244.9.77")])),
+                (
+                    "cni0".to_owned(),
+                    BTreeSet::from([ip("10.244.1.5"), ip("10.244.1.6")]),
+                ),
+            ]);
+            assert_eq!(found, want);
+        });
     }
 
     #[test]
