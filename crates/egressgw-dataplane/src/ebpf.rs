@@ -4,7 +4,7 @@
 //! read back for its per-policy counters. The map layout is
 //! `egressgw-common`'s.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
@@ -16,6 +16,8 @@ use aya::programs::{SchedClassifier, TcAttachType};
 use aya::util::KernelVersion;
 use egressgw_common as common;
 use egressgw_common::{Counter, Dst4, Dst6, Key4, Key6, Verdict};
+use egressgw_core::model::{Config, PolicyRef};
+use egressgw_core::state::{Action, NodeState};
 use ipnet::IpNet;
 
 /// The object built into this binary, if it was built with one.
@@ -70,12 +72,69 @@ fn link_pin(dir: &Path, iface: &str) -> PathBuf {
     dir.join(format!("link-ingress-{iface}"))
 }
 
+/// The classifier's maps as a node's state asks for them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Desired {
+    /// (source, destination) -> what to do, and the policy that counts it.
+    pub classify: BTreeMap<(IpAddr, IpNet), (Verdict, Option<PolicyRef>)>,
+    /// In-cluster destinations.
+    pub cluster: BTreeSet<IpNet>,
+}
+
+impl Desired {
+    /// What `state` asks of the classifier under `cfg`'s marks. The
+    /// verdicts' counters are left at 0: [`Classifier::sync`] gives each
+    /// policy its own.
+    pub fn new(state: &NodeState, cfg: &Config) -> Self {
+        let classify = state
+            .classify
+            .iter()
+            .map(|e| {
+                let (kind, mark) = match &e.action {
+                    Action::Bypass => (common::kind::LEAVE, 0),
+                    Action::Tunnel { mark, .. } => (common::kind::MARK, *mark),
+                    Action::Local => (common::kind::MARK, cfg.local_mark()),
+                    Action::Drop => (common::kind::DROP, 0),
+                };
+                let verdict = Verdict {
+                    kind,
+                    mark,
+                    mask: cfg.mark_mask,
+                    counter: 0,
+                };
+                ((e.src, e.dst.trunc()), (verdict, e.policy.clone()))
+            })
+            .collect();
+        Desired {
+            classify,
+            cluster: state.cluster_cidrs.iter().map(IpNet::trunc).collect(),
+        }
+    }
+}
+
+/// What a [`Classifier::sync`] changed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Synced {
+    pub added: usize,
+    pub changed: usize,
+    pub removed: usize,
+}
+
+impl Synced {
+    /// Whether nothing changed.
+    pub fn is_empty(&self) -> bool {
+        *self == Synced::default()
+    }
+}
+
 /// The loaded classifier and where it is attached.
 #[derive(Debug)]
 pub struct Classifier {
     ebpf: aya::Ebpf,
     /// Attachments this process manages (unpinned: they end with it).
     attached: BTreeMap<String, SchedClassifierLinkId>,
+    /// Each policy's counter.
+    counters: BTreeMap<PolicyRef, u32>,
     /// Where maps and attachments are pinned, if they are.
     pins: Option<PathBuf>,
 }
@@ -123,6 +182,7 @@ impl Classifier {
         Ok(Classifier {
             ebpf,
             attached: BTreeMap::new(),
+            counters: BTreeMap::new(),
             pins,
         })
     }
@@ -222,6 +282,130 @@ impl Classifier {
             .map_err(failed(format!("removing {}", dir.display())))
     }
 
+    /// Makes the maps hold `desired`, changing only the entries that
+    /// differ: a second sync with the same state changes nothing, and one
+    /// pod added touches only its entries. Each policy keeps its counter
+    /// for as long as it has entries; after a restart it takes the
+    /// counter its entries already carry, so counts go on where they were.
+    pub fn sync(&mut self, desired: &Desired) -> Result<Synced, EbpfError> {
+        let mut synced = Synced::default();
+        let current = self.entries()?;
+        self.assign_counters(desired, &current);
+        for (&(src, dst), (verdict, policy)) in &desired.classify {
+            let verdict = Verdict {
+                counter: policy
+                    .as_ref()
+                    .and_then(|p| self.counters.get(p).copied())
+                    .unwrap_or(0),
+                ..*verdict
+            };
+            match current.get(&(src, dst)) {
+                Some(v) if *v == verdict => continue,
+                Some(_) => synced.changed += 1,
+                None => synced.added += 1,
+            }
+            self.insert(src, dst, verdict)?;
+        }
+        for &(src, dst) in current.keys() {
+            if !desired.classify.contains_key(&(src, dst)) {
+                self.remove(src, dst)?;
+                synced.removed += 1;
+            }
+        }
+        let cluster = self.cluster()?;
+        for net in desired.cluster.difference(&cluster) {
+            self.insert_cluster(*net)?;
+            synced.added += 1;
+        }
+        for net in cluster.difference(&desired.cluster) {
+            self.remove_cluster(*net)?;
+            synced.removed += 1;
+        }
+        Ok(synced)
+    }
+
+    /// Gives every policy of `desired` a counter: the one it has, else the
+    /// one its entries carry in the maps already (a restart), else the
+    /// lowest free one. Policies without entries give theirs back.
+    fn assign_counters(&mut self, desired: &Desired, current: &BTreeMap<(IpAddr, IpNet), Verdict>) {
+        let wanted: BTreeSet<&PolicyRef> = desired
+            .classify
+            .values()
+            .filter_map(|(_, p)| p.as_ref())
+            .collect();
+        self.counters.retain(|p, _| wanted.contains(p));
+        for (key, (_, policy)) in &desired.classify {
+            let Some(policy) = policy else { continue };
+            if self.counters.contains_key(policy) {
+                continue;
+            }
+            let taken: BTreeSet<u32> = self.counters.values().copied().collect();
+            let adopted = current
+                .get(key)
+                .map(|v| v.counter)
+                .filter(|c| *c != 0 && !taken.contains(c));
+            let index = adopted.or_else(|| (1..common::COUNTERS_MAX).find(|c| !taken.contains(c)));
+            if let Some(index) = index {
+                self.counters.insert(policy.clone(), index);
+            }
+        }
+    }
+
+    /// Each policy's counter, summed over every CPU.
+    pub fn policy_counters(&self) -> Result<BTreeMap<PolicyRef, Counter>, EbpfError> {
+        self.counters
+            .iter()
+            .map(|(p, index)| Ok((p.clone(), self.counter(*index)?)))
+            .collect()
+    }
+
+    /// The classification entries in the maps.
+    fn entries(&mut self) -> Result<BTreeMap<(IpAddr, IpNet), Verdict>, EbpfError> {
+        let mut out = BTreeMap::new();
+        let read =
+            |e: aya::maps::MapError| failed("reading the classification entries")(e.to_string());
+        for item in &self.trie4(common::CLASSIFY4)? {
+            let (key, verdict) = item.map_err(read)?;
+            let data = key.data();
+            let len = u8::try_from(key.prefix_len().saturating_sub(32)).unwrap_or(32);
+            if let Ok(dst) = ipnet::Ipv4Net::new(data.dst.into(), len) {
+                out.insert((IpAddr::from(data.src), IpNet::V4(dst)), verdict);
+            }
+        }
+        for item in &self.trie6(common::CLASSIFY6)? {
+            let (key, verdict) = item.map_err(read)?;
+            let data = key.data();
+            let len = u8::try_from(key.prefix_len().saturating_sub(128)).unwrap_or(128);
+            if let Ok(dst) = ipnet::Ipv6Net::new(data.dst.into(), len) {
+                out.insert((IpAddr::from(data.src), IpNet::V6(dst)), verdict);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The in-cluster ranges in the maps.
+    fn cluster(&mut self) -> Result<BTreeSet<IpNet>, EbpfError> {
+        let mut out = BTreeSet::new();
+        let read = |e: aya::maps::MapError| failed("reading the in-cluster ranges")(e.to_string());
+        let trie: LpmTrie<&mut MapData, Dst4, u32> = self.map(common::CLUSTER4)?;
+        for key in trie.keys() {
+            let key = key.map_err(read)?;
+            let len = u8::try_from(key.prefix_len()).unwrap_or(32);
+            if let Ok(net) = ipnet::Ipv4Net::new(key.data().dst.into(), len) {
+                out.insert(IpNet::V4(net));
+            }
+        }
+        let trie: LpmTrie<&mut MapData, Dst6, u32> = self.map(common::CLUSTER6)?;
+        for key in trie.keys() {
+            let key = key.map_err(read)?;
+            let len = u8::try_from(key.prefix_len()).unwrap_or(128);
+            if let Ok(net) = ipnet::Ipv6Net::new(key.data().dst.into(), len) {
+                out.insert(IpNet::V6(net));
+            }
+        }
+        Ok(out)
+    }
+
     /// Classifies traffic from `src` to `dst` with `verdict`.
     pub fn insert(&mut self, src: IpAddr, dst: IpNet, verdict: Verdict) -> Result<(), EbpfError> {
         let what = format!("classify entry {src} . {dst}");
@@ -293,6 +477,33 @@ impl Classifier {
                     1,
                     0,
                 )
+            }
+        }
+        .map_err(|e| e.to_string())
+        .map_err(failed(what))
+    }
+
+    /// Removes `net` from the in-cluster ranges.
+    pub fn remove_cluster(&mut self, net: IpNet) -> Result<(), EbpfError> {
+        let what = format!("in-cluster range {net}");
+        match net {
+            IpNet::V4(n) => {
+                let mut trie: LpmTrie<&mut MapData, Dst4, u32> = self.map(common::CLUSTER4)?;
+                trie.remove(&Key::new(
+                    u32::from(n.prefix_len()),
+                    Dst4 {
+                        dst: n.network().octets(),
+                    },
+                ))
+            }
+            IpNet::V6(n) => {
+                let mut trie: LpmTrie<&mut MapData, Dst6, u32> = self.map(common::CLUSTER6)?;
+                trie.remove(&Key::new(
+                    u32::from(n.prefix_len()),
+                    Dst6 {
+                        dst: n.network().octets(),
+                    },
+                ))
             }
         }
         .map_err(|e| e.to_string())
@@ -385,6 +596,63 @@ fn key6(src: [u8; 16], dst: ipnet::Ipv6Net) -> Key<Key6> {
             dst: dst.network().octets(),
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use egressgw_common::kind;
+    use egressgw_core::state::ClassifyEntry;
+
+    use super::*;
+
+    #[test]
+    fn the_desired_maps_follow_the_node_state() {
+        let cfg = Config::default();
+        let entry = |dst: &str, action: Action| ClassifyEntry {
+            src: "10.244.1.5".parse().unwrap(),
+            dst: dst.parse().unwrap(),
+            action,
+            policy: Some(PolicyRef::namespaced("team-a", "web")),
+            group: None,
+        };
+        let state = NodeState {
+            classify: vec![
+                entry(
+                    "198.51.100.7/24",
+                    Action::Tunnel {
+                        gateway: "b".into(),
+                        mark: cfg.mark(1),
+                    },
+                ),
+                entry("203.0.113.0/24", Action::Local),
+                entry("192.0.2.0/24", Action::Drop),
+                entry("198.51.100.2/32", Action::Bypass),
+            ],
+            cluster_cidrs: vec!["10.96.0.1/16".parse().unwrap()],
+            ..NodeState::default()
+        };
+        let desired = Desired::new(&state, &cfg);
+        let got = |dst: &str| {
+            let key = ("10.244.1.5".parse().unwrap(), dst.parse().unwrap());
+            desired.classify[&key].0
+        };
+        // Host bits are cut off, as the trie keeps only the prefix.
+        assert_eq!(got("198.51.100.0/24").kind, kind::MARK);
+        assert_eq!(got("198.51.100.0/24").mark, cfg.mark(1));
+        assert_eq!(got("203.0.113.0/24").mark, cfg.local_mark());
+        assert_eq!(got("192.0.2.0/24").kind, kind::DROP);
+        assert_eq!(got("198.51.100.2/32").kind, kind::LEAVE);
+        assert!(
+            desired
+                .classify
+                .values()
+                .all(|(v, _)| v.mask == cfg.mark_mask)
+        );
+        assert_eq!(
+            desired.cluster,
+            BTreeSet::from(["10.96.0.0/16".parse().unwrap()])
+        );
+    }
 }
 
 #[cfg(test)]
@@ -584,6 +852,80 @@ mod kernel_tests {
             assert!(programs.is_empty(), "detached");
             send(POD, "198.51.100.1", 1);
             assert_eq!(seen("marked"), 7, "no longer classified");
+        });
+    }
+
+    #[test]
+    fn sync_changes_only_what_differs_and_a_restart_changes_nothing() {
+        if !root_or_skip("sync_changes_only_what_differs_and_a_restart_changes_nothing") {
+            return;
+        }
+        in_new_netns(|| {
+            private_bpffs();
+            wire();
+            let dir = Path::new("/sys/fs/bpf/egressgw");
+            let net = |s: &str| s.parse::<IpNet>().unwrap();
+            let pod: IpAddr = POD.parse().unwrap();
+            let web = PolicyRef::namespaced("team-a", "web");
+            let db = PolicyRef::namespaced("team-a", "db");
+            let mut desired = Desired::default();
+            desired.classify.insert(
+                (pod, net("198.51.100.0/24")),
+                (verdict(kind::MARK, 0), Some(web.clone())),
+            );
+            desired.classify.insert(
+                (pod, net("198.51.100.2/32")),
+                (verdict(kind::LEAVE, 0), None),
+            );
+            desired.classify.insert(
+                (OTHER_POD.parse().unwrap(), net("203.0.113.0/24")),
+                (verdict(kind::MARK, 0), Some(db.clone())),
+            );
+            desired.cluster.insert(net("10.96.0.0/16"));
+
+            let mut first = Classifier::load_pinned(dir).unwrap();
+            first.attach("b").unwrap();
+            let synced = first.sync(&desired).unwrap();
+            assert_eq!((synced.added, synced.changed, synced.removed), (4, 0, 0));
+            assert!(
+                first.sync(&desired).unwrap().is_empty(),
+                "a second sync changes nothing"
+            );
+            send(POD, "198.51.100.1", 3);
+            send(POD, "10.96.0.10", 1);
+            assert_eq!(seen("marked"), 3);
+            assert_eq!(first.policy_counters().unwrap()[&web].packets, 3);
+            assert_eq!(first.policy_counters().unwrap()[&db].packets, 0);
+
+            // A restarted agent: same state, nothing to change, the
+            // policies' counts go on.
+            drop(first);
+            let mut second = Classifier::load_pinned(dir).unwrap();
+            second.attach("b").unwrap();
+            assert!(
+                second.sync(&desired).unwrap().is_empty(),
+                "a restart changes no entry"
+            );
+            send(POD, "198.51.100.1", 2);
+            assert_eq!(second.policy_counters().unwrap()[&web].packets, 5);
+
+            // One entry changes, one goes: only they are touched.
+            desired.classify.insert(
+                (pod, net("198.51.100.0/24")),
+                (verdict(kind::DROP, 0), Some(web.clone())),
+            );
+            desired
+                .classify
+                .remove(&(OTHER_POD.parse().unwrap(), net("203.0.113.0/24")));
+            desired.cluster.clear();
+            let synced = second.sync(&desired).unwrap();
+            assert_eq!((synced.added, synced.changed, synced.removed), (0, 1, 2));
+            let before = seen("marked") + seen("unmarked");
+            send(POD, "198.51.100.1", 2);
+            assert_eq!(seen("marked") + seen("unmarked"), before, "now dropped");
+            assert!(!second.policy_counters().unwrap().contains_key(&db));
+            drop(second);
+            Classifier::remove_pins(dir).unwrap();
         });
     }
 }
