@@ -408,35 +408,32 @@ impl Classifier {
 
     /// Classifies traffic from `src` to `dst` with `verdict`.
     pub fn insert(&mut self, src: IpAddr, dst: IpNet, verdict: Verdict) -> Result<(), EbpfError> {
-        let what = format!("classify entry {src} . {dst}");
-        match (src, dst) {
-            (IpAddr::V4(s), IpNet::V4(d)) => {
-                self.trie4(common::CLASSIFY4)?
-                    .insert(&key4(s.octets(), d), verdict, 0)
-            }
-            (IpAddr::V6(s), IpNet::V6(d)) => {
-                self.trie6(common::CLASSIFY6)?
-                    .insert(&key6(s.octets(), d), verdict, 0)
-            }
-            _ => {
-                return Err(failed(what)(
-                    "source and destination of different families".into(),
-                ));
-            }
-        }
-        .map_err(|e| e.to_string())
-        .map_err(failed(what))
+        self.classify_entry(src, dst, Some(verdict))
     }
 
     /// Removes the entry for `src` and `dst`.
     pub fn remove(&mut self, src: IpAddr, dst: IpNet) -> Result<(), EbpfError> {
+        self.classify_entry(src, dst, None)
+    }
+
+    /// Sets (`Some`) or removes (`None`) the entry for `src` and `dst`.
+    fn classify_entry(
+        &mut self,
+        src: IpAddr,
+        dst: IpNet,
+        verdict: Option<Verdict>,
+    ) -> Result<(), EbpfError> {
         let what = format!("classify entry {src} . {dst}");
         match (src, dst) {
             (IpAddr::V4(s), IpNet::V4(d)) => {
-                self.trie4(common::CLASSIFY4)?.remove(&key4(s.octets(), d))
+                let mut trie = self.trie4(common::CLASSIFY4)?;
+                let key = key4(s.octets(), d);
+                set_entry(&mut trie, &key, verdict)
             }
             (IpAddr::V6(s), IpNet::V6(d)) => {
-                self.trie6(common::CLASSIFY6)?.remove(&key6(s.octets(), d))
+                let mut trie = self.trie6(common::CLASSIFY6)?;
+                let key = key6(s.octets(), d);
+                set_entry(&mut trie, &key, verdict)
             }
             _ => {
                 return Err(failed(what)(
@@ -450,60 +447,37 @@ impl Classifier {
 
     /// Marks `net` as inside the cluster: never classified.
     pub fn insert_cluster(&mut self, net: IpNet) -> Result<(), EbpfError> {
-        let what = format!("in-cluster range {net}");
-        match net {
-            IpNet::V4(n) => {
-                let mut trie: LpmTrie<&mut MapData, Dst4, u32> = self.map(common::CLUSTER4)?;
-                trie.insert(
-                    &Key::new(
-                        u32::from(n.prefix_len()),
-                        Dst4 {
-                            dst: n.network().octets(),
-                        },
-                    ),
-                    1,
-                    0,
-                )
-            }
-            IpNet::V6(n) => {
-                let mut trie: LpmTrie<&mut MapData, Dst6, u32> = self.map(common::CLUSTER6)?;
-                trie.insert(
-                    &Key::new(
-                        u32::from(n.prefix_len()),
-                        Dst6 {
-                            dst: n.network().octets(),
-                        },
-                    ),
-                    1,
-                    0,
-                )
-            }
-        }
-        .map_err(|e| e.to_string())
-        .map_err(failed(what))
+        self.cluster_entry(net, true)
     }
 
     /// Removes `net` from the in-cluster ranges.
     pub fn remove_cluster(&mut self, net: IpNet) -> Result<(), EbpfError> {
+        self.cluster_entry(net, false)
+    }
+
+    fn cluster_entry(&mut self, net: IpNet, present: bool) -> Result<(), EbpfError> {
         let what = format!("in-cluster range {net}");
+        let len = u32::from(net.prefix_len());
         match net {
             IpNet::V4(n) => {
                 let mut trie: LpmTrie<&mut MapData, Dst4, u32> = self.map(common::CLUSTER4)?;
-                trie.remove(&Key::new(
-                    u32::from(n.prefix_len()),
+                let key = Key::new(
+                    len,
                     Dst4 {
                         dst: n.network().octets(),
                     },
-                ))
+                );
+                set_entry(&mut trie, &key, present.then_some(1))
             }
             IpNet::V6(n) => {
                 let mut trie: LpmTrie<&mut MapData, Dst6, u32> = self.map(common::CLUSTER6)?;
-                trie.remove(&Key::new(
-                    u32::from(n.prefix_len()),
+                let key = Key::new(
+                    len,
                     Dst6 {
                         dst: n.network().octets(),
                     },
-                ))
+                );
+                set_entry(&mut trie, &key, present.then_some(1))
             }
         }
         .map_err(|e| e.to_string())
@@ -549,6 +523,18 @@ impl Classifier {
         T::try_from(map)
             .map_err(|e| e.to_string())
             .map_err(failed(format!("map {name}")))
+    }
+}
+
+/// Sets (`Some`) or removes (`None`) a trie entry.
+fn set_entry<K: aya::Pod, V: aya::Pod>(
+    trie: &mut LpmTrie<&mut MapData, K, V>,
+    key: &Key<K>,
+    value: Option<V>,
+) -> Result<(), aya::maps::MapError> {
+    match value {
+        Some(v) => trie.insert(key, v, 0),
+        None => trie.remove(key),
     }
 }
 
