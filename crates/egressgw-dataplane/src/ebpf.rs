@@ -58,6 +58,9 @@ fn failed(what: impl Into<String>) -> impl FnOnce(String) -> EbpfError {
     move |message| EbpfError::Failed { what, message }
 }
 
+/// Where the agent pins the classifier's maps and attachments.
+pub const PIN_DIR: &str = "/sys/fs/bpf/egressgw";
+
 /// Every map of the program, by name.
 const MAPS: [&str; 5] = [
     common::CLASSIFY4,
@@ -259,12 +262,12 @@ impl Classifier {
     }
 
     /// Removes everything pinned in `dir`: detaches every pinned
-    /// attachment and drops every pinned map, then the directory. What is
-    /// not there is no error.
-    pub fn remove_pins(dir: &Path) -> Result<(), EbpfError> {
+    /// attachment and drops every pinned map, then the directory. Returns
+    /// whether there was anything; what is not there is no error.
+    pub fn remove_pins(dir: &Path) -> Result<bool, EbpfError> {
         let entries = match std::fs::read_dir(dir) {
             Ok(entries) => entries,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
             Err(e) => return Err(failed(format!("reading {}", dir.display()))(e.to_string())),
         };
         for entry in entries.flatten() {
@@ -278,6 +281,7 @@ impl Classifier {
             }
         }
         std::fs::remove_dir(dir)
+            .map(|()| true)
             .map_err(|e| e.to_string())
             .map_err(failed(format!("removing {}", dir.display())))
     }
@@ -799,7 +803,7 @@ mod kernel_tests {
         in_new_netns(|| {
             private_bpffs();
             wire();
-            let dir = Path::new("/sys/fs/bpf/egressgw");
+            let dir = Path::new(PIN_DIR);
             let pod: IpAddr = POD.parse().unwrap();
             let first = {
                 let mut c = Classifier::load_pinned(dir).expect("the program loads with pins");
@@ -849,7 +853,7 @@ mod kernel_tests {
         in_new_netns(|| {
             private_bpffs();
             wire();
-            let dir = Path::new("/sys/fs/bpf/egressgw");
+            let dir = Path::new(PIN_DIR);
             let net = |s: &str| s.parse::<IpNet>().unwrap();
             let pod: IpAddr = POD.parse().unwrap();
             let web = PolicyRef::namespaced("team-a", "web");
@@ -912,6 +916,52 @@ mod kernel_tests {
             assert!(!second.policy_counters().unwrap().contains_key(&db));
             drop(second);
             Classifier::remove_pins(dir).unwrap();
+        });
+    }
+
+    #[test]
+    fn cleanup_detaches_the_pinned_classifier_and_removes_its_pins() {
+        if !root_or_skip("cleanup_detaches_the_pinned_classifier_and_removes_its_pins") {
+            return;
+        }
+        in_new_netns(|| {
+            private_bpffs();
+            wire();
+            let mut c = Classifier::load_pinned(Path::new(PIN_DIR)).unwrap();
+            c.attach("b").unwrap();
+            c.insert(
+                POD.parse().unwrap(),
+                "198.51.100.0/24".parse().unwrap(),
+                verdict(kind::MARK, 7),
+            )
+            .unwrap();
+            drop(c);
+            send(POD, "198.51.100.1", 1);
+            assert_eq!(seen("marked"), 1, "pinned: classified with no agent");
+
+            let report = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(async {
+                    let mut dp = crate::reconcile::Dataplane::new(
+                        crate::fake::FakeNetlink::default(),
+                        crate::nft::FakeFirewall::default(),
+                        Config::default(),
+                    );
+                    dp.cleanup().await
+                });
+            assert!(report.is_ok(), "{:?}", report.failed);
+            assert!(
+                report.applied.iter().any(|op| op.contains(PIN_DIR)),
+                "{:?}",
+                report.applied
+            );
+            assert!(!Path::new(PIN_DIR).exists());
+            let (_, programs) = SchedClassifier::query_tcx("b", TcAttachType::Ingress).unwrap();
+            assert!(programs.is_empty(), "detached");
+            send(POD, "198.51.100.1", 1);
+            assert_eq!(seen("marked"), 1, "no longer classified");
         });
     }
 }

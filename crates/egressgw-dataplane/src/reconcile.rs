@@ -224,10 +224,18 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
     }
 
     /// Removes everything egressgw created — the firewall table, rules,
-    /// routes and both devices — and nothing else. Keeps going past
-    /// failures and reports each.
+    /// routes, both devices, and the eBPF classifier's pinned attachments
+    /// and maps — and nothing else. Keeps going past failures and reports
+    /// each.
     pub async fn cleanup(&mut self) -> Report {
         let mut report = Report::default();
+        let pins = std::path::Path::new(crate::ebpf::PIN_DIR);
+        let what = format!("detach the eBPF classifier and remove {}", pins.display());
+        match crate::ebpf::Classifier::remove_pins(pins) {
+            Ok(true) => report.record(what, Ok::<(), String>(())),
+            Ok(false) => {}
+            Err(e) => report.record(what, Err(e)),
+        }
         match self.firewall.remove() {
             Ok(true) => report
                 .applied
