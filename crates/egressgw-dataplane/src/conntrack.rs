@@ -22,17 +22,16 @@
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use netlink_packet_core::{
+    NLA_HEADER_SIZE, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, NetlinkBuffer,
+    NlasIterator,
+};
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
 
 use crate::nft::ElemKey;
 
-// netlink and nfnetlink constants (linux/netlink.h, linux/netfilter/nfnetlink*.h).
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_ACK: u16 = 0x4;
-const NLM_F_DUMP: u16 = 0x300;
-const NLA_TYPE_MASK: u16 = 0x3fff;
+// nfnetlink and ctnetlink numbers (linux/netfilter/nfnetlink*.h); the
+// netlink ones come from netlink-packet-core.
 const NFNL_SUBSYS_CTNETLINK: u16 = 1;
 const IPCTNL_MSG_CT_GET: u16 = 1;
 const IPCTNL_MSG_CT_DELETE: u16 = 2;
@@ -49,19 +48,21 @@ const CTA_IP_V6_DST: u16 = 4;
 /// `IPS_SEEN_REPLY`: the connection has seen a packet in the reply direction.
 const IPS_SEEN_REPLY: u32 = 1 << 1;
 
+/// Netlink header length.
 const NLMSG_HDR: usize = 16;
+/// `struct nfgenmsg` length.
 const NFGENMSG: usize = 4;
 
 /// One conntrack entry, as much of it as deciding and deleting need.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
+struct Entry {
     /// Address family (`AF_INET`, `AF_INET6`).
-    pub family: u8,
+    family: u8,
     /// Original direction's source and destination.
-    pub src: IpAddr,
-    pub dst: IpAddr,
+    src: IpAddr,
+    dst: IpAddr,
     /// `CTA_STATUS` bits.
-    pub status: u32,
+    status: u32,
     /// The attributes that name the entry for a delete, as they came:
     /// the original tuple, the id and the zone.
     name: Vec<u8>,
@@ -69,7 +70,7 @@ pub struct Entry {
 
 impl Entry {
     /// Whether the connection has never seen an answer.
-    pub fn unanswered(&self) -> bool {
+    fn unanswered(&self) -> bool {
         self.status & IPS_SEEN_REPLY == 0
     }
 }
@@ -166,15 +167,15 @@ fn delete_message(entry: &Entry, seq: u32) -> Vec<u8> {
 /// A ctnetlink request: header, `nfgenmsg`, attributes.
 fn message(kind: u16, flags: u16, family: u8, seq: u32, attrs: &[u8]) -> Vec<u8> {
     let len = NLMSG_HDR + NFGENMSG + attrs.len();
-    let mut out = Vec::with_capacity(len);
-    out.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_ne_bytes());
-    out.extend_from_slice(&((NFNL_SUBSYS_CTNETLINK << 8) | kind).to_ne_bytes());
-    out.extend_from_slice(&flags.to_ne_bytes());
-    out.extend_from_slice(&seq.to_ne_bytes());
-    out.extend_from_slice(&0u32.to_ne_bytes());
-    // nfgenmsg: family, version 0, resource id 0 (big endian).
-    out.extend_from_slice(&[family, 0, 0, 0]);
-    out.extend_from_slice(attrs);
+    let mut out = vec![0; len];
+    let mut header = NetlinkBuffer::new(&mut out);
+    header.set_length(u32::try_from(len).unwrap_or(u32::MAX));
+    header.set_message_type((NFNL_SUBSYS_CTNETLINK << 8) | kind);
+    header.set_flags(flags);
+    header.set_sequence_number(seq);
+    // nfgenmsg: family, version 0, resource id 0.
+    out[NLMSG_HDR] = family;
+    out[NLMSG_HDR + NFGENMSG..].copy_from_slice(attrs);
     out
 }
 
@@ -189,15 +190,12 @@ struct Msg<'a> {
 fn messages(buf: &[u8]) -> Vec<Msg<'_>> {
     let mut out = Vec::new();
     let mut rest = buf;
-    while rest.len() >= NLMSG_HDR {
-        let len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-        if len < NLMSG_HDR || len > rest.len() {
-            break;
-        }
+    while let Ok(msg) = NetlinkBuffer::new_checked(rest) {
+        let len = msg.length() as usize;
         out.push(Msg {
-            kind: u16::from_ne_bytes([rest[4], rest[5]]),
-            seq: u32::from_ne_bytes([rest[8], rest[9], rest[10], rest[11]]),
-            payload: &rest[NLMSG_HDR..len],
+            kind: msg.message_type(),
+            seq: msg.sequence_number(),
+            payload: msg.payload(),
         });
         rest = &rest[align(len).min(rest.len())..];
     }
@@ -216,20 +214,16 @@ const fn align(len: usize) -> usize {
 }
 
 /// The attributes of `buf`: (type without flags, payload, the whole
-/// attribute as it came).
+/// attribute as it came); stops at the first malformed one.
 fn attrs(buf: &[u8]) -> Vec<(u16, &[u8], &[u8])> {
-    let mut out = Vec::new();
-    let mut rest = buf;
-    while rest.len() >= 4 {
-        let len = usize::from(u16::from_ne_bytes([rest[0], rest[1]]));
-        if len < 4 || len > rest.len() {
-            break;
-        }
-        let kind = u16::from_ne_bytes([rest[2], rest[3]]) & NLA_TYPE_MASK;
-        out.push((kind, &rest[4..len], &rest[..len]));
-        rest = &rest[align(len).min(rest.len())..];
-    }
-    out
+    NlasIterator::new(buf)
+        .map_while(Result::ok)
+        .map(|nla| {
+            let (kind, len) = (nla.kind(), usize::from(nla.length()));
+            let whole = &nla.into_inner()[..len];
+            (kind, &whole[NLA_HEADER_SIZE..], whole)
+        })
+        .collect()
 }
 
 /// An entry from a `IPCTNL_MSG_CT_NEW` message of a dump.
@@ -298,10 +292,9 @@ fn be_u32(value: &[u8]) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use egressgw_core::net::IpRange;
+    use netlink_packet_core::NLA_F_NESTED;
 
     use super::*;
-
-    const NLA_F_NESTED: u16 = 0x8000;
 
     fn attr(kind: u16, value: &[u8]) -> Vec<u8> {
         let mut out = Vec::new();
