@@ -948,7 +948,8 @@ mod kernel_tests {
                         crate::fake::FakeNetlink::default(),
                         crate::nft::FakeFirewall::default(),
                         Config::default(),
-                    );
+                    )
+                    .with_ebpf_pins(PIN_DIR);
                     dp.cleanup().await
                 });
             assert!(report.is_ok(), "{:?}", report.failed);

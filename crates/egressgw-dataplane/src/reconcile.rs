@@ -21,6 +21,9 @@ pub struct Dataplane<N, F> {
     scope: Scope,
     /// The tunnel's parent interface as the last reconcile found it.
     parent: Option<Parent>,
+    /// Where the eBPF classifier pins its maps and attachments, for
+    /// [`Self::cleanup`]; `None`: no eBPF state to remove.
+    ebpf_pins: Option<std::path::PathBuf>,
 }
 
 impl<N: Netlink, F: Firewall> Dataplane<N, F> {
@@ -33,7 +36,16 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
             config,
             scope,
             parent: None,
+            ebpf_pins: None,
         }
+    }
+
+    /// Makes [`Self::cleanup`] also detach the eBPF classifier and remove
+    /// what it pinned in `dir` (a host's `ebpf::PIN_DIR`).
+    #[must_use]
+    pub fn with_ebpf_pins(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
+        self.ebpf_pins = Some(dir.into());
+        self
     }
 
     /// The tunnel's parent interface as the last reconcile found it (`None`
@@ -224,17 +236,18 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
     }
 
     /// Removes everything egressgw created — the firewall table, rules,
-    /// routes, both devices, and the eBPF classifier's pinned attachments
-    /// and maps — and nothing else. Keeps going past failures and reports
+    /// routes, both devices, and (see [`Self::with_ebpf_pins`]) the eBPF
+    /// classifier's pinned attachments and maps — and nothing else. Keeps going past failures and reports
     /// each.
     pub async fn cleanup(&mut self) -> Report {
         let mut report = Report::default();
-        let pins = std::path::Path::new(crate::ebpf::PIN_DIR);
-        let what = format!("detach the eBPF classifier and remove {}", pins.display());
-        match crate::ebpf::Classifier::remove_pins(pins) {
-            Ok(true) => report.record(what, Ok::<(), String>(())),
-            Ok(false) => {}
-            Err(e) => report.record(what, Err(e)),
+        if let Some(pins) = &self.ebpf_pins {
+            let what = format!("detach the eBPF classifier and remove {}", pins.display());
+            match crate::ebpf::Classifier::remove_pins(pins) {
+                Ok(true) => report.record(what, Ok::<(), String>(())),
+                Ok(false) => {}
+                Err(e) => report.record(what, Err(e)),
+            }
         }
         match self.firewall.remove() {
             Ok(true) => report

@@ -141,7 +141,8 @@ async fn stop(args: &AgentArgs, running: &Running, config: Config) -> anyhow::Re
         return Ok(());
     };
     tracing::info!(reason, "stopping for an uninstall: removing the datapath");
-    let mut dataplane = Dataplane::new(args.kernel.netlink()?, Nft::new(), config);
+    let mut dataplane = Dataplane::new(args.kernel.netlink()?, Nft::new(), config)
+        .with_ebpf_pins(&args.kernel.bpf_pins);
     let report = dataplane.cleanup().await;
     log_ops(&report);
     anyhow::ensure!(

@@ -24,6 +24,15 @@ pub struct KernelArgs {
         default_value = egressgw_dataplane::netlink::SYSCTL_NET
     )]
     pub sysctl_net: std::path::PathBuf,
+    /// Where the eBPF classifier pins its maps and attachments (a directory
+    /// on a bpf filesystem); cleanup removes what is there.
+    #[arg(
+        long,
+        value_name = "DIR",
+        env = "EGRESSGW_BPF_PINS",
+        default_value = egressgw_dataplane::ebpf::PIN_DIR
+    )]
+    pub bpf_pins: std::path::PathBuf,
 }
 
 impl KernelArgs {
@@ -66,7 +75,8 @@ pub(crate) fn cleanup(args: &CleanupArgs) -> anyhow::Result<()> {
     init_logs();
     let config = load_config(args.config.as_deref())?;
     runtime()?.block_on(async {
-        let mut dp = Dataplane::new(args.kernel.netlink()?, Nft::new(), config);
+        let mut dp = Dataplane::new(args.kernel.netlink()?, Nft::new(), config)
+            .with_ebpf_pins(&args.kernel.bpf_pins);
         let report = dp.cleanup().await;
         print(&report, args.output)?;
         if report.is_ok() {

@@ -240,6 +240,8 @@ impl Reconcile {
 pub struct Egressgw {
     objects: PathBuf,
     config: PathBuf,
+    /// Where `cleanup` looks for eBPF pins (nothing is ever pinned there).
+    bpf_pins: PathBuf,
 }
 
 impl Egressgw {
@@ -254,6 +256,7 @@ impl Egressgw {
         Self {
             objects,
             config: config_path,
+            bpf_pins: dir.join("bpf"),
         }
     }
 
@@ -266,6 +269,10 @@ impl Egressgw {
             args.extend(["--node", node]);
         }
         args.extend(["--config", path_str(&self.config), "-o", "json"]);
+        if subcommand == "cleanup" {
+            // The test's own pin directory: never the host's eBPF state.
+            args.extend(["--bpf-pins", path_str(&self.bpf_pins)]);
+        }
         args
     }
 
