@@ -42,8 +42,9 @@ TEST_APT_PACKAGES=(iproute2 nftables iptables ethtool iperf3 procps conntrack)
 
 # The eBPF datapath (bpf/egressgw-ebpf) builds with a nightly toolchain that
 # has rust-src (for -Z build-std=core) and bpf-linker, which links against
-# that nightly's own LLVM: Debian ships no LLVM new enough.
-EBPF_TOOLCHAIN="${EGRESSGW_EBPF_TOOLCHAIN:-nightly}"
+# that nightly's own LLVM: Debian ships no LLVM new enough. The build
+# (aya-build, crates/egressgw-dataplane/build.rs) uses the `nightly` toolchain.
+EBPF_TOOLCHAIN=nightly
 EBPF_LLVM_MAJOR=22
 BPF_LINKER_VERSION=0.13.0
 
@@ -159,7 +160,7 @@ step_ebpf_toolchain() {
     local libllvm key
     libllvm="$(nightly_libllvm)"
     [[ -n "$libllvm" ]] ||
-        die "$EBPF_TOOLCHAIN ($(rustc "+$EBPF_TOOLCHAIN" --version)) ships no LLVM $EBPF_LLVM_MAJOR library for bpf-linker; set EGRESSGW_EBPF_TOOLCHAIN to a nightly with LLVM $EBPF_LLVM_MAJOR"
+        die "$EBPF_TOOLCHAIN ($(rustc "+$EBPF_TOOLCHAIN" --version)) ships no LLVM $EBPF_LLVM_MAJOR library for bpf-linker; install a nightly with LLVM $EBPF_LLVM_MAJOR as \`nightly\` (rustup toolchain install nightly-YYYY-MM-DD, rustup toolchain link)"
     key="bpf-linker $BPF_LINKER_VERSION ${libllvm##*/}"
     if marker_ok bpf-linker "$key" && [[ -x "$CARGO_BIN/bpf-linker" ]]; then
         detail "ok: bpf-linker $BPF_LINKER_VERSION (LLVM of ${libllvm##*/})"

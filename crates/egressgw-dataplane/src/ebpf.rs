@@ -329,8 +329,8 @@ impl Classifier {
     }
 
     /// Gives every policy of `desired` a counter: the one it has, else the
-    /// one its entries carry in the maps already (a restart), else the
-    /// lowest free one. Policies without entries give theirs back.
+    /// one its entries carry in the maps already (a restart), else a free
+    /// one. Policies without entries give theirs back.
     fn assign_counters(&mut self, desired: &Desired, current: &BTreeMap<(IpAddr, IpNet), Verdict>) {
         let wanted: BTreeSet<&PolicyRef> = desired
             .classify
@@ -338,19 +338,28 @@ impl Classifier {
             .filter_map(|(_, p)| p.as_ref())
             .collect();
         self.counters.retain(|p, _| wanted.contains(p));
+        let mut taken: BTreeSet<u32> = self.counters.values().copied().collect();
+        // First the counters the maps already carry (a restart), so that a
+        // new policy never takes one an old policy is about to adopt...
         for (key, (_, policy)) in &desired.classify {
             let Some(policy) = policy else { continue };
             if self.counters.contains_key(policy) {
                 continue;
             }
-            let taken: BTreeSet<u32> = self.counters.values().copied().collect();
-            let adopted = current
-                .get(key)
-                .map(|v| v.counter)
-                .filter(|c| *c != 0 && !taken.contains(c));
-            let index = adopted.or_else(|| (1..common::COUNTERS_MAX).find(|c| !taken.contains(c)));
-            if let Some(index) = index {
-                self.counters.insert(policy.clone(), index);
+            if let Some(c) = current.get(key).map(|v| v.counter)
+                && c != 0
+                && taken.insert(c)
+            {
+                self.counters.insert(policy.clone(), c);
+            }
+        }
+        // ...then the lowest free ones for the rest, in one pass.
+        let mut free = (1..common::COUNTERS_MAX).filter(|c| !taken.contains(c));
+        for policy in wanted {
+            if !self.counters.contains_key(policy)
+                && let Some(c) = free.next()
+            {
+                self.counters.insert(policy.clone(), c);
             }
         }
     }
