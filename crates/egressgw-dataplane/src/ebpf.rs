@@ -134,8 +134,9 @@ impl Synced {
 #[derive(Debug)]
 pub struct Classifier {
     ebpf: aya::Ebpf,
-    /// Attachments this process manages (unpinned: they end with it).
-    attached: BTreeMap<String, SchedClassifierLinkId>,
+    /// Where the program is attached: by interface, the attachment this
+    /// process manages (it ends with it), or `None` for a pinned one.
+    attached: BTreeMap<String, Option<SchedClassifierLinkId>>,
     /// Each policy's counter.
     counters: BTreeMap<PolicyRef, u32>,
     /// Where maps and attachments are pinned, if they are.
@@ -233,6 +234,7 @@ impl Classifier {
                     .map_err(|e| e.to_string())
                     .map_err(failed(format!("{what}: pinning at {}", pin.display())))?;
             }
+            self.attached.insert(iface.to_owned(), None);
             return Ok(());
         }
         if !tcx {
@@ -243,7 +245,7 @@ impl Classifier {
             .attach(iface, TcAttachType::Ingress)
             .map_err(|e| format!("{e:#}"))
             .map_err(failed(what))?;
-        self.attached.insert(iface.to_owned(), id);
+        self.attached.insert(iface.to_owned(), Some(id));
         Ok(())
     }
 
@@ -252,7 +254,7 @@ impl Classifier {
         if let Some(dir) = &self.pins {
             unpin_link(&link_pin(dir, iface))?;
         }
-        let Some(id) = self.attached.remove(iface) else {
+        let Some(Some(id)) = self.attached.remove(iface) else {
             return Ok(());
         };
         program(&mut self.ebpf)?
@@ -839,6 +841,8 @@ mod kernel_tests {
             second.attach("b").unwrap();
             let (_, programs) = SchedClassifier::query_tcx("b", TcAttachType::Ingress).unwrap();
             assert_eq!(programs.len(), 1, "the program was swapped, not added");
+            // Known as attached (pinned): a second attach does nothing.
+            assert_eq!(second.attached.get("b"), Some(&None));
             send(POD, "198.51.100.1", 2);
             assert_eq!(seen("marked"), 7);
             assert_eq!(second.counter(7).unwrap().packets, 7);
