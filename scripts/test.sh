@@ -87,13 +87,16 @@ run_selftest() {
 
 step "the lab's kubelet stand-in" run_selftest
 
-# run_e2e: a fresh lab, egressgw deployed, every scenario; output appended
-# to the same log.
+# run_e2e [ARGS]: a fresh lab, egressgw deployed, every scenario; output
+# appended to the same log.
 run_e2e() {
-    cargo xtask e2e 2>&1 | tee -a "$TEST_LOG"
+    cargo xtask e2e "$@" 2>&1 | tee -a "$TEST_LOG"
 }
 
-step "e2e on the lab" run_e2e
+# The chart's default datapath (auto: eBPF on the lab's nodes), then the
+# nftables one.
+step "e2e on the lab (eBPF datapath)" run_e2e
+step "e2e on the lab (nftables datapath)" run_e2e --set feature.datapath=nftables
 step "generated CRDs are up to date" cargo xtask gen-crds --check
 step "the chart's values reference is up to date" cargo xtask chart docs --check
 # Bench targets only: compiling every library's unit tests in the bench

@@ -198,5 +198,6 @@ pub fn tunnel_status(allocation: &TunnelAllocation) -> EgressTunnelStatus {
         last_heartbeat_time: None,
         eips: Vec::new(),
         unreachable: Vec::new(),
+        datapath: None,
     }
 }

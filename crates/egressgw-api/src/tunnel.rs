@@ -119,6 +119,21 @@ pub struct EgressTunnelStatus {
     /// controller records each change as an Event.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unreachable: Vec<TunnelUnreachable>,
+    /// What classifies pod traffic on this node, and why. Written by the
+    /// agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub datapath: Option<TunnelDatapath>,
+}
+
+/// `status.datapath`: what classifies pod traffic on the node.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TunnelDatapath {
+    /// `ebpf` or `nftables`.
+    pub name: String,
+    /// Why: the configured choice, or what kept `auto` from eBPF.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// `status.unreachable[]`: selected traffic of this node with no live

@@ -349,9 +349,35 @@ pub struct InvalidObject {
 /// kube-proxy's masquerade (0x4000) and drop (0x8000) mark bits.
 pub const KUBE_PROXY_MARKS: u32 = 0x0000_c000;
 
+/// `datapath`: what classifies pod traffic on a node.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DatapathChoice {
+    /// The eBPF classifier where the node can run it, nftables otherwise
+    /// (the agent says why, in its log and its `EgressTunnel` status).
+    #[default]
+    Auto,
+    /// The eBPF classifier; an agent that cannot run it does not start.
+    Ebpf,
+    /// The nftables table alone.
+    Nftables,
+}
+
+impl fmt::Display for DatapathChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DatapathChoice::Auto => "auto",
+            DatapathChoice::Ebpf => "ebpf",
+            DatapathChoice::Nftables => "nftables",
+        })
+    }
+}
+
 /// Cluster-wide settings (the agent's and controller's config file).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
+    /// What classifies pod traffic on the nodes.
+    pub datapath: DatapathChoice,
     /// Tunnel device settings.
     pub vxlan: VxlanSettings,
     /// Whether IPv4 egress is on.
@@ -403,6 +429,7 @@ impl Default for VxlanSettings {
 impl Default for Config {
     fn default() -> Self {
         Self {
+            datapath: DatapathChoice::default(),
             vxlan: VxlanSettings::default(),
             enable_ipv4: true,
             enable_ipv6: false,

@@ -70,9 +70,35 @@ const MAPS: [&str; 5] = [
     common::COUNTERS,
 ];
 
-/// Where a pinned attachment to `iface` lives in the pin directory.
-fn link_pin(dir: &Path, iface: &str) -> PathBuf {
-    dir.join(format!("link-ingress-{iface}"))
+/// Where a pinned attachment to `iface` (index `ifindex`) lives in the pin
+/// directory. The index is part of the name: an interface deleted and
+/// created again under the same name (a pod's veth after a sandbox
+/// restart) is a new interface, and the old attachment is dead.
+fn link_pin(dir: &Path, iface: &str, ifindex: u32) -> PathBuf {
+    dir.join(format!("{LINK_PREFIX}{ifindex}-{iface}"))
+}
+
+/// The start of every pinned attachment's name.
+const LINK_PREFIX: &str = "link-ingress-";
+
+/// The attachments pinned in `dir`: (interface, index) -> pin.
+fn pinned_links(dir: &Path) -> BTreeMap<(String, u32), PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return BTreeMap::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name().into_string().ok()?;
+            let (index, iface) = name.strip_prefix(LINK_PREFIX)?.split_once('-')?;
+            Some(((iface.to_owned(), index.parse().ok()?), entry.path()))
+        })
+        .collect()
+}
+
+/// The index of interface `iface` now, if it exists.
+fn ifindex(iface: &str) -> Option<u32> {
+    nix::net::if_::if_nametoindex(iface).ok()
 }
 
 /// The classifier's maps as a node's state asks for them.
@@ -97,7 +123,12 @@ impl Desired {
                     Action::Bypass => (common::kind::LEAVE, 0),
                     Action::Tunnel { mark, .. } => (common::kind::MARK, *mark),
                     Action::Local => (common::kind::MARK, cfg.local_mark()),
-                    Action::Drop => (common::kind::DROP, 0),
+                    // Failing closed is decided in nftables, which knows a
+                    // connection's direction: a pod's replies to a
+                    // connection that came in from the destination still
+                    // leave. Here the range only has to be held against a
+                    // wider entry that marks.
+                    Action::Drop => (common::kind::LEAVE, 0),
                 };
                 let verdict = Verdict {
                     kind,
@@ -130,13 +161,22 @@ impl Synced {
     }
 }
 
+/// One attachment of the program.
+#[derive(Debug, PartialEq, Eq)]
+struct Attached {
+    /// The interface's index when the program was attached.
+    ifindex: u32,
+    /// The attachment this process manages (it ends with it), or `None`
+    /// for a pinned one.
+    link: Option<SchedClassifierLinkId>,
+}
+
 /// The loaded classifier and where it is attached.
 #[derive(Debug)]
 pub struct Classifier {
     ebpf: aya::Ebpf,
-    /// Where the program is attached: by interface, the attachment this
-    /// process manages (it ends with it), or `None` for a pinned one.
-    attached: BTreeMap<String, Option<SchedClassifierLinkId>>,
+    /// Where the program is attached, by interface.
+    attached: BTreeMap<String, Attached>,
     /// Each policy's counter.
     counters: BTreeMap<PolicyRef, u32>,
     /// Where maps and attachments are pinned, if they are.
@@ -170,6 +210,30 @@ impl Classifier {
         Self::load_with(loader, Some(dir.to_owned()))
     }
 
+    /// [`Self::load_pinned`] for an agent: first checks that `dir` is on a
+    /// bpf filesystem, so that a missing mount is named as such (without
+    /// one, pins would be impossible, or lost on the agent's restart).
+    pub fn open(dir: &Path) -> Result<Self, EbpfError> {
+        object().ok_or(EbpfError::NotBuilt)?;
+        let on_bpffs = |p: &Path| {
+            nix::sys::statfs::statfs(p)
+                .is_ok_and(|fs| fs.filesystem_type() == nix::sys::statfs::BPF_FS_MAGIC)
+        };
+        let mount = if dir.exists() {
+            dir
+        } else {
+            dir.parent().unwrap_or(dir)
+        };
+        if !on_bpffs(mount) {
+            return Err(failed(format!("pinning in {}", dir.display()))(format!(
+                "{} is not on a bpf filesystem (mount one there: \
+                 `mount -t bpf bpf /sys/fs/bpf`; the Helm chart mounts the host's)",
+                mount.display()
+            )));
+        }
+        Self::load_pinned(dir)
+    }
+
     fn load_with(
         mut loader: aya::EbpfLoader<'_>,
         pins: Option<PathBuf>,
@@ -192,18 +256,33 @@ impl Classifier {
     }
 
     /// Attaches the program on TC ingress of `iface` (TCX where the kernel
-    /// has it, clsact otherwise); attaching twice does nothing. Loaded
-    /// with pins on a kernel with TCX, the attachment is pinned, and one
-    /// that an earlier agent pinned is taken over in place: the kernel
-    /// swaps the program atomically, with no moment unclassified.
-    pub fn attach(&mut self, iface: &str) -> Result<(), EbpfError> {
-        if self.attached.contains_key(iface) {
-            return Ok(());
-        }
+    /// has it, clsact otherwise) and returns whether the interface was
+    /// without it: attaching twice does nothing, taking a pinned
+    /// attachment over is no change to the interface, and an interface
+    /// that was deleted and created again under its name gets a new
+    /// attachment. Loaded with
+    /// pins on a kernel with TCX, the attachment is pinned, and one that an
+    /// earlier agent pinned is taken over in place: the kernel swaps the
+    /// program atomically, with no moment unclassified.
+    pub fn attach(&mut self, iface: &str) -> Result<bool, EbpfError> {
         let what = format!("attaching to the ingress of {iface}");
+        let index =
+            ifindex(iface).ok_or_else(|| failed(what.clone())("no such interface".into()))?;
+        match self.attached.get(iface) {
+            Some(a) if a.ifindex == index => return Ok(false),
+            Some(_) => self.detach(iface)?,
+            None => {}
+        }
         let tcx = KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0));
         if let (Some(dir), true) = (&self.pins, tcx) {
-            let pin = link_pin(dir, iface);
+            let pin = link_pin(dir, iface, index);
+            // Attachments pinned for an earlier interface of this name are
+            // dead: they go.
+            for ((name, i), stale) in pinned_links(dir) {
+                if name == iface && i != index {
+                    unpin_link(&stale)?;
+                }
+            }
             let prog = program(&mut self.ebpf)?;
             if pin.exists() {
                 let old = PinnedLink::from_pin(&pin)
@@ -218,6 +297,14 @@ impl Classifier {
                     .map_err(|e| format!("{e:#}"))
                     .map_err(failed(what.clone()))?;
                 drop(prog.take_link(id));
+                self.attached.insert(
+                    iface.to_owned(),
+                    Attached {
+                        ifindex: index,
+                        link: None,
+                    },
+                );
+                return Ok(false);
             } else {
                 let id = prog
                     .attach(iface, TcAttachType::Ingress)
@@ -234,8 +321,12 @@ impl Classifier {
                     .map_err(|e| e.to_string())
                     .map_err(failed(format!("{what}: pinning at {}", pin.display())))?;
             }
-            self.attached.insert(iface.to_owned(), None);
-            return Ok(());
+            let attached = Attached {
+                ifindex: index,
+                link: None,
+            };
+            self.attached.insert(iface.to_owned(), attached);
+            return Ok(true);
         }
         if !tcx {
             // An existing clsact qdisc is fine.
@@ -245,22 +336,63 @@ impl Classifier {
             .attach(iface, TcAttachType::Ingress)
             .map_err(|e| format!("{e:#}"))
             .map_err(failed(what))?;
-        self.attached.insert(iface.to_owned(), Some(id));
-        Ok(())
+        let attached = Attached {
+            ifindex: index,
+            link: Some(id),
+        };
+        self.attached.insert(iface.to_owned(), attached);
+        Ok(true)
     }
 
-    /// Detaches the program from `iface`, pinned or not.
+    /// Detaches the program from `iface`, pinned or not. An interface that
+    /// is gone took its attachment with it; only the pin is left to remove.
     pub fn detach(&mut self, iface: &str) -> Result<(), EbpfError> {
         if let Some(dir) = &self.pins {
-            unpin_link(&link_pin(dir, iface))?;
+            for ((name, _), pin) in pinned_links(dir) {
+                if name == iface {
+                    unpin_link(&pin)?;
+                }
+            }
         }
-        let Some(Some(id)) = self.attached.remove(iface) else {
+        let Some(Attached {
+            ifindex: index,
+            link: Some(id),
+        }) = self.attached.remove(iface)
+        else {
             return Ok(());
         };
-        program(&mut self.ebpf)?
-            .detach(id)
+        let result = program(&mut self.ebpf)?.detach(id);
+        if ifindex(iface) != Some(index) {
+            return Ok(());
+        }
+        result
             .map_err(|e| format!("{e:#}"))
             .map_err(failed(format!("detaching from the ingress of {iface}")))
+    }
+
+    /// Makes the program attached to exactly the interfaces in `wanted`:
+    /// attaches where it is missing (or the interface is a new one under
+    /// an old name) and detaches where it is no longer wanted, including
+    /// attachments a predecessor pinned for interfaces now gone. Returns
+    /// each change made or tried, by its description.
+    pub fn follow(&mut self, wanted: &BTreeSet<String>) -> Vec<(String, Result<(), EbpfError>)> {
+        let mut done = Vec::new();
+        let mut present: BTreeSet<String> = self.attached.keys().cloned().collect();
+        if let Some(dir) = &self.pins {
+            present.extend(pinned_links(dir).into_keys().map(|(iface, _)| iface));
+        }
+        for iface in present.difference(wanted) {
+            let result = self.detach(iface);
+            done.push((format!("detach the eBPF classifier from {iface}"), result));
+        }
+        for iface in wanted {
+            match self.attach(iface) {
+                Ok(false) => {}
+                Ok(true) => done.push((format!("attach the eBPF classifier to {iface}"), Ok(()))),
+                Err(e) => done.push((format!("attach the eBPF classifier to {iface}"), Err(e))),
+            }
+        }
+        done
     }
 
     /// Removes everything pinned in `dir`: detaches every pinned
@@ -274,7 +406,7 @@ impl Classifier {
         };
         for entry in entries.flatten() {
             let path = entry.path();
-            if entry.file_name().to_string_lossy().starts_with("link-") {
+            if entry.file_name().to_string_lossy().starts_with(LINK_PREFIX) {
                 unpin_link(&path)?;
             } else {
                 std::fs::remove_file(&path)
@@ -296,7 +428,9 @@ impl Classifier {
     pub fn sync(&mut self, desired: &Desired) -> Result<Synced, EbpfError> {
         let mut synced = Synced::default();
         let current = self.entries()?;
-        self.assign_counters(desired, &current);
+        for index in self.assign_counters(desired, &current) {
+            self.zero_counter(index)?;
+        }
         for (&(src, dst), (verdict, policy)) in &desired.classify {
             let verdict = Verdict {
                 counter: policy
@@ -332,8 +466,13 @@ impl Classifier {
 
     /// Gives every policy of `desired` a counter: the one it has, else the
     /// one its entries carry in the maps already (a restart), else a free
-    /// one. Policies without entries give theirs back.
-    fn assign_counters(&mut self, desired: &Desired, current: &BTreeMap<(IpAddr, IpNet), Verdict>) {
+    /// one. Policies without entries give theirs back. Returns the free
+    /// ones handed out: they still hold what an earlier policy counted.
+    fn assign_counters(
+        &mut self,
+        desired: &Desired,
+        current: &BTreeMap<(IpAddr, IpNet), Verdict>,
+    ) -> Vec<u32> {
         let wanted: BTreeSet<&PolicyRef> = desired
             .classify
             .values()
@@ -357,13 +496,32 @@ impl Classifier {
         }
         // ...then the lowest free ones for the rest, in one pass.
         let mut free = (1..common::COUNTERS_MAX).filter(|c| !taken.contains(c));
+        let mut fresh = Vec::new();
         for policy in wanted {
             if !self.counters.contains_key(policy)
                 && let Some(c) = free.next()
             {
                 self.counters.insert(policy.clone(), c);
+                fresh.push(c);
             }
         }
+        fresh
+    }
+
+    /// Sets counter `index` to zero on every CPU.
+    fn zero_counter(&mut self, index: u32) -> Result<(), EbpfError> {
+        let what = format!("zeroing counter {index}");
+        let cpus = aya::util::nr_cpus()
+            .map_err(|(_, e)| e.to_string())
+            .map_err(failed(what.clone()))?;
+        let zeros = aya::maps::PerCpuValues::try_from(vec![Counter::default(); cpus])
+            .map_err(|e| e.to_string())
+            .map_err(failed(what.clone()))?;
+        let mut array: PerCpuArray<&mut MapData, Counter> = self.map(common::COUNTERS)?;
+        array
+            .set(index, zeros, 0)
+            .map_err(|e| e.to_string())
+            .map_err(failed(what))
     }
 
     /// Each policy's counter, summed over every CPU.
@@ -641,7 +799,9 @@ mod tests {
         assert_eq!(got("198.51.100.0/24").kind, kind::MARK);
         assert_eq!(got("198.51.100.0/24").mark, cfg.mark(1));
         assert_eq!(got("203.0.113.0/24").mark, cfg.local_mark());
-        assert_eq!(got("192.0.2.0/24").kind, kind::DROP);
+        // Failing closed is nftables' job (it knows the direction); the
+        // range is held against wider entries.
+        assert_eq!(got("192.0.2.0/24").kind, kind::LEAVE);
         assert_eq!(got("198.51.100.2/32").kind, kind::LEAVE);
         assert!(
             desired
@@ -681,7 +841,7 @@ mod kernel_tests {
         links_up(&["a", "b"]);
         let b_mac =
             sh("ip -o link show dev b | sed -n 's/.*link\\/ether \\([0-9a-f:]*\\).*/\\1/p'");
-        for dst in ["198.51.100.1", "198.51.100.2", "10.96.0.10"] {
+        for dst in ["198.51.100.1", "198.51.100.2", "203.0.113.1", "10.96.0.10"] {
             sh(&format!("ip route add {dst}/32 dev a"));
             sh(&format!(
                 "ip neigh replace {dst} lladdr {} dev a nud permanent",
@@ -842,7 +1002,8 @@ mod kernel_tests {
             let (_, programs) = SchedClassifier::query_tcx("b", TcAttachType::Ingress).unwrap();
             assert_eq!(programs.len(), 1, "the program was swapped, not added");
             // Known as attached (pinned): a second attach does nothing.
-            assert_eq!(second.attached.get("b"), Some(&None));
+            assert!(second.attached.get("b").is_some_and(|a| a.link.is_none()));
+            assert!(!second.attach("b").unwrap());
             send(POD, "198.51.100.1", 2);
             assert_eq!(seen("marked"), 7);
             assert_eq!(second.counter(7).unwrap().packets, 7);
@@ -899,6 +1060,8 @@ mod kernel_tests {
             assert_eq!(seen("marked"), 3);
             assert_eq!(first.policy_counters().unwrap()[&web].packets, 3);
             assert_eq!(first.policy_counters().unwrap()[&db].packets, 0);
+            send(OTHER_POD, "203.0.113.1", 2);
+            assert_eq!(first.policy_counters().unwrap()[&db].packets, 2);
 
             // A restarted agent: same state, nothing to change, the
             // policies' counts go on.
@@ -927,6 +1090,17 @@ mod kernel_tests {
             send(POD, "198.51.100.1", 2);
             assert_eq!(seen("marked") + seen("unmarked"), before, "now dropped");
             assert!(!second.policy_counters().unwrap().contains_key(&db));
+
+            // A new policy may get db's counter back, but not its counts.
+            let cache = PolicyRef::namespaced("team-a", "cache");
+            desired.classify.insert(
+                (OTHER_POD.parse().unwrap(), net("203.0.113.0/24")),
+                (verdict(kind::MARK, 0), Some(cache.clone())),
+            );
+            second.sync(&desired).unwrap();
+            assert_eq!(second.policy_counters().unwrap()[&cache].packets, 0);
+            send(OTHER_POD, "203.0.113.1", 1);
+            assert_eq!(second.policy_counters().unwrap()[&cache].packets, 1);
             drop(second);
             Classifier::remove_pins(dir).unwrap();
         });

@@ -1,6 +1,6 @@
 //! An in-memory [`Netlink`] for tests of the reconcile loop without root.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use crate::kernel::{KernelOp, KernelState, Parent, Scope};
@@ -16,6 +16,9 @@ pub struct FakeNetlink {
     pub state: KernelState,
     /// Interfaces by address, for [`Netlink::parent`].
     pub parents: BTreeMap<IpAddr, Parent>,
+    /// The interface each pod address is reached by, for
+    /// [`Netlink::pod_interfaces`].
+    pub pod_links: BTreeMap<IpAddr, String>,
     /// Substrings of op texts that fail.
     pub fail: Vec<String>,
     /// Every op applied, as text.
@@ -25,6 +28,19 @@ pub struct FakeNetlink {
 impl Netlink for FakeNetlink {
     async fn parent(&mut self, local: IpAddr) -> Result<Option<Parent>> {
         Ok(self.parents.get(&local).cloned())
+    }
+
+    async fn pod_interfaces(
+        &mut self,
+        pods: &[IpAddr],
+    ) -> Result<BTreeMap<String, BTreeSet<IpAddr>>> {
+        let mut out: BTreeMap<String, BTreeSet<IpAddr>> = BTreeMap::new();
+        for pod in pods {
+            if let Some(link) = self.pod_links.get(pod) {
+                out.entry(link.clone()).or_default().insert(*pod);
+            }
+        }
+        Ok(out)
     }
 
     async fn observe(&mut self, scope: &Scope) -> Result<KernelState> {

@@ -15,6 +15,7 @@
 //! no operation at all.
 
 pub mod announce;
+pub mod classify;
 pub mod conntrack;
 pub mod ebpf;
 mod error;

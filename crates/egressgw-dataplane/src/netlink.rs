@@ -45,6 +45,12 @@ pub trait Netlink {
     /// Carries out one operation; announcements and other side notes go to
     /// `report`.
     async fn apply(&mut self, op: &KernelOp, report: &mut Report) -> Result<()>;
+    /// The interfaces traffic from these pod addresses enters the node by
+    /// (see [`Rtnetlink::pod_interfaces`]).
+    async fn pod_interfaces(
+        &mut self,
+        pods: &[IpAddr],
+    ) -> Result<BTreeMap<String, BTreeSet<IpAddr>>>;
 }
 
 /// The real backend: one rtnetlink socket in the caller's network namespace.
@@ -951,6 +957,13 @@ fn write_rp_filter(sysctl_net: &Path, dev: &str, value: u8) -> Result<()> {
 }
 
 impl Netlink for Rtnetlink {
+    async fn pod_interfaces(
+        &mut self,
+        pods: &[IpAddr],
+    ) -> Result<BTreeMap<String, BTreeSet<IpAddr>>> {
+        Rtnetlink::pod_interfaces(self, pods).await
+    }
+
     async fn parent(&mut self, local: IpAddr) -> Result<Option<Parent>> {
         let mut addrs = self
             .handle

@@ -4,8 +4,15 @@
 use egressgw_core::model::Config;
 use egressgw_core::state::NodeState;
 
-use crate::Report;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use egressgw_common::Counter;
+use egressgw_core::model::PolicyRef;
 use tracing::Instrument as _;
+
+use crate::Report;
+use crate::classify::{Datapath, PodClassifier};
 
 use crate::kernel::{self, Desired, KernelOp, KernelPlan, Parent, Scope};
 use crate::netlink::Netlink;
@@ -24,6 +31,11 @@ pub struct Dataplane<N, F> {
     /// Where the eBPF classifier pins its maps and attachments, for
     /// [`Self::cleanup`]; `None`: no eBPF state to remove.
     ebpf_pins: Option<std::path::PathBuf>,
+    /// The eBPF classifier, on the eBPF datapath.
+    classifier: Option<Box<dyn PodClassifier + Send>>,
+    /// On the nftables datapath: whether an eBPF classifier a predecessor
+    /// pinned has been looked for (and removed) yet.
+    pins_checked: bool,
 }
 
 impl<N: Netlink, F: Firewall> Dataplane<N, F> {
@@ -37,11 +49,38 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
             scope,
             parent: None,
             ebpf_pins: None,
+            classifier: None,
+            pins_checked: false,
         }
     }
 
+    /// Puts the eBPF classifier in charge of classifying
+    /// ([`Datapath::Ebpf`]).
+    #[must_use]
+    pub fn with_classifier(mut self, classifier: Box<dyn PodClassifier + Send>) -> Self {
+        self.classifier = Some(classifier);
+        self
+    }
+
+    /// What classifies pod traffic.
+    pub fn datapath(&self) -> Datapath {
+        if self.classifier.is_some() {
+            Datapath::Ebpf
+        } else {
+            Datapath::Nftables
+        }
+    }
+
+    /// Packets and bytes the eBPF classifier sent through a gateway, per
+    /// policy; `None` on the nftables datapath.
+    pub fn policy_counters(&self) -> Option<Result<BTreeMap<PolicyRef, Counter>, String>> {
+        self.classifier.as_ref().map(|c| c.policy_counters())
+    }
+
     /// Makes [`Self::cleanup`] also detach the eBPF classifier and remove
-    /// what it pinned in `dir` (a host's `ebpf::PIN_DIR`).
+    /// what it pinned in `dir` (a host's `ebpf::PIN_DIR`); on the nftables
+    /// datapath the first reconcile does so too, so that a classifier left
+    /// by an agent that ran the eBPF datapath stops marking.
     #[must_use]
     pub fn with_ebpf_pins(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
         self.ebpf_pins = Some(dir.into());
@@ -56,9 +95,7 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
     }
 
     /// The EIPs this node holds now (the addresses on the EIP device).
-    pub async fn held_eips(
-        &mut self,
-    ) -> crate::Result<std::collections::BTreeSet<std::net::IpAddr>> {
+    pub async fn held_eips(&mut self) -> crate::Result<BTreeSet<IpAddr>> {
         Ok(self.netlink.observe(&self.scope).await?.eips)
     }
 
@@ -91,7 +128,13 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
         for op in &additions {
             self.apply(op, &mut report).await;
         }
-        self.reconcile_firewall(state, &mut report);
+        if self.classifier.is_none() {
+            self.remove_predecessors_classifier(&mut report);
+        }
+        blocking(|| self.reconcile_firewall(state, &mut report));
+        if self.classifier.is_some() {
+            self.reconcile_classifier(state, &mut report).await;
+        }
         for op in &removals {
             self.apply(op, &mut report).await;
         }
@@ -191,8 +234,75 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
         report.record(op, result.map_err(|e| e.detail()));
     }
 
+    /// On the nftables datapath, once: removes an eBPF classifier an agent
+    /// on the eBPF datapath pinned. Done before the table changes: the
+    /// table of the eBPF datapath classifies by itself too.
+    fn remove_predecessors_classifier(&mut self, report: &mut Report) {
+        if self.pins_checked {
+            return;
+        }
+        let Some(pins) = &self.ebpf_pins else {
+            return;
+        };
+        let what = format!(
+            "detach the eBPF classifier and remove {} (this node runs the nftables datapath)",
+            pins.display()
+        );
+        match crate::ebpf::Classifier::remove_pins(pins) {
+            Ok(true) => report.record(what, Ok::<(), String>(())),
+            Ok(false) => {}
+            Err(e) => {
+                report.record(what, Err(e));
+                return;
+            }
+        }
+        self.pins_checked = true;
+    }
+
+    /// The eBPF classifier: attached to the interfaces this node's pods
+    /// send by, its maps holding the node's classification. Runs after
+    /// the table, so that a mark the program sets has its chain there.
+    async fn reconcile_classifier(&mut self, state: &NodeState, report: &mut Report) {
+        let Some(classifier) = self.classifier.as_mut() else {
+            return;
+        };
+        let pods: Vec<IpAddr> = state
+            .classify
+            .iter()
+            .map(|e| e.src)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        // A failed lookup leaves the attachments as they are; the table
+        // classifies what the program does not see.
+        match self.netlink.pod_interfaces(&pods).await {
+            Ok(found) => {
+                let wanted: BTreeSet<String> = found.into_keys().collect();
+                for (op, result) in classifier.follow(&wanted) {
+                    report.record(op, result);
+                }
+            }
+            Err(e) => report.record(
+                format!("find the interfaces of {} pod address(es)", pods.len()),
+                Err(e),
+            ),
+        }
+        let desired = crate::ebpf::Desired::new(state, &self.config);
+        match blocking(|| classifier.sync(&desired)) {
+            Ok(synced) if synced.is_empty() => {}
+            Ok(synced) => report.record(
+                format!(
+                    "eBPF classifier maps: {} added, {} changed, {} removed",
+                    synced.added, synced.changed, synced.removed
+                ),
+                Ok::<(), String>(()),
+            ),
+            Err(e) => report.record("fill the eBPF classifier's maps", Err(e)),
+        }
+    }
+
     fn reconcile_firewall(&mut self, state: &NodeState, report: &mut Report) {
-        let spec = FirewallSpec::new(state, &self.config);
+        let spec = FirewallSpec::for_datapath(state, &self.config, self.datapath());
         match self.firewall.observe() {
             Ok(observed) => {
                 let ops = nft::plan(&spec, observed.as_ref());
@@ -249,7 +359,7 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
                 Err(e) => report.record(what, Err(e)),
             }
         }
-        match self.firewall.remove() {
+        match blocking(|| self.firewall.remove()) {
             Ok(true) => report
                 .applied
                 .push(format!("delete table {} {}", nft::FAMILY, nft::TABLE)),
@@ -269,6 +379,18 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
             Err(e) => report.record("read the kernel's routing state", Err(e)),
         }
         report
+    }
+}
+
+/// Runs `f`, which blocks (the `nft` subprocess, a map read of many
+/// entries, ctnetlink), so that it holds up no other task: on a
+/// multi-threaded runtime (the agent's) the worker hands its tasks to
+/// another first; elsewhere it simply runs.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        _ => f(),
     }
 }
 
@@ -326,6 +448,153 @@ mod tests {
 
             let second = dp.reconcile(&node_state(true)).await;
             assert_eq!(second.ops(), 0, "{:?}", second.applied);
+        });
+    }
+
+    fn pods_state() -> NodeState {
+        use egressgw_core::state::{Action, ClassifyEntry};
+        let mut state = node_state(true);
+        let entry = |src: &str, dst: &str, action: Action| ClassifyEntry {
+            src: ip(src),
+            dst: dst.parse().unwrap(),
+            action,
+            policy: Some(PolicyRef::namespaced("team-a", "web")),
+            group: None,
+        };
+        let tunnel = Action::Tunnel {
+            gateway: "b".into(),
+            mark: Config::default().mark(1),
+        };
+        state.classify = vec![
+            entry("10.244.1.2", "198.51.100.0/24", tunnel.clone()),
+            entry("10.244.1.2", "198.51.100.9/32", Action::Bypass),
+            entry("10.244.1.3", "198.51.100.0/24", tunnel),
+            entry("10.244.1.4", "203.0.113.0/24", Action::Drop),
+        ];
+        state
+    }
+
+    fn ebpf_dataplane() -> (
+        Dataplane<FakeNetlink, FakeFirewall>,
+        std::sync::Arc<std::sync::Mutex<crate::classify::FakeClassifier>>,
+    ) {
+        let fake = std::sync::Arc::default();
+        let mut dp = dataplane().with_classifier(Box::new(std::sync::Arc::clone(&fake)));
+        for (pod, link) in [
+            ("10.244.1.2", "cali-a"),
+            ("10.244.1.3", "cali-b"),
+            ("10.244.1.4", "cali-c"),
+        ] {
+            dp.netlink.pod_links.insert(ip(pod), link.into());
+        }
+        (dp, fake)
+    }
+
+    #[test]
+    fn the_ebpf_datapath_attaches_where_pods_send_and_keeps_the_table_as_a_backstop() {
+        run(async {
+            let (mut dp, fake) = ebpf_dataplane();
+            assert_eq!(dp.datapath(), Datapath::Ebpf);
+            let state = pods_state();
+            let first = dp.reconcile(&state).await;
+            assert!(first.is_ok(), "{:?}", first.failed);
+            {
+                let fake = fake.lock().unwrap();
+                let links: Vec<&str> = fake.attached.iter().map(String::as_str).collect();
+                assert_eq!(links, ["cali-a", "cali-b", "cali-c"]);
+                assert_eq!(
+                    fake.maps,
+                    crate::ebpf::Desired::new(&state, &Config::default())
+                );
+            }
+            // The table still classifies (for an interface the program is
+            // not on yet) and fails closed; its prerouting chain is the
+            // eBPF datapath's: the program's mark decides first.
+            let spec = FirewallSpec::for_datapath(&state, &Config::default(), Datapath::Ebpf);
+            assert_eq!(
+                spec.classify,
+                FirewallSpec::new(&state, &Config::default()).classify
+            );
+            let observed = dp.firewall.observe().unwrap().unwrap();
+            assert!(
+                nft::plan(&spec, Some(&observed)).is_empty(),
+                "the table is the eBPF datapath's"
+            );
+            let prerouting = spec
+                .chains()
+                .into_iter()
+                .find(|c| c.name == "prerouting")
+                .unwrap();
+            assert!(
+                prerouting
+                    .rules
+                    .iter()
+                    .any(|r| r.starts_with("meta mark & 0xff000000 vmap")
+                        && r.contains(": goto mark_")),
+                "{:?}",
+                prerouting.rules
+            );
+
+            let second = dp.reconcile(&state).await;
+            assert_eq!(second.ops(), 0, "{:?}", second.applied);
+
+            // A pod goes: its interface is let go, its entries removed.
+            let mut fewer = state.clone();
+            fewer.classify.retain(|e| e.src != ip("10.244.1.3"));
+            let third = dp.reconcile(&fewer).await;
+            assert!(
+                third
+                    .applied
+                    .contains(&"detach the eBPF classifier from cali-b".to_owned()),
+                "{:?}",
+                third.applied
+            );
+            let fake = fake.lock().unwrap();
+            assert!(!fake.attached.contains("cali-b"));
+            assert_eq!(
+                fake.maps,
+                crate::ebpf::Desired::new(&fewer, &Config::default())
+            );
+        });
+    }
+
+    #[test]
+    fn an_interface_the_classifier_cannot_attach_to_is_reported_and_the_rest_lands() {
+        run(async {
+            let (mut dp, fake) = ebpf_dataplane();
+            fake.lock().unwrap().fail_attach.insert("cali-b".into());
+            let report = dp.reconcile(&pods_state()).await;
+            assert_eq!(report.failed.len(), 1, "{:?}", report.failed);
+            assert!(
+                report.failed[0].op.contains("cali-b"),
+                "{:?}",
+                report.failed
+            );
+            let fake = fake.lock().unwrap();
+            assert!(fake.attached.contains("cali-a") && fake.attached.contains("cali-c"));
+            assert!(
+                !fake.maps.classify.is_empty(),
+                "the maps are filled all the same"
+            );
+        });
+    }
+
+    #[test]
+    fn the_nftables_datapath_keeps_its_own_table() {
+        run(async {
+            let mut dp = dataplane();
+            assert_eq!(dp.datapath(), Datapath::Nftables);
+            let state = pods_state();
+            assert!(dp.reconcile(&state).await.is_ok());
+            let observed = dp.firewall.observe().unwrap().unwrap();
+            let spec = FirewallSpec::new(&state, &Config::default());
+            assert!(nft::plan(&spec, Some(&observed)).is_empty());
+            assert_ne!(
+                spec.chains(),
+                FirewallSpec::for_datapath(&state, &Config::default(), Datapath::Ebpf).chains(),
+                "the datapaths' chains differ"
+            );
+            assert!(dp.policy_counters().is_none());
         });
     }
 

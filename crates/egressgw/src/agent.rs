@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use egressgw_api::EgressTunnel;
 use egressgw_api::tunnel::{
-    EgressTunnelStatus, TunnelEip, TunnelEipState, TunnelEndpoint, TunnelParent, TunnelPhase,
-    TunnelUnreachable,
+    EgressTunnelStatus, TunnelDatapath, TunnelEip, TunnelEipState, TunnelEndpoint, TunnelParent,
+    TunnelPhase, TunnelUnreachable,
 };
 use egressgw_core::model::Config;
 use egressgw_core::state::NodeState;
@@ -220,7 +220,12 @@ async fn agent(args: &AgentArgs, config: Config, running: &Running) -> anyhow::R
     stores.ready().await?;
     tracing::info!("watches synced");
 
-    let mut dataplane = Dataplane::new(args.kernel.netlink()?, Nft::new(), config.clone());
+    let (mut dataplane, why) = args.kernel.dataplane(config.clone())?;
+    tracing::info!(datapath = %dataplane.datapath(), why, "datapath chosen");
+    let datapath = TunnelDatapath {
+        name: dataplane.datapath().to_string(),
+        reason: Some(why),
+    };
     let mut memory = Memory::default();
     // What an earlier agent left on the node is held: a restart moves nothing.
     match dataplane.held_eips().await {
@@ -262,6 +267,7 @@ async fn agent(args: &AgentArgs, config: Config, running: &Running) -> anyhow::R
         status_tx,
         reported: None,
         reconciles: 0,
+        datapath,
     };
     let mut retry = Backoff::default();
     let mut replan = true;
@@ -338,6 +344,8 @@ struct Agent {
     /// The tunnel status last queued, and when.
     reported: Option<(EgressTunnelStatus, Instant)>,
     reconciles: u64,
+    /// What classifies pod traffic here, and why.
+    datapath: TunnelDatapath,
 }
 
 impl Agent {
@@ -368,9 +376,12 @@ impl Agent {
             .iter()
             .map(|(ip, u)| (ip.to_string(), u.by.clone()))
             .collect();
+        let traffic = self.policy_traffic();
         self.health.set_status(serde_json::json!({
             "node": self.node,
             "reconciles": self.reconciles,
+            "datapath": self.datapath,
+            "traffic": traffic,
             "last": report,
             "eips": state.eips,
             "failover": {
@@ -384,6 +395,25 @@ impl Agent {
         }));
         self.report_tunnel(ok, underlay);
         ok
+    }
+
+    /// Packets and bytes the eBPF classifier sent through a gateway, per
+    /// policy (`namespace/name`, or the name of a cluster policy), read
+    /// at the end of a reconcile (`at`; one runs at least every 30 s);
+    /// `null` on the nftables datapath.
+    fn policy_traffic(&self) -> serde_json::Value {
+        let policies = match self.dataplane.policy_counters() {
+            None => return serde_json::Value::Null,
+            Some(Err(e)) => return serde_json::json!({ "error": e }),
+            Some(Ok(counters)) => counters
+                .into_iter()
+                .map(|(policy, c)| {
+                    let counts = serde_json::json!({ "packets": c.packets, "bytes": c.bytes });
+                    (policy.to_string(), counts)
+                })
+                .collect::<serde_json::Map<_, _>>(),
+        };
+        serde_json::json!({ "at": Timestamp::now().to_string(), "policies": policies })
     }
 
     /// Plans this node from the stores; false when it cannot yet.
@@ -469,6 +499,7 @@ impl Agent {
                     since: Some(MicroTime(u.since)),
                 })
                 .collect(),
+            datapath: Some(self.datapath.clone()),
         };
         let unchanged = self
             .reported

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use anyhow::{Context, bail};
-use egressgw_core::model::{Config, VxlanSettings};
+use egressgw_core::model::{Config, DatapathChoice, VxlanSettings};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use serde::Deserialize;
 
@@ -41,17 +41,9 @@ pub struct FileConfig {
     /// Policy-routing settings.
     #[serde(default)]
     pub route: RouteFile,
-    /// How pod traffic is classified (default and only choice: nftables).
-    pub datapath: Option<Datapath>,
-}
-
-/// `datapath`: what classifies pod traffic on its node.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Datapath {
-    /// The `inet egressgw` nftables table.
-    #[default]
-    Nftables,
+    /// What classifies pod traffic: `auto` (default), `ebpf` or
+    /// `nftables`.
+    pub datapath: Option<DatapathChoice>,
 }
 
 /// `vxlan.*`.
@@ -122,13 +114,10 @@ impl FileConfig {
 
     /// The planner's config: defaults filled in, then validated.
     pub fn resolve(self) -> anyhow::Result<Config> {
-        // One datapath today; the match grows with the next.
-        match self.datapath.unwrap_or_default() {
-            Datapath::Nftables => {}
-        }
         let d = Config::default();
         let dv = VxlanSettings::default();
         let config = Config {
+            datapath: self.datapath.unwrap_or(d.datapath),
             vxlan: VxlanSettings {
                 name: self.vxlan.name.unwrap_or(dv.name),
                 id: self.vxlan.id.unwrap_or(dv.id),
@@ -206,6 +195,19 @@ mod tests {
         let c = c.resolve().unwrap();
         assert_eq!(c.tunnel_ipv4_subnet.to_string(), "10.9.0.0/16");
         assert_eq!(c.tunnel_ipv6_subnet.to_string(), "fd12::/112");
+    }
+
+    #[test]
+    fn the_datapath_is_auto_unless_chosen_and_a_wrong_one_is_named() {
+        let c: FileConfig = serde_yaml::from_str("{}").unwrap();
+        assert_eq!(c.resolve().unwrap().datapath, DatapathChoice::Auto);
+        let c: FileConfig = serde_yaml::from_str("datapath: nftables").unwrap();
+        assert_eq!(c.resolve().unwrap().datapath, DatapathChoice::Nftables);
+        let err = serde_yaml::from_str::<FileConfig>("datapath: xdp").unwrap_err();
+        assert!(
+            err.to_string().contains("xdp") && err.to_string().contains("ebpf"),
+            "{err}"
+        );
     }
 
     #[test]

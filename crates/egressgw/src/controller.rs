@@ -407,6 +407,7 @@ impl Control {
                 last_heartbeat_time: None,
                 eips: Vec::new(),
                 unreachable: Vec::new(),
+                datapath: None,
             };
             if existing.is_some() && current_alloc == wanted {
                 continue;

@@ -4,7 +4,9 @@ use std::io::Write as _;
 use std::time::Duration;
 
 use anyhow::Context;
+use egressgw_core::model::{Config, DatapathChoice};
 use egressgw_dataplane::Report;
+use egressgw_dataplane::ebpf::Classifier;
 use egressgw_dataplane::netlink::Rtnetlink;
 use egressgw_dataplane::nft::Nft;
 use egressgw_dataplane::reconcile::Dataplane;
@@ -40,6 +42,38 @@ impl KernelArgs {
     pub fn netlink(&self) -> anyhow::Result<Rtnetlink> {
         Ok(Rtnetlink::connect()?.with_sysctl_dir(&self.sysctl_net))
     }
+
+    /// This node's dataplane on the datapath `config.datapath` asks for,
+    /// and why it is that one: `auto` takes eBPF where the node can run
+    /// it and says why not where it cannot; `ebpf` that cannot run is an
+    /// error.
+    pub fn dataplane(&self, config: Config) -> anyhow::Result<(Dataplane<Rtnetlink, Nft>, String)> {
+        let choice = config.datapath;
+        let dp = Dataplane::new(self.netlink()?, Nft::new(), config).with_ebpf_pins(&self.bpf_pins);
+        let ebpf = || Classifier::open(&self.bpf_pins);
+        Ok(match choice {
+            DatapathChoice::Nftables => (dp, "datapath: nftables in the config".to_owned()),
+            DatapathChoice::Ebpf => {
+                let classifier = ebpf().map_err(|e| {
+                    anyhow::anyhow!(
+                        "datapath: ebpf, but this node cannot run the eBPF classifier: {e}"
+                    )
+                })?;
+                let dp = dp.with_classifier(Box::new(classifier));
+                (dp, "datapath: ebpf in the config".to_owned())
+            }
+            DatapathChoice::Auto => match ebpf() {
+                Ok(classifier) => (
+                    dp.with_classifier(Box::new(classifier)),
+                    "datapath: auto, and this node runs the eBPF classifier".to_owned(),
+                ),
+                Err(e) => (
+                    dp,
+                    format!("datapath: auto, and this node cannot run the eBPF classifier ({e})"),
+                ),
+            },
+        })
+    }
 }
 
 /// Plans the node and reconciles the kernel to it, once or every
@@ -57,9 +91,25 @@ pub(crate) fn apply(args: &ApplyArgs) -> anyhow::Result<()> {
         .get(&args.node)
         .with_context(|| format!("no plan for node {}", args.node))?;
     runtime()?.block_on(async {
-        let mut dp = Dataplane::new(args.kernel.netlink()?, Nft::new(), snapshot.config.clone());
+        let (mut dp, why) = args.kernel.dataplane(snapshot.config.clone())?;
+        tracing::info!(datapath = %dp.datapath(), why = %why, "datapath chosen");
         loop {
-            let report = dp.reconcile(state).await;
+            let mut report = dp.reconcile(state).await;
+            report
+                .facts
+                .insert("datapath".into(), format!("{} ({why})", dp.datapath()));
+            match dp.policy_counters() {
+                None => {}
+                Some(Ok(counters)) => {
+                    for (policy, c) in counters {
+                        report.facts.insert(
+                            format!("traffic of {policy}"),
+                            format!("{} packets, {} bytes", c.packets, c.bytes),
+                        );
+                    }
+                }
+                Some(Err(e)) => report.warn(format!("cannot read the eBPF counters: {e}")),
+            }
             print(&report, args.output)?;
             match args.every {
                 Some(secs) => tokio::time::sleep(Duration::from_secs(secs.max(1))).await,

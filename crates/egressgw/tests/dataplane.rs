@@ -27,10 +27,13 @@ use support::traffic::{
 
 /// The tunnel device's default name.
 const VXLAN: &str = "egress.vxlan";
-/// A config file with every key at its default.
-const DEFAULT_CONFIG: &str = "{}\n";
-/// Every key at its default but IPv6 egress, which is on.
-const DUAL_STACK_CONFIG: &str = "enableIPv6: true\n";
+/// Every key at its default but the datapath, which is named: `auto`
+/// would take eBPF wherever the test's node can run it.
+const DEFAULT_CONFIG: &str = "datapath: nftables\n";
+/// [`DEFAULT_CONFIG`] with IPv6 egress on.
+const DUAL_STACK_CONFIG: &str = "datapath: nftables\nenableIPv6: true\n";
+/// The eBPF datapath (each node gets a bpf filesystem of its own).
+const EBPF_CONFIG: &str = "datapath: ebpf\n";
 
 fn ip(s: &str) -> IpAddr {
     s.parse().expect("a valid test address")
@@ -200,6 +203,18 @@ fn unselected_pods_excluded_destinations_and_in_cluster_traffic_leave_the_normal
     ) {
         return;
     }
+    only_selected_traffic_takes_the_tunnel(DEFAULT_CONFIG);
+}
+
+#[test]
+fn with_the_ebpf_datapath_only_selected_traffic_takes_the_tunnel() {
+    if !have_root("with_the_ebpf_datapath_only_selected_traffic_takes_the_tunnel") {
+        return;
+    }
+    only_selected_traffic_takes_the_tunnel(EBPF_CONFIG);
+}
+
+fn only_selected_traffic_takes_the_tunnel(config: &str) {
     let topo = Topology::new(Masquerade::Nft);
     let _target = Server::start(&topo.target, Service::Whoami);
     let _pod_b1 = Server::start(&topo.pod_b1, Service::Whoami);
@@ -212,7 +227,7 @@ fn unselected_pods_excluded_destinations_and_in_cluster_traffic_leave_the_normal
         exclude_subnet: vec!["198.51.100.2/32"],
         use_node_ip: false,
     };
-    let gw = apply_both(&topo, &policy, DEFAULT_CONFIG);
+    let gw = apply_both(&topo, &policy, config);
     let node_a = ip(NODE_A_IP);
 
     assert_seen_as(&topo.pod_a1, TARGET_IP, eip(&gw), "the policy is in force");
@@ -225,6 +240,83 @@ fn unselected_pods_excluded_destinations_and_in_cluster_traffic_leave_the_normal
     );
 
     assert_in_cluster_traffic_stays_out_of_the_tunnel(&topo, POD_B1_IP, POD_A1_IP);
+}
+
+/// The packets the eBPF classifier counted for the test's policy, as the
+/// next `apply` on `node` reports them; that apply changes nothing.
+fn ebpf_packets(gw: &Egressgw, ns: &Netns, node: &str) -> u64 {
+    let report = gw.apply_ok(ns, node);
+    assert!(report.applied.is_empty(), "{node}: {:?}", report.applied);
+    let facts = &report.json["facts"];
+    assert!(
+        facts["datapath"]
+            .as_str()
+            .is_some_and(|d| d.starts_with("ebpf")),
+        "{node}: {facts}"
+    );
+    facts["traffic of team-a/web"]
+        .as_str()
+        .and_then(|t| t.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{node}: no counter for team-a/web: {facts}"))
+}
+
+#[test]
+fn with_the_ebpf_datapath_selected_pods_leave_from_the_egress_ip_and_are_counted() {
+    if !have_root("with_the_ebpf_datapath_selected_pods_leave_from_the_egress_ip_and_are_counted") {
+        return;
+    }
+    let topo = Topology::new(Masquerade::Nft);
+    let _target = Server::start(&topo.target, Service::Whoami);
+    let _source = Server::start(&topo.target, Service::Source);
+    let gw = apply_both(&topo, &Policy::default(), EBPF_CONFIG);
+    let before_a = ebpf_packets(&gw, &topo.node_a, "node-a");
+    let before_b = ebpf_packets(&gw, &topo.node_b, "node-b");
+    assert_seen_as(
+        &topo.pod_a1,
+        TARGET_IP,
+        eip(&gw),
+        "selected, through the tunnel",
+    );
+    assert_seen_as(
+        &topo.pod_b1,
+        TARGET_IP,
+        eip(&gw),
+        "selected, on the gateway node",
+    );
+    // The program classified them (the table would have too: the counter
+    // is the proof that it was the program).
+    let after_a = ebpf_packets(&gw, &topo.node_a, "node-a");
+    let after_b = ebpf_packets(&gw, &topo.node_b, "node-b");
+    assert!(after_a > before_a, "node-a counted {before_a} -> {after_a}");
+    assert!(after_b > before_b, "node-b counted {before_b} -> {after_b}");
+    // Replies come back beside the CNI's INVALID drop, and a long transfer
+    // completes.
+    assert_download_returns_through_the_tunnel(&topo, TARGET_IP);
+}
+
+#[test]
+fn with_the_ebpf_datapath_cleanup_leaves_each_node_as_it_was() {
+    if !have_root("with_the_ebpf_datapath_cleanup_leaves_each_node_as_it_was") {
+        return;
+    }
+    let topo = Topology::new(Masquerade::Nft);
+    let _target = Server::start(&topo.target, Service::Whoami);
+    let gw = apply_both(&topo, &Policy::default(), EBPF_CONFIG);
+    assert_seen_as(&topo.pod_a1, TARGET_IP, eip(&gw), "selected");
+    for ns in [&topo.node_a, &topo.node_b] {
+        assert!(gw.has_pins(ns), "{}: the classifier is pinned", ns.name());
+        gw.cleanup(ns);
+        // No process holds the attachments: without their pins they are
+        // gone.
+        assert!(!gw.has_pins(ns), "{}: pins left after cleanup", ns.name());
+    }
+    assert_seen_as(
+        &topo.pod_a1,
+        TARGET_IP,
+        ip(NODE_A_IP),
+        "back to the normal way",
+    );
 }
 
 #[test]

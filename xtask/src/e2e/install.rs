@@ -49,6 +49,22 @@ pub fn snapshot_nodes(lab: &Lab) -> anyhow::Result<()> {
 }
 
 /// The snapshots [`snapshot_nodes`] took, in the order of the lab's nodes.
+/// The datapath the release's agents should run: what `feature.datapath`
+/// says, and for `auto` eBPF, which every lab node can run.
+pub fn expected_datapath(lab: &Lab) -> anyhow::Result<String> {
+    let values = Helm::for_lab(lab).run(&[
+        "get", "values", RELEASE, "-n", NAMESPACE, "-a", "-o", "json",
+    ])?;
+    let values: Value = serde_json::from_str(&values).context("parsing the release's values")?;
+    let asked = values["feature"]["datapath"].as_str().unwrap_or("auto");
+    Ok(if asked == "nftables" {
+        "nftables"
+    } else {
+        "ebpf"
+    }
+    .to_owned())
+}
+
 fn before_install(lab: &Lab) -> anyhow::Result<Vec<BTreeSet<String>>> {
     let dir = before_install_dir(lab);
     lab.state
@@ -455,6 +471,17 @@ pub fn helm_uninstall_leaves_every_node_as_it_was(run: &mut Run) -> anyhow::Resu
             Err(format!("the nodes differ:\n{}", differences.join("\n")))
         }
     })?;
+    // Nor any eBPF state: no pinned map or attachment in the nodes' bpf
+    // filesystems (an attachment nothing pins ended with its agent).
+    for node in &nodes {
+        let pins = crate::lab::kubelet::node_bpf_path(&run.lab.paths, &node.name, "egressgw");
+        ensure!(
+            !pins.exists(),
+            "{}: {} is left after the uninstall",
+            node.name,
+            pins.display()
+        );
+    }
     // The removal may drop a packet in flight, as any change of the path
     // can: wait for the normal way, then check that it stays.
     let normal = run.normal_way("web-1")?;
@@ -464,7 +491,7 @@ pub fn helm_uninstall_leaves_every_node_as_it_was(run: &mut Run) -> anyhow::Resu
     run.note(format!(
         "helm uninstall + CRDs deleted in {:.1} s; {} node snapshots (links, addresses, rules, \
          routes of every table, permanent neighbours, FDB, nftables, iptables, net.* sysctls) \
-         equal to before the install; web-1 leaves the normal way",
+         equal to before the install, no eBPF pins; web-1 leaves the normal way",
         gone.as_secs_f64(),
         run.lab.state.topology.nodes.len()
     ));

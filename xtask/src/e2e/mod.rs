@@ -52,6 +52,10 @@ pub struct E2eArgs {
     /// The egressgw binary to deploy [default: beside this xtask binary].
     #[arg(long, value_name = "PATH")]
     egressgw: Option<std::path::PathBuf>,
+    /// Helm values for the release the scenarios run against (`helm
+    /// --set`), e.g. `feature.datapath=nftables`.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
 }
 
 /// Takes the lab down when dropped, also on an error or a panic, unless kept.
@@ -159,6 +163,7 @@ fn bring_up(paths: &Paths, args: &E2eArgs) -> anyhow::Result<Lab> {
     install::snapshot_nodes(&Lab::open(paths)?).context("snapshots of the nodes")?;
     let deploy = DeployArgs {
         egressgw: args.egressgw.clone(),
+        set: args.set.clone(),
         ..DeployArgs::default()
     };
     egressgw::deploy(&deploy, paths).context("lab deploy")?;

@@ -184,9 +184,15 @@ fn policy_gives_web_pods_on_every_node_the_eip(run: &mut Run) -> anyhow::Result<
     let tunnels = tunnel_phases(run)?;
     ensure!(
         tunnels.len() == run.lab.state.topology.nodes.len()
-            && tunnels.iter().all(|(_, phase)| phase == "Ready"),
+            && tunnels.iter().all(|(_, phase, _)| phase == "Ready"),
         "EgressTunnels: {tunnels:?}, wanted one per node, each Ready"
     );
+    let datapath = install::expected_datapath(run.lab)?;
+    ensure!(
+        tunnels.iter().all(|(_, _, d)| *d == datapath),
+        "EgressTunnels: {tunnels:?}, wanted every node on the {datapath} datapath"
+    );
+    run.note(format!("every node reports the {datapath} datapath"));
     Ok(())
 }
 
@@ -210,7 +216,8 @@ fn wait_tunnel_phase(run: &Run, node: &str, phase: &str) -> anyhow::Result<()> {
 }
 
 /// (name, status.phase) of every EgressTunnel.
-fn tunnel_phases(run: &Run) -> anyhow::Result<Vec<(String, String)>> {
+/// Each EgressTunnel's name, phase and datapath.
+fn tunnel_phases(run: &Run) -> anyhow::Result<Vec<(String, String, String)>> {
     let text = run
         .lab
         .kubectl
@@ -222,7 +229,8 @@ fn tunnel_phases(run: &Run) -> anyhow::Result<Vec<(String, String)>> {
         .map(|t| {
             let name = t["metadata"]["name"].as_str().unwrap_or_default();
             let phase = t["status"]["phase"].as_str().unwrap_or("-");
-            (name.to_owned(), phase.to_owned())
+            let datapath = t["status"]["datapath"]["name"].as_str().unwrap_or("-");
+            (name.to_owned(), phase.to_owned(), datapath.to_owned())
         })
         .collect())
 }

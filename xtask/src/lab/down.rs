@@ -13,6 +13,24 @@ use anyhow::{Context, anyhow};
 use super::state::Paths;
 use super::{net, preflight, process};
 
+/// The mount points at or under `dir`, deepest first.
+fn mounts_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    let mut found: Vec<std::path::PathBuf> = info
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        // Spaces and the like are octal escapes in mountinfo; lab paths
+        // have none.
+        .map(std::path::PathBuf::from)
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    found.dedup();
+    found
+}
+
 pub fn down(paths: &Paths) -> anyhow::Result<()> {
     preflight::require_root()?;
     teardown(paths)
@@ -38,6 +56,13 @@ pub fn teardown(paths: &Paths) -> anyhow::Result<()> {
     for ns in &namespaces {
         if let Err(e) = net::delete_netns(ns) {
             errors.push(e.context(format!("deleting {ns}")));
+        }
+    }
+    // The nodes' bpf filesystems (see kubelet/volumes.rs), and anything
+    // else mounted in the lab directory.
+    for mount in mounts_under(&paths.lab) {
+        if let Err(e) = nix::mount::umount2(&mount, nix::mount::MntFlags::MNT_DETACH) {
+            errors.push(anyhow!("unmounting {}: {e}", mount.display()));
         }
     }
     let had_files = paths.any_present();

@@ -111,7 +111,8 @@ pub fn node_routes(topo: &Topology, node: &Node) -> anyhow::Result<()> {
 }
 
 /// What CNIs such as flannel do: pod traffic leaving the pod network is
-/// masqueraded to the node's address.
+/// masqueraded to the node's address; and Calico's drop of INVALID
+/// packets toward pods.
 fn masquerade(node: &Node) -> anyhow::Result<()> {
     #[rustfmt::skip]
     let rule = [
@@ -120,7 +121,18 @@ fn masquerade(node: &Node) -> anyhow::Result<()> {
         "-m", "comment", "--comment", "egressgw lab: CNI masquerade",
         "-j", "MASQUERADE",
     ];
-    net::iptables(&node.netns, &rule)
+    net::iptables(&node.netns, &rule)?;
+    // And what Calico does: a packet conntrack finds INVALID on its way to
+    // a pod is dropped. Replies that come back through egressgw's tunnel
+    // must not look so.
+    #[rustfmt::skip]
+    let invalid = [
+        "-A", "FORWARD", "-d", CLUSTER_CIDR,
+        "-m", "conntrack", "--ctstate", "INVALID",
+        "-m", "comment", "--comment", "egressgw lab: CNI drops INVALID toward pods",
+        "-j", "DROP",
+    ];
+    net::iptables(&node.netns, &invalid)
 }
 
 pub fn pod_links(node: &Node, pod: &Pod) -> anyhow::Result<()> {

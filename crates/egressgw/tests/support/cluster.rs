@@ -240,8 +240,28 @@ impl Reconcile {
 pub struct Egressgw {
     objects: PathBuf,
     config: PathBuf,
-    /// Where `cleanup` looks for eBPF pins (nothing is ever pinned there).
-    bpf_pins: PathBuf,
+    /// Per node namespace, a directory for the eBPF classifier's pins: on
+    /// a bpf filesystem of its own (mounted here, unmounted on drop) when
+    /// the config asks for the eBPF datapath; never the host's.
+    bpf_root: PathBuf,
+    /// Whether the config asks for the eBPF datapath.
+    ebpf: bool,
+    /// The bpf filesystems mounted.
+    mounted: std::sync::Mutex<std::collections::BTreeSet<PathBuf>>,
+}
+
+impl Drop for Egressgw {
+    fn drop(&mut self) {
+        let mounted = self
+            .mounted
+            .get_mut()
+            .map(std::mem::take)
+            .unwrap_or_default();
+        for dir in mounted {
+            // Pinned attachments and maps go with the filesystem.
+            let _ = Command::new("umount").arg("-l").arg(&dir).status();
+        }
+    }
 }
 
 impl Egressgw {
@@ -256,8 +276,36 @@ impl Egressgw {
         Self {
             objects,
             config: config_path,
-            bpf_pins: dir.join("bpf"),
+            bpf_root: dir.join("bpf"),
+            ebpf: config.contains("datapath: ebpf"),
+            mounted: std::sync::Mutex::default(),
         }
+    }
+
+    /// The pin directory of the node in `ns`.
+    fn pins(&self, ns: &Netns) -> String {
+        let root = self.bpf_root.join(ns.name());
+        std::fs::create_dir_all(&root).expect("creating a pin directory");
+        let mut mounted = self.mounted.lock().expect("not poisoned");
+        if self.ebpf && !mounted.contains(&root) {
+            let status = Command::new("mount")
+                .args(["-t", "bpf", "bpf"])
+                .arg(&root)
+                .status()
+                .expect("running mount");
+            assert!(
+                status.success(),
+                "mounting a bpf filesystem at {}",
+                root.display()
+            );
+            mounted.insert(root.clone());
+        }
+        path_str(&root.join("egressgw")).to_owned()
+    }
+
+    /// Whether anything is pinned for the node in `ns`.
+    pub fn has_pins(&self, ns: &Netns) -> bool {
+        Path::new(&self.pins(ns)).exists()
     }
 
     fn args<'a>(&'a self, subcommand: &'a str, node: Option<&'a str>) -> Vec<&'a str> {
@@ -269,10 +317,6 @@ impl Egressgw {
             args.extend(["--node", node]);
         }
         args.extend(["--config", path_str(&self.config), "-o", "json"]);
-        if subcommand == "cleanup" {
-            // The test's own pin directory: never the host's eBPF state.
-            args.extend(["--bpf-pins", path_str(&self.bpf_pins)]);
-        }
         args
     }
 
@@ -308,7 +352,10 @@ impl Egressgw {
     /// One `apply -o json` for `node` inside `ns`; returns its exit status
     /// and its report.
     pub fn apply(&self, ns: &Netns, node: &str) -> (Output, Reconcile) {
-        let mut cmd = ns.command(binary(), &self.args("apply", Some(node)));
+        let pins = self.pins(ns);
+        let mut args = self.args("apply", Some(node));
+        args.extend(["--bpf-pins", &pins]);
+        let mut cmd = ns.command(binary(), &args);
         cmd.env_remove("EGRESSGW_CONFIG");
         let out = run_bounded(&mut cmd, RUN_LIMIT);
         let mut objects = serde_json::Deserializer::from_slice(&out.stdout).into_iter();
@@ -348,8 +395,9 @@ impl Egressgw {
         seconds: u32,
     ) -> (Background, Receiver<Reconcile>) {
         let secs = seconds.to_string();
+        let pins = self.pins(ns);
         let mut args = self.args("apply", Some(node));
-        args.extend(["--every", &secs]);
+        args.extend(["--every", &secs, "--bpf-pins", &pins]);
         let mut cmd = ns.command(binary(), &args);
         cmd.env_remove("EGRESSGW_CONFIG");
         let (tx, rx) = mpsc::channel();
@@ -374,7 +422,10 @@ impl Egressgw {
 
     /// `cleanup -o json` inside `ns`; fails the test unless it succeeds.
     pub fn cleanup(&self, ns: &Netns) -> Output {
-        let mut cmd = ns.command(binary(), &self.args("cleanup", None));
+        let pins = self.pins(ns);
+        let mut args = self.args("cleanup", None);
+        args.extend(["--bpf-pins", &pins]);
+        let mut cmd = ns.command(binary(), &args);
         cmd.env_remove("EGRESSGW_CONFIG");
         let out = run_bounded(&mut cmd, RUN_LIMIT);
         checked(&cmd, out)

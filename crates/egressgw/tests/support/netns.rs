@@ -581,7 +581,30 @@ fn install_masquerade(node: &Netns, masquerade: Masquerade, ipv6: bool) {
     } else {
         ("iptables", CLUSTER_CIDR)
     };
-    node.run(&format!("{program}-{flavour}"), &masquerade_args(cidr));
+    let program = format!("{program}-{flavour}");
+    node.run(&program, &masquerade_args(cidr));
+    // Calico drops what conntrack finds INVALID on its way to a pod: replies
+    // that come back through the tunnel must not look so.
+    node.run(
+        &program,
+        &[
+            "-w",
+            "-A",
+            "FORWARD",
+            "-d",
+            cidr,
+            "-m",
+            "conntrack",
+            "--ctstate",
+            "INVALID",
+            "-m",
+            "comment",
+            "--comment",
+            "egressgw test: CNI drops INVALID toward pods",
+            "-j",
+            "DROP",
+        ],
+    );
 }
 
 /// `-t nat -A POSTROUTING -s CIDR ! -d CIDR ... -j MASQUERADE`.

@@ -9,7 +9,9 @@
 //! is an empty directory (mode 0777). `hostPath` is the node's: each lab
 //! node has a directory of its own for host paths, except for the
 //! machine's kernel interfaces (`/proc`, `/sys`, `/dev`, `/lib/modules`),
-//! which are the real ones.
+//! which are the real ones, and `/sys/fs/bpf`, which is a bpf filesystem
+//! of the node's own (eBPF state pinned there is per node, as on a real
+//! one; `lab down` unmounts it).
 //!
 //! Everything lives under the Pod's directory in the lab (`kubelet/pods/<uid>`)
 //! or the node's (`kubelet/nodes/<node>`), never elsewhere on the machine.
@@ -29,6 +31,16 @@ use super::env::{Objects, PodFacts, Source, format_map};
 
 /// The mode of a file a volume does not give one for (0644, kubelet's default).
 const DEFAULT_MODE: u32 = 0o644;
+/// The bpf filesystem: each node has one of its own.
+const BPF_FS: &str = "/sys/fs/bpf";
+
+/// Where `path` under the node's bpf filesystem is, for a node whose host
+/// paths are in `node_root`.
+pub fn node_bpf_path(node_root: &Path, path: &str) -> PathBuf {
+    node_root
+        .join(BPF_FS.trim_start_matches('/'))
+        .join(path.trim_start_matches('/'))
+}
 /// Host paths that are the machine's own, not the node's.
 const MACHINE_PATHS: [&str; 5] = ["/proc", "/sys", "/dev", "/lib/modules", "/usr/lib/modules"];
 
@@ -364,6 +376,13 @@ pub fn host_path(node_root: &Path, path: &str, type_: &str) -> anyhow::Result<Pa
         ensure!(path == "/", "hostPath {path:?} contains '..'");
         Ok(())
     })?;
+    if let Some(rest) = path.strip_prefix(BPF_FS)
+        && (rest.is_empty() || rest.starts_with('/'))
+    {
+        let mount = node_bpf_path(node_root, "");
+        node_bpffs(&mount)?;
+        return Ok(mount.join(rest.trim_start_matches('/')));
+    }
     let machine = MACHINE_PATHS
         .iter()
         .any(|m| path == *m || path.starts_with(&format!("{m}/")));
@@ -393,6 +412,23 @@ pub fn host_path(node_root: &Path, path: &str, type_: &str) -> anyhow::Result<Pa
         _ => {}
     }
     Ok(local)
+}
+
+/// Mounts a bpf filesystem at `dir` unless one is there.
+fn node_bpffs(dir: &Path) -> anyhow::Result<()> {
+    use nix::sys::statfs::{BPF_FS_MAGIC, statfs};
+    if statfs(dir).is_ok_and(|fs| fs.filesystem_type() == BPF_FS_MAGIC) {
+        return Ok(());
+    }
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    nix::mount::mount(
+        Some("bpf"),
+        dir,
+        Some("bpf"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    )
+    .with_context(|| format!("mounting a bpf filesystem at {}", dir.display()))
 }
 
 #[cfg(test)]

@@ -1,0 +1,272 @@
+//! The [`Firewall`] seam and its real backend, the `nft` binary, with the
+//! parser of its JSON listing.
+
+use super::*;
+
+/// egressgw's nftables table, as a reconcile sees it. On the eBPF datapath
+/// the table keeps its classification as a backstop and gets a prerouting
+/// chain of its own ([`crate::classify`]).
+pub trait Firewall {
+    /// Reads the table; `None` when it does not exist.
+    fn observe(&mut self) -> Result<Option<Observed>>;
+
+    /// Applies `ops` in one transaction; when that fails, applies each op in
+    /// a transaction of its own so every failure is reported with its op
+    /// and the other ops still land.
+    fn apply(&mut self, ops: &[FwOp]) -> Report;
+
+    /// Deletes the table; returns whether it existed.
+    fn remove(&mut self) -> Result<bool>;
+
+    /// Deletes the conntrack entries under `keys` that never saw an answer
+    /// (see [`crate::conntrack`]); returns how many went.
+    fn forget_unanswered(&mut self, keys: &[ElemKey]) -> std::io::Result<usize>;
+}
+
+/// The real backend: runs the `nft` binary in the caller's network
+/// namespace.
+#[derive(Debug, Clone)]
+pub struct Nft {
+    binary: String,
+}
+
+impl Default for Nft {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Nft {
+    /// Uses `nft` from `PATH`.
+    pub fn new() -> Self {
+        Self::with_binary("nft")
+    }
+
+    /// Uses the `nft` binary at `path`.
+    pub fn with_binary(path: impl Into<String>) -> Self {
+        Self {
+            binary: path.into(),
+        }
+    }
+
+    /// Runs `nft <args>` with `stdin` as input; returns stdout.
+    pub(super) fn run(&self, what: &str, args: &[&str], stdin: &str) -> Result<String> {
+        let err = |message: String| Error::Nft {
+            what: what.into(),
+            message,
+        };
+        let mut child = Command::new(&self.binary)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| err(format!("spawn {}: {e}", self.binary)))?;
+        if let Some(mut input) = child.stdin.take() {
+            input
+                .write_all(stdin.as_bytes())
+                .map_err(|e| err(format!("write script: {e}")))?;
+        }
+        let out = child
+            .wait_with_output()
+            .map_err(|e| err(format!("wait: {e}")))?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(err(String::from_utf8_lossy(&out.stderr).trim().to_owned()))
+        }
+    }
+
+    /// Runs one transaction.
+    pub(super) fn transaction(&self, what: &str, ops: &[FwOp]) -> Result<()> {
+        self.run(what, &["-f", "-"], &script(ops)).map(drop)
+    }
+}
+
+/// Whether an `nft` error says the table does not exist.
+pub(super) fn is_missing(e: &Error) -> bool {
+    // Not "spawn nft: No such file or directory": a missing binary is an error.
+    matches!(e, Error::Nft { message, .. }
+        if message.contains("No such file or directory") && !message.starts_with("spawn "))
+}
+
+impl Firewall for Nft {
+    fn forget_unanswered(&mut self, keys: &[ElemKey]) -> std::io::Result<usize> {
+        crate::conntrack::forget_unanswered(keys)
+    }
+
+    fn observe(&mut self) -> Result<Option<Observed>> {
+        let what = format!("list table {FAMILY} {TABLE}");
+        match self.run(&what, &["-j", "list", "table", FAMILY, TABLE], "") {
+            Ok(json) => parse_table(&json).map(Some),
+            Err(e) if is_missing(&e) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn apply(&mut self, ops: &[FwOp]) -> Report {
+        let mut report = Report::default();
+        if ops.is_empty() {
+            return report;
+        }
+        match self.transaction("transaction", ops) {
+            Ok(()) => {
+                for op in ops {
+                    report.record(op, Ok::<(), Error>(()));
+                }
+            }
+            Err(e) => {
+                report.warn(format!(
+                    "nftables transaction of {} ops failed, applying them one by one: {e}",
+                    ops.len()
+                ));
+                for op in ops {
+                    let result = self.transaction(&op.to_string(), std::slice::from_ref(op));
+                    report.record(op, result.map_err(|e| e.detail()));
+                }
+            }
+        }
+        report
+    }
+
+    fn remove(&mut self) -> Result<bool> {
+        let what = format!("delete table {FAMILY} {TABLE}");
+        match self.run(&what, &["delete", "table", FAMILY, TABLE], "") {
+            Ok(_) => Ok(true),
+            Err(e) if is_missing(&e) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Parses `nft -j list table inet egressgw` into canonical form.
+///
+/// Interval elements come back as a plain address, a `prefix` object or a
+/// `range` object (nft prints a range that is exactly one prefix as the
+/// prefix); all three become an [`IpRange`]. Elements egressgw cannot
+/// read (a source that is not one address) are skipped with a warning.
+pub fn parse_table(json: &str) -> Result<Observed> {
+    let bad = |message: String| Error::Nft {
+        what: format!("parse list table {FAMILY} {TABLE}"),
+        message,
+    };
+    let root: Value = serde_json::from_str(json).map_err(|e| bad(e.to_string()))?;
+    let items = root
+        .get("nftables")
+        .and_then(Value::as_array)
+        .ok_or_else(|| bad("no \"nftables\" array".into()))?;
+    let mut obs = Observed::default();
+    for item in items {
+        if let Some(set) = item.get("set").or_else(|| item.get("map")) {
+            parse_set(set, &mut obs);
+        } else if let Some(chain) = item.get("chain") {
+            let name = str_field(chain, "name");
+            let hook = chain.get("hook").map(|h| Hook {
+                kind: str_field(chain, "type"),
+                hook: h.as_str().unwrap_or_default().into(),
+                priority: chain
+                    .get("prio")
+                    .and_then(Value::as_i64)
+                    .and_then(|p| i32::try_from(p).ok())
+                    .unwrap_or_default(),
+            });
+            obs.chains.entry(name).or_default().hook = hook;
+        } else if let Some(rule) = item.get("rule") {
+            obs.chains
+                .entry(str_field(rule, "chain"))
+                .or_default()
+                .fingerprints
+                .push(str_field(rule, "comment"));
+        }
+    }
+    Ok(obs)
+}
+
+pub(super) fn str_field(v: &Value, key: &str) -> String {
+    v.get(key)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned()
+}
+
+pub(super) fn parse_set(set: &Value, obs: &mut Observed) {
+    let name = str_field(set, "name");
+    let elems = set
+        .get("elem")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    for elem in &elems {
+        // A map element is `[key, value]`; an element with options is
+        // wrapped in `{"elem": {"val": ...}}`.
+        let (key, value) = match elem.as_array().map(Vec::as_slice) {
+            Some([k, v]) => (k, Some(v)),
+            _ => (elem, None),
+        };
+        let key = key.pointer("/elem/val").unwrap_or(key);
+        if name.starts_with("cluster") {
+            match parse_range(key) {
+                Some(r) => {
+                    obs.cluster.insert(r);
+                }
+                None => tracing::warn!(set = %name, elem = %elem, "unreadable element"),
+            }
+            continue;
+        }
+        let Some(k) = parse_concat(key) else {
+            tracing::warn!(set = %name, elem = %elem, "unreadable element");
+            continue;
+        };
+        match (name.as_str(), value) {
+            ("classify4" | "classify6", Some(v)) => {
+                let target = ["jump", "goto"]
+                    .iter()
+                    .find_map(|kind| v.pointer(&format!("/{kind}/target")))
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                obs.classify.insert(k, Verdict::parse(target));
+            }
+            ("snat4" | "snat6", Some(v)) => {
+                if let Some(to) = v.as_str().and_then(|s| s.parse().ok()) {
+                    obs.nat.insert(k, Nat::Snat(to));
+                }
+            }
+            ("masq4" | "masq6", None) => {
+                obs.nat.insert(k, Nat::Masquerade);
+            }
+            _ => {}
+        }
+    }
+    obs.sets.insert(name);
+}
+
+/// `{"concat": [src, dst]}` with a single-address source.
+pub(super) fn parse_concat(key: &Value) -> Option<ElemKey> {
+    match key.get("concat")?.as_array()?.as_slice() {
+        [src, dst] => {
+            let src = parse_range(src)?;
+            (src.first() == src.last()).then_some(())?;
+            Some(ElemKey {
+                src: src.first(),
+                dst: parse_range(dst)?,
+            })
+        }
+        _ => None,
+    }
+}
+
+/// `"10.0.0.1"`, `{"prefix": {"addr": .., "len": ..}}` or `{"range": [a, b]}`.
+pub(super) fn parse_range(v: &Value) -> Option<IpRange> {
+    if let Some(s) = v.as_str() {
+        return Some(IpRange::single(s.parse().ok()?));
+    }
+    if let Some(p) = v.get("prefix") {
+        let addr: IpAddr = p.get("addr")?.as_str()?.parse().ok()?;
+        let len = u8::try_from(p.get("len")?.as_u64()?).ok()?;
+        return Some(IpRange::of_net(IpNet::new(addr, len).ok()?));
+    }
+    match v.get("range")?.as_array()?.as_slice() {
+        [a, b] => IpRange::new(a.as_str()?.parse().ok()?, b.as_str()?.parse().ok()?),
+        _ => None,
+    }
+}
