@@ -53,11 +53,7 @@ mod watch;
 
 /// Where `path` (relative to `/sys/fs/bpf`) is in the bpf filesystem of
 /// lab node `node`.
-pub fn node_bpf_path(
-    paths: &Paths,
-    node: &str,
-    path: &str,
-) -> PathBuf {
+pub fn node_bpf_path(paths: &Paths, node: &str, path: &str) -> PathBuf {
     volumes::node_bpf_path(&record::nodes_dir(paths).join(node).join("hostpath"), path)
 }
 
