@@ -8,18 +8,29 @@
 //! packet gets its gateway's mark (the policy routes and the firewall do
 //! the rest), is dropped (no live gateway, failing closed), or is left
 //! alone. Everything else passes untouched.
+//!
+//! The fast path: a TCP connection a pod opens (its SYN is seen here) to a
+//! destination classified to a tunnel whose gateway is known is remembered,
+//! and its packets go straight out of the tunnel device, addressed to the
+//! gateway's tunnel MAC, past the node's routing and netfilter; on the
+//! tunnel device's ingress, `egressgw_reply` hands the connection's
+//! replies straight to the pod's interface. A packet too big for the
+//! tunnel, IPv4 with options or fragments, IPv6 and every other protocol
+//! take the marked way, where the kernel does what it must (ICMP "too
+//! big", conntrack).
 
 #![no_std]
 #![no_main]
 
 use aya_ebpf::bindings::{TC_ACT_OK, TC_ACT_SHOT};
+use aya_ebpf::helpers::generated::{bpf_redirect, bpf_redirect_neigh};
 use aya_ebpf::macros::{classifier, map};
 use aya_ebpf::maps::lpm_trie::Key;
-use aya_ebpf::maps::{LpmTrie, PerCpuArray};
+use aya_ebpf::maps::{HashMap, LpmTrie, LruHashMap, PerCpuArray};
 use aya_ebpf::programs::TcContext;
 use egressgw_common::{
-    CLASSIFY_MAX, CLUSTER_MAX, COUNTERS_MAX, Counter, Dst4, Dst6, Key4, Key6, LOOKUP4_BITS,
-    LOOKUP6_BITS, Verdict, kind,
+    CLASSIFY_MAX, CLUSTER_MAX, COUNTERS_MAX, Counter, Dst4, Dst6, FLOWS_MAX, Flow4, Key4, Key6,
+    LOOKUP4_BITS, LOOKUP6_BITS, TUNNELS_MAX, Tunnel, Verdict, kind,
 };
 
 // The names are egressgw-common's constants; the macro wants literals.
@@ -33,6 +44,10 @@ static CLUSTER4: LpmTrie<Dst4, u32> = LpmTrie::with_max_entries(CLUSTER_MAX, 0);
 static CLUSTER6: LpmTrie<Dst6, u32> = LpmTrie::with_max_entries(CLUSTER_MAX, 0);
 #[map(name = "EGRESSGW_COUNTERS")]
 static COUNTERS: PerCpuArray<Counter> = PerCpuArray::with_max_entries(COUNTERS_MAX, 0);
+#[map(name = "EGRESSGW_TUNNELS")]
+static TUNNELS: HashMap<u32, Tunnel> = HashMap::with_max_entries(TUNNELS_MAX, 0);
+#[map(name = "EGRESSGW_FLOWS4")]
+static FLOWS4: LruHashMap<Flow4, u32> = LruHashMap::with_max_entries(FLOWS_MAX, 0);
 
 /// Ethernet header length: where the IP header starts on the interfaces
 /// the program attaches to.
@@ -40,10 +55,104 @@ const ETH_HLEN: usize = 14;
 /// `skb->protocol` values, in network byte order as the field holds them.
 const ETH_P_IP: u32 = (0x0800u16).to_be() as u32;
 const ETH_P_IPV6: u32 = (0x86ddu16).to_be() as u32;
+/// An IPv4 header without options: version 4, 5 words.
+const IPV4_PLAIN: u8 = 0x45;
+const IPPROTO_TCP: u8 = 6;
+const TCP_SYN: u8 = 0x02;
+const TCP_ACK: u8 = 0x10;
+/// `TC_ACT_REDIRECT`, what `bpf_redirect` returns on success.
+const TC_ACT_REDIRECT: i64 = 7;
 
 #[classifier]
 pub fn egressgw_classify(ctx: TcContext) -> i32 {
     classify(&ctx).unwrap_or(TC_ACT_OK)
+}
+
+#[classifier]
+pub fn egressgw_reply(ctx: TcContext) -> i32 {
+    reply(&ctx).unwrap_or(TC_ACT_OK)
+}
+
+/// A reply of a fast-path connection goes straight to the pod's interface
+/// (the neighbour table gives the pod's MAC); everything else passes.
+fn reply(ctx: &TcContext) -> Option<i32> {
+    if ctx.skb.protocol() != ETH_P_IP {
+        return None;
+    }
+    let (seen, _, _) = tcp4(ctx)?;
+    let flow = Flow4 {
+        src: seen.dst,
+        dst: seen.src,
+        sport: seen.dport,
+        dport: seen.sport,
+    };
+    // SAFETY: the value is copied out at once; the map is not changed
+    // through this reference.
+    let ifindex = *unsafe { FLOWS4.get(flow) }?;
+    // SAFETY: a helper call with no pointer arguments.
+    let done = unsafe { bpf_redirect_neigh(ifindex, core::ptr::null_mut(), 0, 0) };
+    (done == TC_ACT_REDIRECT).then_some(done as i32)
+}
+
+/// The addresses and ports, the TCP flags and the length of the IP and TCP
+/// headers of a plain (no options, not fragmented) IPv4 TCP packet.
+fn tcp4(ctx: &TcContext) -> Option<(Flow4, u8, u32)> {
+    let first: u8 = ctx.load(ETH_HLEN).ok()?;
+    let fragment: [u8; 2] = ctx.load(ETH_HLEN + 6).ok()?;
+    let protocol: u8 = ctx.load(ETH_HLEN + 9).ok()?;
+    // More fragments, or an offset: not the whole packet.
+    if first != IPV4_PLAIN || protocol != IPPROTO_TCP || fragment[0] & 0x3f != 0 || fragment[1] != 0
+    {
+        return None;
+    }
+    let src: [u8; 4] = ctx.load(ETH_HLEN + 12).ok()?;
+    let dst: [u8; 4] = ctx.load(ETH_HLEN + 16).ok()?;
+    let tcp = ETH_HLEN + 20;
+    let sport: [u8; 2] = ctx.load(tcp).ok()?;
+    let dport: [u8; 2] = ctx.load(tcp + 2).ok()?;
+    let offset: u8 = ctx.load(tcp + 12).ok()?;
+    let flags: u8 = ctx.load(tcp + 13).ok()?;
+    let flow = Flow4 {
+        src,
+        dst,
+        sport,
+        dport,
+    };
+    Some((flow, flags, 20 + u32::from(offset >> 4) * 4))
+}
+
+/// Sends a packet classified to `mark` straight into the tunnel when it
+/// belongs to a TCP connection the pod opened here and fits the tunnel;
+/// `None`: take the marked way.
+fn fast_path4(ctx: &TcContext, mark: u32) -> Option<i32> {
+    // SAFETY: the value is copied out at once.
+    let tunnel = *unsafe { TUNNELS.get(mark) }?;
+    let (flow, flags, headers) = tcp4(ctx)?;
+    if flags & (TCP_SYN | TCP_ACK) == TCP_SYN {
+        // SAFETY: `skb` is the context the kernel passed in.
+        let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+        FLOWS4.insert(flow, ifindex, 0).ok()?;
+    } else if FLOWS4.get_ptr(flow).is_none() {
+        // Opened before the fast path knew it: it keeps the marked way.
+        return None;
+    }
+    // What goes out of the tunnel per packet: the IP packet, or for a
+    // segmentation offload each segment's headers and payload.
+    // SAFETY: `skb` is the context the kernel passed in.
+    let gso_size = unsafe { (*ctx.skb.skb).gso_size };
+    let ip_len = if gso_size == 0 {
+        ctx.len().saturating_sub(ETH_HLEN as u32)
+    } else {
+        headers + gso_size
+    };
+    if ip_len > tunnel.mtu {
+        return None;
+    }
+    ctx.store(0, &tunnel.dmac, 0).ok()?;
+    ctx.store(6, &tunnel.smac, 0).ok()?;
+    // SAFETY: a helper call with no pointer arguments.
+    let done = unsafe { bpf_redirect(tunnel.ifindex, 0) };
+    (done == TC_ACT_REDIRECT).then_some(done as i32)
 }
 
 /// The verdict for `ctx`'s packet; `None` when it cannot be read (left alone).
@@ -55,7 +164,14 @@ fn classify(ctx: &TcContext) -> Option<i32> {
             if CLUSTER4.get(Key::new(32, Dst4 { dst })).is_some() {
                 return Some(TC_ACT_OK);
             }
-            *CLASSIFY4.get(Key::new(LOOKUP4_BITS, Key4 { src, dst }))?
+            let verdict = *CLASSIFY4.get(Key::new(LOOKUP4_BITS, Key4 { src, dst }))?;
+            count(ctx, &verdict);
+            if verdict.kind == kind::MARK
+                && let Some(done) = fast_path4(ctx, verdict.mark)
+            {
+                return Some(done);
+            }
+            return Some(act(ctx, &verdict));
         }
         ETH_P_IPV6 => {
             let src: [u8; 16] = ctx.load(ETH_HLEN + 8).ok()?;
@@ -67,6 +183,12 @@ fn classify(ctx: &TcContext) -> Option<i32> {
         }
         _ => return Some(TC_ACT_OK),
     };
+    count(ctx, &verdict);
+    Some(act(ctx, &verdict))
+}
+
+/// Counts the packet in the verdict's counter.
+fn count(ctx: &TcContext, verdict: &Verdict) {
     if let Some(counter) = COUNTERS.get_ptr_mut(verdict.counter) {
         // SAFETY: the pointer is this CPU's slot of the array, valid for the
         // program's run; TC programs are not preempted on their CPU.
@@ -75,7 +197,11 @@ fn classify(ctx: &TcContext) -> Option<i32> {
             (*counter).bytes += u64::from(ctx.len());
         }
     }
-    Some(match verdict.kind {
+}
+
+/// Marks, drops or leaves the packet alone, as the verdict says.
+fn act(ctx: &TcContext, verdict: &Verdict) -> i32 {
+    match verdict.kind {
         kind::MARK => {
             // SAFETY: `skb` is the context the kernel passed in.
             let mark = unsafe { (*ctx.skb.skb).mark };
@@ -84,7 +210,7 @@ fn classify(ctx: &TcContext) -> Option<i32> {
         }
         kind::DROP => TC_ACT_SHOT,
         _ => TC_ACT_OK,
-    })
+    }
 }
 
 #[cfg(not(test))]

@@ -36,6 +36,21 @@ pub const COUNTERS_MAX: u32 = 1 << 14;
 
 /// The classifier program's name in the object.
 pub const PROGRAM: &str = "egressgw_classify";
+/// The program on the tunnel device's ingress that hands replies of
+/// fast-path connections straight to their pod.
+pub const REPLY_PROGRAM: &str = "egressgw_reply";
+
+/// Per tunnel mark, where the fast path sends a packet ([`Tunnel`]),
+/// keyed by the mark (`u32`).
+pub const TUNNELS: &str = "EGRESSGW_TUNNELS";
+/// How many tunnel marks the fast path knows at most.
+pub const TUNNELS_MAX: u32 = 1024;
+/// The TCP connections pods opened on the fast path ([`Flow4`] -> the
+/// index of the interface the pod sends by, `u32`), least recently used
+/// first out.
+pub const FLOWS4: &str = "EGRESSGW_FLOWS4";
+/// How many fast-path connections are remembered.
+pub const FLOWS_MAX: u32 = 1 << 17;
 
 /// Prefix length of an IPv4 lookup: source and destination, every bit.
 pub const LOOKUP4_BITS: u32 = 64;
@@ -98,6 +113,35 @@ pub struct Verdict {
     pub counter: u32,
 }
 
+/// Where the fast path sends a packet classified to a tunnel mark: out of
+/// the tunnel device, from its MAC to the gateway node's tunnel MAC (the
+/// device's forwarding entry for that MAC names the gateway's underlay
+/// address).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tunnel {
+    /// The tunnel device's interface index.
+    pub ifindex: u32,
+    /// Its MTU: a bigger packet takes the marked way, where the kernel
+    /// answers "too big".
+    pub mtu: u32,
+    /// Its MAC.
+    pub smac: [u8; 6],
+    /// The gateway node's tunnel MAC.
+    pub dmac: [u8; 6],
+}
+
+/// A pod's TCP connection, as its packets carry it: pod address and port,
+/// remote address and port (network byte order).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Flow4 {
+    pub src: [u8; 4],
+    pub dst: [u8; 4],
+    pub sport: [u8; 2],
+    pub dport: [u8; 2],
+}
+
 /// Packets and bytes.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -121,4 +165,6 @@ mod user {
     unsafe impl aya::Pod for super::Dst6 {}
     unsafe impl aya::Pod for super::Verdict {}
     unsafe impl aya::Pod for super::Counter {}
+    unsafe impl aya::Pod for super::Tunnel {}
+    unsafe impl aya::Pod for super::Flow4 {}
 }

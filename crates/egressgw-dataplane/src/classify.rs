@@ -41,9 +41,13 @@ impl fmt::Display for Datapath {
 
 /// The eBPF classifier as a reconcile drives it.
 pub trait PodClassifier: fmt::Debug {
-    /// Attaches to exactly the interfaces in `wanted`; returns each change
-    /// made or tried.
-    fn follow(&mut self, wanted: &BTreeSet<String>) -> Vec<(String, Result<(), String>)>;
+    /// Attaches the classifier to exactly the interfaces in `pods`, and the
+    /// reply path to `tunnel`; returns each change made or tried.
+    fn follow(
+        &mut self,
+        pods: &BTreeSet<String>,
+        tunnel: Option<&str>,
+    ) -> Vec<(String, Result<(), String>)>;
     /// Makes the maps hold `desired`, touching only what differs.
     fn sync(&mut self, desired: &Desired) -> Result<Synced, String>;
     /// Packets and bytes classified, per policy.
@@ -51,8 +55,12 @@ pub trait PodClassifier: fmt::Debug {
 }
 
 impl PodClassifier for Classifier {
-    fn follow(&mut self, wanted: &BTreeSet<String>) -> Vec<(String, Result<(), String>)> {
-        Classifier::follow(self, wanted)
+    fn follow(
+        &mut self,
+        pods: &BTreeSet<String>,
+        tunnel: Option<&str>,
+    ) -> Vec<(String, Result<(), String>)> {
+        Classifier::follow(self, pods, tunnel)
             .into_iter()
             .map(|(op, result)| (op, result.map_err(|e| e.to_string())))
             .collect()
@@ -72,6 +80,8 @@ impl PodClassifier for Classifier {
 pub struct FakeClassifier {
     /// Interfaces attached to.
     pub attached: BTreeSet<String>,
+    /// The tunnel device the reply path is on.
+    pub tunnel: Option<String>,
     /// The maps' contents.
     pub maps: Desired,
     /// Counters to report.
@@ -81,10 +91,15 @@ pub struct FakeClassifier {
 }
 
 impl PodClassifier for FakeClassifier {
-    fn follow(&mut self, wanted: &BTreeSet<String>) -> Vec<(String, Result<(), String>)> {
+    fn follow(
+        &mut self,
+        wanted: &BTreeSet<String>,
+        tunnel: Option<&str>,
+    ) -> Vec<(String, Result<(), String>)> {
+        self.tunnel = tunnel.map(str::to_owned);
         let mut done = Vec::new();
         for gone in self.attached.difference(wanted) {
-            done.push((format!("detach the eBPF classifier from {gone}"), Ok(())));
+            done.push((format!("detach the eBPF classifier on {gone}"), Ok(())));
         }
         self.attached.retain(|i| wanted.contains(i));
         for iface in wanted {
@@ -99,7 +114,7 @@ impl PodClassifier for FakeClassifier {
                 self.attached.insert(iface.clone());
                 Ok(())
             };
-            done.push((format!("attach the eBPF classifier to {iface}"), result));
+            done.push((format!("attach the eBPF classifier on {iface}"), result));
         }
         done
     }
@@ -132,8 +147,12 @@ impl PodClassifier for FakeClassifier {
 
 /// A [`FakeClassifier`] a test keeps a handle on while a dataplane owns it.
 impl PodClassifier for std::sync::Arc<std::sync::Mutex<FakeClassifier>> {
-    fn follow(&mut self, wanted: &BTreeSet<String>) -> Vec<(String, Result<(), String>)> {
-        self.lock().expect("not poisoned").follow(wanted)
+    fn follow(
+        &mut self,
+        pods: &BTreeSet<String>,
+        tunnel: Option<&str>,
+    ) -> Vec<(String, Result<(), String>)> {
+        self.lock().expect("not poisoned").follow(pods, tunnel)
     }
 
     fn sync(&mut self, desired: &Desired) -> Result<Synced, String> {

@@ -9,13 +9,13 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use aya::maps::lpm_trie::Key;
-use aya::maps::{LpmTrie, MapData, PerCpuArray};
+use aya::maps::{HashMap as AyaHashMap, LpmTrie, MapData, PerCpuArray};
 use aya::programs::links::{FdLink, PinnedLink};
 use aya::programs::tc::{self, SchedClassifierLink, SchedClassifierLinkId};
 use aya::programs::{SchedClassifier, TcAttachType};
 use aya::util::KernelVersion;
 use egressgw_common as common;
-use egressgw_common::{Counter, Dst4, Dst6, Key4, Key6, Verdict};
+use egressgw_common::{Counter, Dst4, Dst6, Key4, Key6, Tunnel, Verdict};
 use egressgw_core::model::{Config, PolicyRef};
 use egressgw_core::state::{Action, NodeState};
 use ipnet::IpNet;
@@ -61,28 +61,63 @@ fn failed(what: impl Into<String>) -> impl FnOnce(String) -> EbpfError {
 /// Where the agent pins the classifier's maps and attachments.
 pub const PIN_DIR: &str = "/sys/fs/bpf/egressgw";
 
-/// Every map of the program, by name.
-const MAPS: [&str; 5] = [
+/// Every map of the programs, by name.
+const MAPS: [&str; 7] = [
     common::CLASSIFY4,
     common::CLASSIFY6,
     common::CLUSTER4,
     common::CLUSTER6,
     common::COUNTERS,
+    common::TUNNELS,
+    common::FLOWS4,
 ];
 
-/// Where a pinned attachment to `iface` (index `ifindex`) lives in the pin
-/// directory. The index is part of the name: an interface deleted and
-/// created again under the same name (a pod's veth after a sandbox
-/// restart) is a new interface, and the old attachment is dead.
-fn link_pin(dir: &Path, iface: &str, ifindex: u32) -> PathBuf {
-    dir.join(format!("{LINK_PREFIX}{ifindex}-{iface}"))
+/// Which program an attachment runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Role {
+    /// `egressgw_classify`, on the interfaces pod traffic enters by.
+    Classify,
+    /// `egressgw_reply`, on the tunnel device.
+    Reply,
 }
 
-/// The start of every pinned attachment's name.
-const LINK_PREFIX: &str = "link-ingress-";
+impl Role {
+    fn program(self) -> &'static str {
+        match self {
+            Role::Classify => common::PROGRAM,
+            Role::Reply => common::REPLY_PROGRAM,
+        }
+    }
 
-/// The attachments pinned in `dir`: (interface, index) -> pin.
-fn pinned_links(dir: &Path) -> BTreeMap<(String, u32), PathBuf> {
+    /// The start of the names of its pinned attachments.
+    fn pin_prefix(self) -> &'static str {
+        match self {
+            Role::Classify => "link-ingress-",
+            Role::Reply => "reply-ingress-",
+        }
+    }
+
+    fn describe(self, iface: &str) -> String {
+        match self {
+            Role::Classify => format!("the eBPF classifier on {iface}"),
+            Role::Reply => format!("the eBPF reply path on {iface}"),
+        }
+    }
+}
+
+/// Where a pinned attachment of `role` to `iface` (index `ifindex`) lives
+/// in the pin directory. The index is part of the name: an interface
+/// deleted and created again under the same name (a pod's veth after a
+/// sandbox restart) is a new interface, and the old attachment is dead.
+/// A bpf filesystem refuses names with a dot; interface names never hold a
+/// colon, so a dot is written as one.
+fn link_pin(dir: &Path, role: Role, iface: &str, ifindex: u32) -> PathBuf {
+    let name = iface.replace('.', ":");
+    dir.join(format!("{}{ifindex}-{name}", role.pin_prefix()))
+}
+
+/// The attachments of `role` pinned in `dir`: (interface, index) -> pin.
+fn pinned_links(dir: &Path, role: Role) -> BTreeMap<(String, u32), PathBuf> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return BTreeMap::new();
     };
@@ -90,10 +125,19 @@ fn pinned_links(dir: &Path) -> BTreeMap<(String, u32), PathBuf> {
         .flatten()
         .filter_map(|entry| {
             let name = entry.file_name().into_string().ok()?;
-            let (index, iface) = name.strip_prefix(LINK_PREFIX)?.split_once('-')?;
-            Some(((iface.to_owned(), index.parse().ok()?), entry.path()))
+            let (index, iface) = name.strip_prefix(role.pin_prefix())?.split_once('-')?;
+            Some(((iface.replace(':', "."), index.parse().ok()?), entry.path()))
         })
         .collect()
+}
+
+/// The MTU of interface `iface` now, if it exists.
+fn device_mtu(iface: &str) -> Option<u32> {
+    std::fs::read_to_string(format!("/sys/class/net/{iface}/mtu"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// The index of interface `iface` now, if it exists.
@@ -108,6 +152,11 @@ pub struct Desired {
     pub classify: BTreeMap<(IpAddr, IpNet), (Verdict, Option<PolicyRef>)>,
     /// In-cluster destinations.
     pub cluster: BTreeSet<IpNet>,
+    /// The tunnel device, for the fast path; `None` while the node has none.
+    pub tunnel: Option<String>,
+    /// Per tunnel mark, the fast path's MACs: the tunnel device's and the
+    /// gateway node's.
+    pub tunnels: BTreeMap<u32, ([u8; 6], [u8; 6])>,
 }
 
 impl Desired {
@@ -139,9 +188,21 @@ impl Desired {
                 ((e.src, e.dst.trunc()), (verdict, e.policy.clone()))
             })
             .collect();
+        let mut tunnels = BTreeMap::new();
+        if let Some(vxlan) = &state.vxlan {
+            for e in &state.classify {
+                if let Action::Tunnel { gateway, mark } = &e.action
+                    && let Some(peer) = state.peers.iter().find(|p| p.node == *gateway)
+                {
+                    tunnels.insert(*mark, (vxlan.mac.0, peer.mac.0));
+                }
+            }
+        }
         Desired {
             classify,
             cluster: state.cluster_cidrs.iter().map(IpNet::trunc).collect(),
+            tunnel: state.vxlan.as_ref().map(|v| v.name.clone()),
+            tunnels,
         }
     }
 }
@@ -175,8 +236,8 @@ struct Attached {
 #[derive(Debug)]
 pub struct Classifier {
     ebpf: aya::Ebpf,
-    /// Where the program is attached, by interface.
-    attached: BTreeMap<String, Attached>,
+    /// Where the programs are attached, by program and interface.
+    attached: BTreeMap<(Role, String), Attached>,
     /// Each policy's counter.
     counters: BTreeMap<PolicyRef, u32>,
     /// Where maps and attachments are pinned, if they are.
@@ -243,10 +304,12 @@ impl Classifier {
             .load(object)
             .map_err(|e| e.to_string())
             .map_err(failed("loading the eBPF object"))?;
-        program(&mut ebpf)?
-            .load()
-            .map_err(|e| format!("{e:#}"))
-            .map_err(failed(format!("loading the program {}", common::PROGRAM)))?;
+        for role in [Role::Classify, Role::Reply] {
+            program(&mut ebpf, role)?
+                .load()
+                .map_err(|e| format!("{e:#}"))
+                .map_err(failed(format!("loading the program {}", role.program())))?;
+        }
         Ok(Classifier {
             ebpf,
             attached: BTreeMap::new(),
@@ -255,36 +318,47 @@ impl Classifier {
         })
     }
 
-    /// Attaches the program on TC ingress of `iface` (TCX where the kernel
-    /// has it, clsact otherwise) and returns whether the interface was
-    /// without it: attaching twice does nothing, taking a pinned
+    /// Attaches the classifier on TC ingress of `iface` (TCX where the
+    /// kernel has it, clsact otherwise) and returns whether the interface
+    /// was without it: attaching twice does nothing, taking a pinned
     /// attachment over is no change to the interface, and an interface
     /// that was deleted and created again under its name gets a new
-    /// attachment. Loaded with
-    /// pins on a kernel with TCX, the attachment is pinned, and one that an
-    /// earlier agent pinned is taken over in place: the kernel swaps the
-    /// program atomically, with no moment unclassified.
+    /// attachment. Loaded with pins on a kernel with TCX, the attachment is
+    /// pinned, and one that an earlier agent pinned is taken over in place:
+    /// the kernel swaps the program atomically, with no moment
+    /// unclassified.
     pub fn attach(&mut self, iface: &str) -> Result<bool, EbpfError> {
-        let what = format!("attaching to the ingress of {iface}");
+        self.attach_as(Role::Classify, iface)
+    }
+
+    /// Detaches the classifier from `iface`, pinned or not.
+    pub fn detach(&mut self, iface: &str) -> Result<(), EbpfError> {
+        self.detach_as(Role::Classify, iface)
+    }
+
+    fn attach_as(&mut self, role: Role, iface: &str) -> Result<bool, EbpfError> {
+        let what = format!("attaching {}", role.describe(iface));
         let index =
             ifindex(iface).ok_or_else(|| failed(what.clone())("no such interface".into()))?;
-        match self.attached.get(iface) {
+        let key = (role, iface.to_owned());
+        match self.attached.get(&key) {
             Some(a) if a.ifindex == index => return Ok(false),
-            Some(_) => self.detach(iface)?,
+            Some(_) => self.detach_as(role, iface)?,
             None => {}
         }
         let tcx = KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0));
         if let (Some(dir), true) = (&self.pins, tcx) {
-            let pin = link_pin(dir, iface, index);
+            let pin = link_pin(dir, role, iface, index);
             // Attachments pinned for an earlier interface of this name are
             // dead: they go.
-            for ((name, i), stale) in pinned_links(dir) {
+            for ((name, i), stale) in pinned_links(dir, role) {
                 if name == iface && i != index {
                     unpin_link(&stale)?;
                 }
             }
-            let prog = program(&mut self.ebpf)?;
-            if pin.exists() {
+            let prog = program(&mut self.ebpf, role)?;
+            let taken_over = pin.exists();
+            if taken_over {
                 let old = PinnedLink::from_pin(&pin)
                     .map_err(|e| e.to_string())
                     .map_err(failed(format!("{what}: reading {}", pin.display())))?;
@@ -297,14 +371,6 @@ impl Classifier {
                     .map_err(|e| format!("{e:#}"))
                     .map_err(failed(what.clone()))?;
                 drop(prog.take_link(id));
-                self.attached.insert(
-                    iface.to_owned(),
-                    Attached {
-                        ifindex: index,
-                        link: None,
-                    },
-                );
-                return Ok(false);
             } else {
                 let id = prog
                     .attach(iface, TcAttachType::Ingress)
@@ -325,14 +391,14 @@ impl Classifier {
                 ifindex: index,
                 link: None,
             };
-            self.attached.insert(iface.to_owned(), attached);
-            return Ok(true);
+            self.attached.insert(key, attached);
+            return Ok(!taken_over);
         }
         if !tcx {
             // An existing clsact qdisc is fine.
             let _ = tc::qdisc_add_clsact(iface);
         }
-        let id = program(&mut self.ebpf)?
+        let id = program(&mut self.ebpf, role)?
             .attach(iface, TcAttachType::Ingress)
             .map_err(|e| format!("{e:#}"))
             .map_err(failed(what))?;
@@ -340,15 +406,16 @@ impl Classifier {
             ifindex: index,
             link: Some(id),
         };
-        self.attached.insert(iface.to_owned(), attached);
+        self.attached.insert(key, attached);
         Ok(true)
     }
 
-    /// Detaches the program from `iface`, pinned or not. An interface that
-    /// is gone took its attachment with it; only the pin is left to remove.
-    pub fn detach(&mut self, iface: &str) -> Result<(), EbpfError> {
+    /// Detaches `role`'s program from `iface`, pinned or not. An interface
+    /// that is gone took its attachment with it; only the pin is left to
+    /// remove.
+    fn detach_as(&mut self, role: Role, iface: &str) -> Result<(), EbpfError> {
         if let Some(dir) = &self.pins {
-            for ((name, _), pin) in pinned_links(dir) {
+            for ((name, _), pin) in pinned_links(dir, role) {
                 if name == iface {
                     unpin_link(&pin)?;
                 }
@@ -357,39 +424,61 @@ impl Classifier {
         let Some(Attached {
             ifindex: index,
             link: Some(id),
-        }) = self.attached.remove(iface)
+        }) = self.attached.remove(&(role, iface.to_owned()))
         else {
             return Ok(());
         };
-        let result = program(&mut self.ebpf)?.detach(id);
+        let result = program(&mut self.ebpf, role)?.detach(id);
         if ifindex(iface) != Some(index) {
             return Ok(());
         }
         result
             .map_err(|e| format!("{e:#}"))
-            .map_err(failed(format!("detaching from the ingress of {iface}")))
+            .map_err(failed(format!("detaching {}", role.describe(iface))))
     }
 
-    /// Makes the program attached to exactly the interfaces in `wanted`:
-    /// attaches where it is missing (or the interface is a new one under
-    /// an old name) and detaches where it is no longer wanted, including
+    /// Makes the classifier attached to exactly the interfaces in `pods`,
+    /// and the reply path to `tunnel` (the tunnel device, when it exists):
+    /// attaches where it is missing (or the interface is a new one under an
+    /// old name) and detaches where it is no longer wanted, including
     /// attachments a predecessor pinned for interfaces now gone. Returns
     /// each change made or tried, by its description.
-    pub fn follow(&mut self, wanted: &BTreeSet<String>) -> Vec<(String, Result<(), EbpfError>)> {
+    pub fn follow(
+        &mut self,
+        pods: &BTreeSet<String>,
+        tunnel: Option<&str>,
+    ) -> Vec<(String, Result<(), EbpfError>)> {
+        let tunnel: BTreeSet<String> = tunnel.into_iter().map(str::to_owned).collect();
+        let mut done = self.follow_as(Role::Classify, pods);
+        done.extend(self.follow_as(Role::Reply, &tunnel));
+        done
+    }
+
+    fn follow_as(
+        &mut self,
+        role: Role,
+        wanted: &BTreeSet<String>,
+    ) -> Vec<(String, Result<(), EbpfError>)> {
         let mut done = Vec::new();
-        let mut present: BTreeSet<String> = self.attached.keys().cloned().collect();
+        let mut present: BTreeSet<String> = self
+            .attached
+            .keys()
+            .filter(|(r, _)| *r == role)
+            .map(|(_, iface)| iface.clone())
+            .collect();
         if let Some(dir) = &self.pins {
-            present.extend(pinned_links(dir).into_keys().map(|(iface, _)| iface));
+            present.extend(pinned_links(dir, role).into_keys().map(|(iface, _)| iface));
         }
         for iface in present.difference(wanted) {
-            let result = self.detach(iface);
-            done.push((format!("detach the eBPF classifier from {iface}"), result));
+            let result = self.detach_as(role, iface);
+            done.push((format!("detach {}", role.describe(iface)), result));
         }
         for iface in wanted {
-            match self.attach(iface) {
+            let op = format!("attach {}", role.describe(iface));
+            match self.attach_as(role, iface) {
                 Ok(false) => {}
-                Ok(true) => done.push((format!("attach the eBPF classifier to {iface}"), Ok(()))),
-                Err(e) => done.push((format!("attach the eBPF classifier to {iface}"), Err(e))),
+                Ok(true) => done.push((op, Ok(()))),
+                Err(e) => done.push((op, Err(e))),
             }
         }
         done
@@ -406,7 +495,11 @@ impl Classifier {
         };
         for entry in entries.flatten() {
             let path = entry.path();
-            if entry.file_name().to_string_lossy().starts_with(LINK_PREFIX) {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if [Role::Classify, Role::Reply]
+                .iter()
+                .any(|r| name.starts_with(r.pin_prefix()))
+            {
                 unpin_link(&path)?;
             } else {
                 std::fs::remove_file(&path)
@@ -461,7 +554,57 @@ impl Classifier {
             self.remove_cluster(*net)?;
             synced.removed += 1;
         }
+        self.sync_tunnels(desired, &mut synced)?;
         Ok(synced)
+    }
+
+    /// The fast path's tunnel entries: `desired`'s, with the tunnel
+    /// device's index now (none while the device does not exist).
+    fn sync_tunnels(&mut self, desired: &Desired, synced: &mut Synced) -> Result<(), EbpfError> {
+        let device = desired
+            .tunnel
+            .as_deref()
+            .and_then(|name| Some((ifindex(name)?, device_mtu(name)?)));
+        let wanted: BTreeMap<u32, Tunnel> = match device {
+            Some((ifindex, mtu)) => desired
+                .tunnels
+                .iter()
+                .map(|(mark, (smac, dmac))| {
+                    let tunnel = Tunnel {
+                        ifindex,
+                        mtu,
+                        smac: *smac,
+                        dmac: *dmac,
+                    };
+                    (*mark, tunnel)
+                })
+                .collect(),
+            None => BTreeMap::new(),
+        };
+        let what = "the fast path's tunnels";
+        let mut map: AyaHashMap<&mut MapData, u32, Tunnel> = self.map(common::TUNNELS)?;
+        let current: BTreeMap<u32, Tunnel> = map
+            .iter()
+            .collect::<Result<_, _>>()
+            .map_err(|e| e.to_string())
+            .map_err(failed(what))?;
+        for (mark, tunnel) in &wanted {
+            match current.get(mark) {
+                Some(t) if t == tunnel => continue,
+                Some(_) => synced.changed += 1,
+                None => synced.added += 1,
+            }
+            map.insert(mark, tunnel, 0)
+                .map_err(|e| e.to_string())
+                .map_err(failed(format!("tunnel of mark {mark:#010x}")))?;
+        }
+        for mark in current.keys().filter(|m| !wanted.contains_key(m)) {
+            map.remove(mark)
+                .map_err(|e| e.to_string())
+                .map_err(failed(format!("tunnel of mark {mark:#010x}")))?;
+            synced.removed += 1;
+        }
+        Ok(())
     }
 
     /// Gives every policy of `desired` a counter: the one it has, else the
@@ -727,9 +870,9 @@ fn unpin_link(pin: &Path) -> Result<(), EbpfError> {
         .map_err(failed(what))
 }
 
-fn program(ebpf: &mut aya::Ebpf) -> Result<&mut SchedClassifier, EbpfError> {
-    let what = format!("program {}", common::PROGRAM);
-    ebpf.program_mut(common::PROGRAM)
+fn program(ebpf: &mut aya::Ebpf, role: Role) -> Result<&mut SchedClassifier, EbpfError> {
+    let what = format!("program {}", role.program());
+    ebpf.program_mut(role.program())
         .ok_or_else(|| failed(what.clone())("the object has no such program".into()))?
         .try_into()
         .map_err(|e: aya::programs::ProgramError| e.to_string())
@@ -763,6 +906,34 @@ mod tests {
     use egressgw_core::state::ClassifyEntry;
 
     use super::*;
+
+    #[test]
+    fn the_fast_path_knows_each_tunnel_mark_by_its_gateways_mac() {
+        use egressgw_core::state::ClassifyEntry;
+        let cfg = Config::default();
+        let mut state = crate::testns::node_state(false);
+        let entry = |gateway: &str, mark: u32| ClassifyEntry {
+            src: "10.244.1.5".parse().unwrap(),
+            dst: "198.51.100.0/24".parse().unwrap(),
+            action: Action::Tunnel {
+                gateway: gateway.into(),
+                mark,
+            },
+            policy: None,
+            group: None,
+        };
+        // "b" is a peer; "c" is not (yet): no fast path to it, the marked
+        // way only.
+        state.classify = vec![entry("b", cfg.mark(1)), entry("c", cfg.mark(2))];
+        let desired = Desired::new(&state, &cfg);
+        assert_eq!(desired.tunnel.as_deref(), Some("egress.vxlan"));
+        assert_eq!(
+            desired.tunnels,
+            BTreeMap::from([(cfg.mark(1), ([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]))])
+        );
+        state.vxlan = None;
+        assert!(Desired::new(&state, &cfg).tunnels.is_empty());
+    }
 
     #[test]
     fn the_desired_maps_follow_the_node_state() {
@@ -1002,7 +1173,12 @@ mod kernel_tests {
             let (_, programs) = SchedClassifier::query_tcx("b", TcAttachType::Ingress).unwrap();
             assert_eq!(programs.len(), 1, "the program was swapped, not added");
             // Known as attached (pinned): a second attach does nothing.
-            assert!(second.attached.get("b").is_some_and(|a| a.link.is_none()));
+            assert!(
+                second
+                    .attached
+                    .get(&(Role::Classify, "b".to_owned()))
+                    .is_some_and(|a| a.link.is_none())
+            );
             assert!(!second.attach("b").unwrap());
             send(POD, "198.51.100.1", 2);
             assert_eq!(seen("marked"), 7);

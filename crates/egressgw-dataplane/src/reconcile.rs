@@ -275,10 +275,11 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
             .collect();
         // A failed lookup leaves the attachments as they are; the table
         // classifies what the program does not see.
+        let tunnel = state.vxlan.as_ref().map(|v| v.name.as_str());
         match self.netlink.pod_interfaces(&pods).await {
             Ok(found) => {
                 let wanted: BTreeSet<String> = found.into_keys().collect();
-                for (op, result) in classifier.follow(&wanted) {
+                for (op, result) in classifier.follow(&wanted, tunnel) {
                     report.record(op, result);
                 }
             }
@@ -545,7 +546,7 @@ mod tests {
             assert!(
                 third
                     .applied
-                    .contains(&"detach the eBPF classifier from cali-b".to_owned()),
+                    .contains(&"detach the eBPF classifier on cali-b".to_owned()),
                 "{:?}",
                 third.applied
             );

@@ -293,6 +293,17 @@ fn with_the_ebpf_datapath_selected_pods_leave_from_the_egress_ip_and_are_counted
     // Replies come back beside the CNI's INVALID drop, and a long transfer
     // completes.
     assert_download_returns_through_the_tunnel(&topo, TARGET_IP);
+    // The fast path: pod-a1's TCP connections went into the tunnel and
+    // their replies to the pod without node A's netfilter (no connection
+    // tracked there); pod-b1's, on the gateway node, are SNATed there.
+    let tracked = topo.node_a.run(
+        "conntrack",
+        &["-L", "-p", "tcp", "-s", POD_A1_IP, "-d", TARGET_IP],
+    );
+    assert!(
+        tracked.trim().is_empty(),
+        "node A tracked pod-a1's connections: {tracked}"
+    );
 }
 
 #[test]
