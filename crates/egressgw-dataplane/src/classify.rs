@@ -21,7 +21,9 @@ use egressgw_core::model::PolicyRef;
 use crate::ebpf::{Classifier, Desired, Synced};
 
 /// What classifies pod traffic on a node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Datapath {
     /// The `classify4`/`classify6` maps of the nftables table.

@@ -27,6 +27,8 @@ use self::client::{ClientResult, ERROR_PREFIX, INTERFACES_PREFIX, Interface, RES
 use self::objects::{Run, Setup};
 use self::offload::Agents;
 use self::report::{Case, Sample, Variant};
+use egressgw_core::model::DatapathChoice;
+use egressgw_dataplane::classify::Datapath;
 
 /// The tunnel device, as the agents name it by default.
 const TUNNEL: &str = "egress.vxlan";
@@ -47,6 +49,20 @@ pub enum OffloadArg {
     On,
     /// Off.
     Off,
+}
+
+/// Which datapaths the cases are measured on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DatapathArg {
+    /// As the agents are configured; nothing is switched.
+    Current,
+    /// eBPF and nftables, alternating each repeat (the configured one
+    /// first), so that both see the same machine.
+    Both,
+    /// eBPF.
+    Ebpf,
+    /// nftables.
+    Nftables,
 }
 
 /// `egressgw bench`.
@@ -82,6 +98,11 @@ pub struct BenchArgs {
     /// rolls the agents (restored afterwards).
     #[arg(long, value_enum, default_value_t = OffloadArg::Current)]
     pub offload: OffloadArg,
+    /// The datapath (`feature.datapath`) to measure with; switching it
+    /// rolls the agents (restored afterwards). Not together with a switched
+    /// `--offload`.
+    #[arg(long, value_enum, default_value_t = DatapathArg::Current)]
+    pub datapath: DatapathArg,
     /// Port of the iperf3 server on the gateway node (host network).
     #[arg(long, default_value_t = 5201)]
     pub port: u16,
@@ -320,7 +341,10 @@ impl<'a> Bench<'a> {
                     .with_context(|| format!("--namespace-labels {kv}: want KEY=VALUE"))
             })
             .collect::<anyhow::Result<_>>()?;
-        let runs = phases(args.offload, None).len() as u64 * runs_per_phase(args);
+        if args.datapath != DatapathArg::Current && args.offload != OffloadArg::Current {
+            bail!("--datapath and --offload both switch the agents: measure one of them at a time");
+        }
+        let runs = 2 * runs_per_phase(args);
         let setup = Setup {
             namespace: args.namespace.clone(),
             namespace_labels,
@@ -350,21 +374,30 @@ impl<'a> Bench<'a> {
         let placed = self.prepare().await?;
         let (config, _) = offload::read_config(&self.client, &self.agents).await?;
         let configured_on = !offload::offload_disabled(&config)?;
-        let phases = phases(self.args.offload, Some(configured_on));
+        let configured_datapath = offload::datapath(&config)?;
+        let phases = if self.args.datapath == DatapathArg::Current {
+            phases(self.args.offload, Some(configured_on), self.args.repeat)
+        } else {
+            datapath_phases(self.args.datapath, configured_datapath, self.args.repeat)
+        };
         let total = phases
             .iter()
-            .map(|p| self.runs(&placed, p, None).len() as u64)
+            .map(|p| self.runs(&placed, p, None, None).len() as u64)
             .sum();
         let mut samples = Vec::new();
         let mut done = 0;
         for phase in phases {
             if phase.switch {
-                let on = phase.switch_to.context("a switch to no state")?;
-                let new = offload::with_offload_disabled(&config, !on)?;
+                let new = match (phase.switch_to, phase.datapath) {
+                    (Some(on), _) => offload::with_offload_disabled(&config, !on)?,
+                    (None, Some(datapath)) => offload::with_datapath(&config, datapath)?,
+                    (None, None) => bail!("a switch to no state"),
+                };
                 offload::apply(&self.client, &self.agents, &new, Some(&config), &progress).await?;
             }
             let offload = self.read_back(&placed, &phase).await?;
-            for run in self.runs(&placed, &phase, offload) {
+            let datapath = self.read_datapath(&phase).await?;
+            for run in self.runs(&placed, &phase, offload, datapath) {
                 done += 1;
                 let sample = self.run_one(&run, done, total).await?;
                 check_offload(&sample, phase.switch_to)?;
@@ -372,6 +405,52 @@ impl<'a> Bench<'a> {
             }
         }
         Ok((placed, samples))
+    }
+
+    /// The datapath the source node's agent reports (its EgressTunnel's
+    /// `status.datapath`): the one the phase's runs are filed under. Fails
+    /// when a switched phase finds another one than it switched to.
+    async fn read_datapath(&self, phase: &Phase) -> anyhow::Result<Option<Datapath>> {
+        let node = &self.setup.source_node;
+        let tunnels: Api<EgressTunnel> = Api::all(self.client.clone());
+        let wanted = match phase.datapath {
+            Some(DatapathChoice::Ebpf) => Some(Datapath::Ebpf),
+            Some(DatapathChoice::Nftables) => Some(Datapath::Nftables),
+            _ => None,
+        };
+        let last = RefCell::new(None::<Datapath>);
+        let last_ref = &last;
+        let seen = wait_for(
+            &format!("the agent of {node} to report its datapath"),
+            Duration::from_secs(60),
+            || async {
+                let tunnel = tunnels.get(node).await?;
+                let name = tunnel
+                    .status
+                    .and_then(|s| s.datapath)
+                    .map(|d| d.name)
+                    .unwrap_or_default();
+                let seen = match name.as_str() {
+                    "ebpf" => Some(Datapath::Ebpf),
+                    "nftables" => Some(Datapath::Nftables),
+                    _ => None,
+                };
+                *last_ref.borrow_mut() = seen;
+                Ok(match wanted {
+                    None => Some(seen),
+                    Some(w) => (seen == Some(w)).then_some(seen),
+                })
+            },
+        )
+        .await;
+        match seen {
+            Ok(seen) => Ok(seen),
+            Err(e) => bail!(
+                "{e:#}: the agents were switched to {}, but {node} reports {}",
+                wanted.map_or("-".into(), |w| w.to_string()),
+                last.borrow().map_or("nothing".into(), |d| d.to_string())
+            ),
+        }
     }
 
     /// Creates the namespace, the policy and the server; finds the nodes'
@@ -563,11 +642,11 @@ impl<'a> Bench<'a> {
             ("gateway", &placed.gateway_node, &placed.gateway_parent),
         ] {
             let interfaces = self
-                .node_interfaces(node, role, phase.name, parent.as_deref())
+                .node_interfaces(node, role, &phase.tag(), parent.as_deref())
                 .await?;
             let state = tunnel_offload(&interfaces);
             self.environment.insert(
-                format!("interfaces.{}.{role}.{node}", phase.name),
+                format!("interfaces.{}.{role}.{node}", phase.tag()),
                 serde_json::to_value(&interfaces)?,
             );
             if let (Some(wanted), Some(seen)) = (phase.switch_to, state)
@@ -611,20 +690,30 @@ impl<'a> Bench<'a> {
 
     /// The runs of one phase, interleaved: each repeat runs every case
     /// forward, then (with --reverse) every case in reverse.
-    fn runs(&self, placed: &Placed, phase: &Phase, offload: Option<bool>) -> Vec<Run<'static>> {
+    fn runs(
+        &self,
+        placed: &Placed,
+        phase: &Phase,
+        offload: Option<bool>,
+        datapath: Option<Datapath>,
+    ) -> Vec<Run<'static>> {
         let mut runs = Vec::new();
         let directions: &[bool] = if self.args.reverse {
             &[false, true]
         } else {
             &[false]
         };
-        for repeat in 1..=self.args.repeat {
+        for repeat in phase.repeats.clone() {
             for &reverse in directions {
                 for case in Case::ALL {
                     if phase.only_tunnel && !case.uses_tunnel() {
                         continue;
                     }
-                    let variant = Variant { reverse, offload };
+                    let variant = Variant {
+                        reverse,
+                        offload,
+                        datapath,
+                    };
                     runs.push(self.run_of(placed, phase, case, variant, repeat));
                 }
             }
@@ -814,35 +903,54 @@ impl<'a> Bench<'a> {
     }
 }
 
-/// One offload state the cases run in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One state of the agents (offload, datapath) the cases run in.
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Phase {
-    /// `on`, `off` or `cur`, for Pod names.
+    /// `on`, `off`, `ebpf`, `nft` or `cur`, for Pod names.
     name: &'static str,
-    /// The state to switch to (`None`: as configured).
+    /// The offload state to switch to (`None`: as configured).
     switch_to: Option<bool>,
-    /// The agents must be switched to `switch_to` first.
+    /// The datapath to switch to (`None`: as configured).
+    datapath: Option<DatapathChoice>,
+    /// The agents must be switched first.
     switch: bool,
     /// A phase that only exists to measure the tunnel in another state.
     only_tunnel: bool,
+    /// The repeats it runs.
+    repeats: std::ops::RangeInclusive<u32>,
+}
+
+impl Phase {
+    /// The name, with the first repeat where phases of one name alternate.
+    fn tag(&self) -> String {
+        if self.datapath.is_some() {
+            format!("{}-r{}", self.name, self.repeats.start())
+        } else {
+            self.name.to_owned()
+        }
+    }
 }
 
 /// The phases for `--offload`, given the configured state (`Some(on)`):
 /// that state first, so that no switch is made that is not needed.
-fn phases(arg: OffloadArg, configured_on: Option<bool>) -> Vec<Phase> {
+fn phases(arg: OffloadArg, configured_on: Option<bool>, repeat: u32) -> Vec<Phase> {
     let phase = |on: bool, only_tunnel: bool| Phase {
         name: if on { "on" } else { "off" },
         switch_to: Some(on),
+        datapath: None,
         switch: configured_on != Some(on),
         only_tunnel,
+        repeats: 1..=repeat,
     };
     match arg {
         OffloadArg::Current => {
             vec![Phase {
                 name: "cur",
                 switch_to: None,
+                datapath: None,
                 switch: false,
                 only_tunnel: false,
+                repeats: 1..=repeat,
             }]
         }
         OffloadArg::On => vec![phase(true, false)],
@@ -852,6 +960,47 @@ fn phases(arg: OffloadArg, configured_on: Option<bool>) -> Vec<Phase> {
             vec![phase(first, false), phase(!first, true)]
         }
     }
+}
+
+/// The phases for `--datapath`, given the configured choice: `both`
+/// alternates each repeat, the configured datapath first (for `auto`,
+/// eBPF), each phase switching away from the one before.
+fn datapath_phases(arg: DatapathArg, configured: DatapathChoice, repeat: u32) -> Vec<Phase> {
+    let name = |d: DatapathChoice| match d {
+        DatapathChoice::Nftables => "nft",
+        _ => "ebpf",
+    };
+    let order = match arg {
+        DatapathArg::Current => return phases(OffloadArg::Current, None, repeat),
+        DatapathArg::Ebpf => vec![DatapathChoice::Ebpf],
+        DatapathArg::Nftables => vec![DatapathChoice::Nftables],
+        DatapathArg::Both if configured == DatapathChoice::Nftables => {
+            vec![DatapathChoice::Nftables, DatapathChoice::Ebpf]
+        }
+        DatapathArg::Both => vec![DatapathChoice::Ebpf, DatapathChoice::Nftables],
+    };
+    let mut current = configured;
+    let mut out = Vec::new();
+    for r in 1..=repeat {
+        for &d in &order {
+            out.push(Phase {
+                name: name(d),
+                switch_to: None,
+                datapath: Some(d),
+                switch: current != d,
+                only_tunnel: false,
+                repeats: r..=r,
+            });
+            current = d;
+        }
+    }
+    if order.len() == 1 {
+        // One datapath: one phase over every repeat.
+        let mut one = out.swap_remove(0);
+        one.repeats = 1..=repeat;
+        return vec![one];
+    }
+    out
 }
 
 fn runs_per_phase(args: &BenchArgs) -> u64 {
@@ -991,13 +1140,33 @@ mod tests {
 
     #[test]
     fn both_offload_states_start_with_the_configured_one_and_switch_once() {
-        let p = phases(OffloadArg::Both, Some(false));
+        let p = phases(OffloadArg::Both, Some(false), 5);
         assert_eq!(p.iter().map(|p| p.name).collect::<Vec<_>>(), ["off", "on"]);
         assert!(!p[0].only_tunnel && p[1].only_tunnel);
         assert!(!p[0].switch && p[1].switch);
-        assert!(phases(OffloadArg::On, Some(false))[0].switch);
-        assert!(!phases(OffloadArg::Off, Some(false))[0].switch);
-        assert_eq!(phases(OffloadArg::Current, Some(true))[0].switch_to, None);
+        assert!(phases(OffloadArg::On, Some(false), 5)[0].switch);
+        assert!(!phases(OffloadArg::Off, Some(false), 5)[0].switch);
+        assert_eq!(
+            phases(OffloadArg::Current, Some(true), 5)[0].switch_to,
+            None
+        );
+    }
+
+    #[test]
+    fn both_datapaths_alternate_each_repeat_starting_with_the_configured_one() {
+        let p = datapath_phases(DatapathArg::Both, DatapathChoice::Auto, 3);
+        let names: Vec<&str> = p.iter().map(|p| p.name).collect();
+        assert_eq!(names, ["ebpf", "nft", "ebpf", "nft", "ebpf", "nft"]);
+        // auto runs eBPF where it can, but only a switch makes it sure.
+        assert!(p.iter().all(|p| p.switch));
+        assert!(p.iter().all(|p| p.repeats.start() == p.repeats.end()));
+        let p = datapath_phases(DatapathArg::Both, DatapathChoice::Nftables, 2);
+        assert_eq!(p[0].name, "nft");
+        assert!(!p[0].switch, "already nftables");
+        let one = datapath_phases(DatapathArg::Ebpf, DatapathChoice::Ebpf, 4);
+        assert_eq!(one.len(), 1);
+        assert!(!one[0].switch);
+        assert_eq!(one[0].repeats, 1..=4);
     }
 
     #[test]

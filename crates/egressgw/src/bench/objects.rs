@@ -247,6 +247,7 @@ mod tests {
             variant: Variant {
                 reverse: true,
                 offload: Some(false),
+                datapath: None,
             },
             phase: "off",
             repeat: 2,
@@ -290,6 +291,7 @@ mod tests {
             variant: Variant {
                 reverse: false,
                 offload: None,
+                datapath: None,
             },
             phase: "cur",
             repeat: 1,

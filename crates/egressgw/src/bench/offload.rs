@@ -1,13 +1,14 @@
-//! Switching tx checksum offload on `egress.vxlan` for the bench: through
-//! the config the agents read (the chart's ConfigMap, `feature` keys), then
-//! a rolling restart of the agents, as `helm upgrade --set
-//! feature.vxlan.disableChecksumOffload=...` would do it. The original
+//! Switching tx checksum offload on `egress.vxlan`, or the datapath, for the
+//! bench: through the config the agents read (the chart's ConfigMap,
+//! `feature` keys), then a rolling restart of the agents, as `helm upgrade
+//! --set feature.vxlan.disableChecksumOffload=...` would do it. The original
 //! config is kept in an annotation of the ConfigMap until it is restored,
 //! so `egressgw bench --cleanup` can restore it after a crash.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use egressgw_core::model::DatapathChoice;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
@@ -19,7 +20,7 @@ const CONFIG_KEY: &str = "config.yaml";
 /// The annotation holding the config as it was before the bench.
 pub const ORIGINAL_ANNOTATION: &str = "egressgw.io/bench-original-config";
 /// The Pod template annotation whose change rolls the agents.
-const ROLL_ANNOTATION: &str = "egressgw.io/bench-offload";
+const ROLL_ANNOTATION: &str = "egressgw.io/bench-config";
 /// How long an agent rollout may take.
 const ROLLOUT_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -105,6 +106,29 @@ pub fn with_offload_disabled(config: &str, disabled: bool) -> anyhow::Result<Str
     serde_yaml::to_string(&doc).context("writing the agents' config")
 }
 
+/// The datapath the config asks for (`datapath`, default `auto`).
+pub fn datapath(config: &str) -> anyhow::Result<DatapathChoice> {
+    let doc: serde_yaml::Value =
+        serde_yaml::from_str(config).context("parsing the agents' config")?;
+    match doc.get("datapath") {
+        None => Ok(DatapathChoice::default()),
+        Some(v) => serde_yaml::from_value(v.clone()).context("the agents' config: `datapath`"),
+    }
+}
+
+/// The config with `datapath` set to `datapath`.
+pub fn with_datapath(config: &str, datapath: DatapathChoice) -> anyhow::Result<String> {
+    let mut doc: serde_yaml::Value =
+        serde_yaml::from_str(config).context("parsing the agents' config")?;
+    if doc.is_null() {
+        doc = serde_yaml::Value::Mapping(serde_yaml::Mapping::new());
+    }
+    doc.as_mapping_mut()
+        .context("the agents' config is not a mapping")?
+        .insert("datapath".into(), datapath.to_string().into());
+    serde_yaml::to_string(&doc).context("writing the agents' config")
+}
+
 /// The config the agents read now, and the one from before the bench if a
 /// bench changed it and did not restore it.
 pub async fn read_config(
@@ -170,8 +194,10 @@ pub async fn apply(
     } else {
         "on"
     };
-    // Back to the chart's config: the template goes back to the chart's too.
-    let roll = original.map(|_| offload);
+    let datapath = datapath(config)?;
+    // Each config its own value, so that every switch rolls the agents;
+    // back to the chart's config, the template goes back to the chart's too.
+    let roll = original.map(|_| format!("offload-{offload}-datapath-{datapath}"));
     let ds: Api<DaemonSet> = Api::namespaced(client.clone(), &agents.namespace);
     let patch = json!({ "spec": { "template": { "metadata": { "annotations": { ROLL_ANNOTATION: roll } } } } });
     ds.patch(
@@ -187,7 +213,7 @@ pub async fn apply(
         )
     })?;
     progress(&format!(
-        "tx checksum offload {offload}: rolling the agents ({}/{})",
+        "tx checksum offload {offload}, datapath {datapath}: rolling the agents ({}/{})",
         agents.namespace, agents.daemonset
     ));
     wait_rollout(&ds, agents).await
@@ -242,6 +268,17 @@ mod tests {
         );
         let on = with_offload_disabled(&off, false).unwrap();
         assert!(!offload_disabled(&on).unwrap());
+    }
+
+    #[test]
+    fn the_datapath_switch_keeps_every_other_key() {
+        let config = "vxlan:\n  id: 100\ndatapath: auto\n";
+        assert_eq!(datapath(config).unwrap(), DatapathChoice::Auto);
+        let nft = with_datapath(config, DatapathChoice::Nftables).unwrap();
+        assert_eq!(datapath(&nft).unwrap(), DatapathChoice::Nftables);
+        assert!(nft.contains("id: 100"), "{nft}");
+        assert_eq!(datapath("").unwrap(), DatapathChoice::Auto);
+        assert!(datapath("datapath: xdp").is_err());
     }
 
     #[test]

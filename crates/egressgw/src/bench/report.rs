@@ -5,6 +5,8 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
+use egressgw_dataplane::classify::Datapath;
+
 use super::chart::{Bar, Chart, Series};
 use super::client::ClientResult;
 
@@ -57,6 +59,9 @@ pub struct Variant {
     /// tx checksum offload on `egress.vxlan` as read back on the source
     /// node during the run (`None`: not known).
     pub offload: Option<bool>,
+    /// The datapath the source node's agent reported (`None`: not known).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub datapath: Option<Datapath>,
 }
 
 impl Variant {
@@ -72,9 +77,23 @@ impl Variant {
         }
     }
 
-    /// `forward, offload on`.
+    pub fn datapath_label(self) -> String {
+        self.datapath.map_or_else(|| "?".into(), |d| d.to_string())
+    }
+
+    /// `forward, offload on, ebpf`.
     pub fn label(self) -> String {
-        format!("{}, offload {}", self.direction(), self.offload_label())
+        let mut label = format!("{}, offload {}", self.direction(), self.offload_label());
+        if let Some(d) = self.datapath {
+            label += &format!(", {d}");
+        }
+        label
+    }
+
+    /// Table order: offload on first (as the reference system's headline
+    /// numbers are), then datapath, then direction.
+    fn order(self) -> (Option<bool>, Option<Datapath>, bool) {
+        (self.offload.map(|o| !o), self.datapath, self.reverse)
     }
 }
 
@@ -159,7 +178,7 @@ pub struct Row {
 pub fn summarize(samples: &[Sample]) -> Vec<Row> {
     let mut keys: Vec<(Variant, Case)> = samples.iter().map(|s| (s.variant, s.case)).collect();
     // Offload on first, as the reference system's headline numbers are.
-    keys.sort_by_key(|(v, c)| (v.offload.map(|o| !o), v.reverse, *c));
+    keys.sort_by_key(|(v, c)| (v.order(), *c));
     keys.dedup();
     let mut rows: Vec<Row> = keys
         .into_iter()
@@ -172,10 +191,16 @@ pub fn summarize(samples: &[Sample]) -> Vec<Row> {
         .collect();
     for r in &mut rows {
         // Case 1 does not use the tunnel: compare with it in the same
-        // offload state when it ran in it, else in the same direction.
+        // offload state and datapath when it ran in them, else in the same
+        // direction.
         let base = case1
             .iter()
             .find(|(v, _)| *v == r.variant)
+            .or_else(|| {
+                case1.iter().find(|(v, _)| {
+                    v.reverse == r.variant.reverse && v.datapath == r.variant.datapath
+                })
+            })
             .or_else(|| case1.iter().find(|(v, _)| v.reverse == r.variant.reverse));
         r.ratio_to_case1 = base
             .filter(|(_, b)| *b > 0.0)
@@ -217,6 +242,7 @@ pub fn table(rows: &[Row]) -> String {
         "case",
         "direction",
         "offload",
+        "datapath",
         "sent Gbit/s",
         "received Gbit/s",
         "retr",
@@ -224,7 +250,7 @@ pub fn table(rows: &[Row]) -> String {
         "RTT p50",
         "RTT p99",
     ];
-    let cells: Vec<[String; 9]> = rows.iter().map(cells).collect();
+    let cells: Vec<[String; 10]> = rows.iter().map(cells).collect();
     let mut widths = header.map(str::len);
     for row in &cells {
         for (w, c) in widths.iter_mut().zip(row) {
@@ -236,7 +262,7 @@ pub fn table(rows: &[Row]) -> String {
         let mut text = String::new();
         for (i, (c, w)) in row.iter().zip(widths).enumerate() {
             // Text columns to the left, numbers to the right.
-            if i < 3 {
+            if i < 4 {
                 let _ = write!(text, "{c:<w$}  ");
             } else {
                 let _ = write!(text, "{c:>w$}  ");
@@ -257,13 +283,14 @@ pub fn table(rows: &[Row]) -> String {
     out
 }
 
-fn cells(r: &Row) -> [String; 9] {
+fn cells(r: &Row) -> [String; 10] {
     let spread = |s: Spread| format!("{:.2} ({:.2}-{:.2})", s.median, s.min, s.max);
     let ms = |us: Option<u64>| us.map_or("-".into(), |u| format!("{:.3} ms", u as f64 / 1000.0));
     [
         format!("{} {}", r.case.number(), r.case.label()),
         r.variant.direction().into(),
         r.variant.offload_label().into(),
+        r.variant.datapath_label(),
         spread(r.sent_gbps),
         spread(r.received_gbps),
         r.retransmits.map_or("-".into(), |n| n.to_string()),
@@ -276,7 +303,7 @@ fn cells(r: &Row) -> [String; 9] {
 /// The chart: one group per case, one bar per variant (received Gbit/s).
 pub fn chart(rows: &[Row], title: &str, subtitle: &str) -> Chart {
     let mut variants: Vec<Variant> = rows.iter().map(|r| r.variant).collect();
-    variants.sort_by_key(|v| (v.offload.map(|o| !o), v.reverse));
+    variants.sort_by_key(|v| v.order());
     variants.dedup();
     let series = variants
         .into_iter()
@@ -318,6 +345,7 @@ mod tests {
             variant: Variant {
                 reverse,
                 offload: Some(offload),
+                datapath: None,
             },
             repeat: 1,
             pod: "p".into(),
