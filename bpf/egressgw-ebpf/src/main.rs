@@ -124,9 +124,9 @@ fn tcp4(ctx: &TcContext) -> Option<(Flow4, u8, u32)> {
 /// Sends a packet classified to `mark` straight into the tunnel when it
 /// belongs to a TCP connection the pod opened here and fits the tunnel;
 /// `None`: take the marked way.
-fn fast_path4(ctx: &TcContext, mark: u32) -> Option<i32> {
+fn fast_path4(ctx: &TcContext, verdict: &Verdict) -> Option<i32> {
     // SAFETY: the value is copied out at once.
-    let tunnel = *unsafe { TUNNELS.get(mark) }?;
+    let tunnel = *unsafe { TUNNELS.get(verdict.mark) }?;
     let (flow, flags, headers) = tcp4(ctx)?;
     if flags & (TCP_SYN | TCP_ACK) == TCP_SYN {
         // SAFETY: `skb` is the context the kernel passed in.
@@ -150,6 +150,13 @@ fn fast_path4(ctx: &TcContext, mark: u32) -> Option<i32> {
     }
     ctx.store(0, &tunnel.dmac, 0).ok()?;
     ctx.store(6, &tunnel.smac, 0).ok()?;
+    // The tunnel routes the outer packet with the inner packet's mark: none
+    // of egressgw's bits may go with it (a bridge with br_netfilter has run
+    // the table's prerouting chain on the frame already), or the outer
+    // packet would be routed into the tunnel again.
+    // SAFETY: `skb` is the context the kernel passed in.
+    let mark = unsafe { (*ctx.skb.skb).mark };
+    ctx.set_mark(mark & !verdict.mask);
     // SAFETY: a helper call with no pointer arguments.
     let done = unsafe { bpf_redirect(tunnel.ifindex, 0) };
     (done == TC_ACT_REDIRECT).then_some(done as i32)
@@ -167,7 +174,7 @@ fn classify(ctx: &TcContext) -> Option<i32> {
             let verdict = *CLASSIFY4.get(Key::new(LOOKUP4_BITS, Key4 { src, dst }))?;
             count(ctx, &verdict);
             if verdict.kind == kind::MARK
-                && let Some(done) = fast_path4(ctx, verdict.mark)
+                && let Some(done) = fast_path4(ctx, &verdict)
             {
                 return Some(done);
             }
