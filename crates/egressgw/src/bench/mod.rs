@@ -758,11 +758,15 @@ impl<'a> Bench<'a> {
         let elapsed = self.started.elapsed();
         let estimate = (u64::from(self.args.duration) + RUN_OVERHEAD.as_secs()) * total;
         progress(&format!(
-            "[{done}/{total}] case {} {}, {}, offload {}, repeat {}/{} (elapsed {}, about {} in all)",
+            "[{done}/{total}] case {} {}, {}, {}, repeat {}/{} (elapsed {}, about {} in all)",
             run.case.number(),
             run.case.label(),
             run.variant.direction(),
-            run.phase,
+            match run.phase {
+                "on" | "off" => format!("offload {}", run.phase),
+                "cur" => "as configured".to_owned(),
+                datapath => format!("datapath {datapath}"),
+            },
             run.repeat,
             self.args.repeat,
             clock(elapsed.as_secs()),
