@@ -14,7 +14,8 @@
 //! and its packets go straight out of the tunnel device, addressed to the
 //! gateway's tunnel MAC, past the node's routing and netfilter; on the
 //! tunnel device's ingress, `egressgw_reply` hands the connection's
-//! replies straight to the pod's interface. A packet too big for the
+//! replies straight to the pod's interface, addressed with the MACs its
+//! first packet carried. A packet too big for the
 //! tunnel, IPv4 with options or fragments, IPv6 and every other protocol
 //! take the marked way, where the kernel does what it must (ICMP "too
 //! big", conntrack).
@@ -23,14 +24,14 @@
 #![no_main]
 
 use aya_ebpf::bindings::{TC_ACT_OK, TC_ACT_SHOT};
-use aya_ebpf::helpers::generated::{bpf_redirect, bpf_redirect_neigh};
+use aya_ebpf::helpers::generated::bpf_redirect;
 use aya_ebpf::macros::{classifier, map};
 use aya_ebpf::maps::lpm_trie::Key;
 use aya_ebpf::maps::{HashMap, LpmTrie, LruHashMap, PerCpuArray};
 use aya_ebpf::programs::TcContext;
 use egressgw_common::{
     CLASSIFY_MAX, CLUSTER_MAX, COUNTERS_MAX, Counter, Dst4, Dst6, FLOWS_MAX, Flow4, Key4, Key6,
-    LOOKUP4_BITS, LOOKUP6_BITS, TUNNELS_MAX, Tunnel, Verdict, kind,
+    LOOKUP4_BITS, LOOKUP6_BITS, PodLink, TUNNELS_MAX, Tunnel, Verdict, kind,
 };
 
 // The names are egressgw-common's constants; the macro wants literals.
@@ -47,7 +48,7 @@ static COUNTERS: PerCpuArray<Counter> = PerCpuArray::with_max_entries(COUNTERS_M
 #[map(name = "EGRESSGW_TUNNELS")]
 static TUNNELS: HashMap<u32, Tunnel> = HashMap::with_max_entries(TUNNELS_MAX, 0);
 #[map(name = "EGRESSGW_FLOWS4")]
-static FLOWS4: LruHashMap<Flow4, u32> = LruHashMap::with_max_entries(FLOWS_MAX, 0);
+static FLOWS4: LruHashMap<Flow4, PodLink> = LruHashMap::with_max_entries(FLOWS_MAX, 0);
 
 /// Ethernet header length: where the IP header starts on the interfaces
 /// the program attaches to.
@@ -73,8 +74,9 @@ pub fn egressgw_reply(ctx: TcContext) -> i32 {
     reply(&ctx).unwrap_or(TC_ACT_OK)
 }
 
-/// A reply of a fast-path connection goes straight to the pod's interface
-/// (the neighbour table gives the pod's MAC); everything else passes.
+/// A reply of a fast-path connection goes straight out of the pod's
+/// interface, from the MAC the pod sent to, to the pod's MAC; everything
+/// else passes.
 fn reply(ctx: &TcContext) -> Option<i32> {
     if ctx.skb.protocol() != ETH_P_IP {
         return None;
@@ -88,9 +90,11 @@ fn reply(ctx: &TcContext) -> Option<i32> {
     };
     // SAFETY: the value is copied out at once; the map is not changed
     // through this reference.
-    let ifindex = *unsafe { FLOWS4.get(flow) }?;
+    let pod = *unsafe { FLOWS4.get(flow) }?;
+    ctx.store(0, &pod.pod_mac, 0).ok()?;
+    ctx.store(6, &pod.node_mac, 0).ok()?;
     // SAFETY: a helper call with no pointer arguments.
-    let done = unsafe { bpf_redirect_neigh(ifindex, core::ptr::null_mut(), 0, 0) };
+    let done = unsafe { bpf_redirect(pod.ifindex, 0) };
     (done == TC_ACT_REDIRECT).then_some(done as i32)
 }
 
@@ -131,7 +135,12 @@ fn fast_path4(ctx: &TcContext, verdict: &Verdict) -> Option<i32> {
     if flags & (TCP_SYN | TCP_ACK) == TCP_SYN {
         // SAFETY: `skb` is the context the kernel passed in.
         let ifindex = unsafe { (*ctx.skb.skb).ifindex };
-        FLOWS4.insert(flow, ifindex, 0).ok()?;
+        let pod = PodLink {
+            ifindex,
+            pod_mac: ctx.load(6).ok()?,
+            node_mac: ctx.load(0).ok()?,
+        };
+        FLOWS4.insert(flow, pod, 0).ok()?;
     } else if FLOWS4.get_ptr(flow).is_none() {
         // Opened before the fast path knew it: it keeps the marked way.
         return None;

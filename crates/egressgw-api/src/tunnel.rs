@@ -134,6 +134,10 @@ pub struct TunnelDatapath {
     /// Why: the configured choice, or what kept `auto` from eBPF.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// On the eBPF datapath: whether TCP connections pods open take the
+    /// fast path (`ebpf.fastPath`); unset on nftables.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fast_path: Option<bool>,
 }
 
 /// `status.unreachable[]`: selected traffic of this node with no live

@@ -45,9 +45,9 @@ pub const REPLY_PROGRAM: &str = "egressgw_reply";
 pub const TUNNELS: &str = "EGRESSGW_TUNNELS";
 /// How many tunnel marks the fast path knows at most.
 pub const TUNNELS_MAX: u32 = 1024;
-/// The TCP connections pods opened on the fast path ([`Flow4`] -> the
-/// index of the interface the pod sends by, `u32`), least recently used
-/// first out.
+/// The TCP connections pods opened on the fast path ([`Flow4`] ->
+/// [`PodLink`], where and how their replies reach the pod), least recently
+/// used first out.
 pub const FLOWS4: &str = "EGRESSGW_FLOWS4";
 /// How many fast-path connections are remembered.
 pub const FLOWS_MAX: u32 = 1 << 17;
@@ -142,6 +142,22 @@ pub struct Flow4 {
     pub dport: [u8; 2],
 }
 
+/// How a fast-path connection's replies reach its pod: out of the
+/// interface its packets came in by, addressed as they were, the other way
+/// round. The addresses are the connection's first packet's, so neither a
+/// neighbour lookup nor a bridge is needed on the way back (on a bridge
+/// CNI the interface is the pod's port of the bridge).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PodLink {
+    /// The interface's index.
+    pub ifindex: u32,
+    /// The pod's MAC (the first packet's source).
+    pub pod_mac: [u8; 6],
+    /// The node's MAC the pod sent to (the first packet's destination).
+    pub node_mac: [u8; 6],
+}
+
 /// Packets and bytes.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -167,4 +183,5 @@ mod user {
     unsafe impl aya::Pod for super::Counter {}
     unsafe impl aya::Pod for super::Tunnel {}
     unsafe impl aya::Pod for super::Flow4 {}
+    unsafe impl aya::Pod for super::PodLink {}
 }

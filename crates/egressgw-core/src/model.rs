@@ -378,6 +378,11 @@ impl fmt::Display for DatapathChoice {
 pub struct Config {
     /// What classifies pod traffic on the nodes.
     pub datapath: DatapathChoice,
+    /// On the eBPF datapath, TCP connections pods open go straight into
+    /// the tunnel and their replies straight to the pod (the fast path);
+    /// off, every packet takes the marked way through the node's routing
+    /// and netfilter.
+    pub ebpf_fast_path: bool,
     /// Tunnel device settings.
     pub vxlan: VxlanSettings,
     /// Whether IPv4 egress is on.
@@ -430,6 +435,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             datapath: DatapathChoice::default(),
+            ebpf_fast_path: true,
             vxlan: VxlanSettings::default(),
             enable_ipv4: true,
             enable_ipv6: false,

@@ -15,7 +15,7 @@ use aya::programs::tc::{self, SchedClassifierLink, SchedClassifierLinkId};
 use aya::programs::{SchedClassifier, TcAttachType};
 use aya::util::KernelVersion;
 use egressgw_common as common;
-use egressgw_common::{Counter, Dst4, Dst6, Key4, Key6, Tunnel, Verdict};
+use egressgw_common::{Counter, Dst4, Dst6, Flow4, Key4, Key6, PodLink, Tunnel, Verdict};
 use egressgw_core::model::{Config, PolicyRef};
 use egressgw_core::state::{Action, NodeState};
 use ipnet::IpNet;
@@ -71,6 +71,68 @@ const MAPS: [&str; 7] = [
     common::TUNNELS,
     common::FLOWS4,
 ];
+
+/// A map's shape as this build's program declares it: key and value size
+/// in bytes, and how many entries it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Shape {
+    key: u32,
+    value: u32,
+    max_entries: u32,
+}
+
+/// The shape this build's program expects of map `name`.
+fn shape(name: &str) -> Option<Shape> {
+    fn size<T>() -> u32 {
+        u32::try_from(size_of::<T>()).unwrap_or(u32::MAX)
+    }
+    let (key, value, max_entries) = match name {
+        common::CLASSIFY4 => (size::<Key<Key4>>(), size::<Verdict>(), common::CLASSIFY_MAX),
+        common::CLASSIFY6 => (size::<Key<Key6>>(), size::<Verdict>(), common::CLASSIFY_MAX),
+        common::CLUSTER4 => (size::<Key<Dst4>>(), size::<u32>(), common::CLUSTER_MAX),
+        common::CLUSTER6 => (size::<Key<Dst6>>(), size::<u32>(), common::CLUSTER_MAX),
+        common::COUNTERS => (size::<u32>(), size::<Counter>(), common::COUNTERS_MAX),
+        common::TUNNELS => (size::<u32>(), size::<Tunnel>(), common::TUNNELS_MAX),
+        common::FLOWS4 => (size::<Flow4>(), size::<PodLink>(), common::FLOWS_MAX),
+        _ => return None,
+    };
+    Some(Shape {
+        key,
+        value,
+        max_entries,
+    })
+}
+
+/// Unpins the maps in `dir` whose shape is not the one this build's
+/// program declares (an agent of another version pinned them): adopting
+/// one would fail the program's load. The program still attached keeps
+/// its map until it is swapped; the new map starts empty and is filled by
+/// the next sync. Returns the names of the maps replaced.
+fn unpin_reshaped(dir: &Path) -> Result<Vec<&'static str>, EbpfError> {
+    let mut replaced = Vec::new();
+    for name in MAPS {
+        let pin = dir.join(name);
+        if !pin.exists() {
+            continue;
+        }
+        let wanted = shape(name);
+        let found = aya::maps::MapInfo::from_pin(&pin).ok().map(|info| Shape {
+            key: info.key_size(),
+            value: info.value_size(),
+            max_entries: info.max_entries(),
+        });
+        if found.is_none() || found != wanted {
+            std::fs::remove_file(&pin)
+                .map_err(|e| e.to_string())
+                .map_err(failed(format!(
+                    "removing the map pinned at {} (its shape is {found:?}, this build's {wanted:?})",
+                    pin.display()
+                )))?;
+            replaced.push(name);
+        }
+    }
+    Ok(replaced)
+}
 
 /// Which program an attachment runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -155,7 +217,8 @@ pub struct Desired {
     /// The tunnel device, for the fast path; `None` while the node has none.
     pub tunnel: Option<String>,
     /// Per tunnel mark, the fast path's MACs: the tunnel device's and the
-    /// gateway node's.
+    /// gateway node's. Empty when the fast path is off (`ebpf.fastPath`):
+    /// then every packet takes the marked way.
     pub tunnels: BTreeMap<u32, ([u8; 6], [u8; 6])>,
 }
 
@@ -189,7 +252,7 @@ impl Desired {
             })
             .collect();
         let mut tunnels = BTreeMap::new();
-        if let Some(vxlan) = &state.vxlan {
+        if let Some(vxlan) = state.vxlan.as_ref().filter(|_| cfg.ebpf_fast_path) {
             for e in &state.classify {
                 if let Action::Tunnel { gateway, mark } = &e.action
                     && let Some(peer) = state.peers.iter().find(|p| p.node == *gateway)
@@ -264,6 +327,9 @@ impl Classifier {
                 "creating the pin directory {}",
                 dir.display()
             )))?;
+        for name in unpin_reshaped(dir)? {
+            tracing::info!(map = name, dir = %dir.display(), "a pinned map of another shape was replaced");
+        }
         let mut loader = aya::EbpfLoader::new();
         for name in MAPS {
             loader.map_pin_path(name, dir.join(name));
@@ -931,6 +997,11 @@ mod tests {
             desired.tunnels,
             BTreeMap::from([(cfg.mark(1), ([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]))])
         );
+        let marked_way_only = Config {
+            ebpf_fast_path: false,
+            ..cfg.clone()
+        };
+        assert!(Desired::new(&state, &marked_way_only).tunnels.is_empty());
         state.vxlan = None;
         assert!(Desired::new(&state, &cfg).tunnels.is_empty());
     }
@@ -1192,6 +1263,47 @@ mod kernel_tests {
             assert!(programs.is_empty(), "detached");
             send(POD, "198.51.100.1", 1);
             assert_eq!(seen("marked"), 7, "no longer classified");
+        });
+    }
+
+    #[test]
+    fn a_pinned_map_of_another_shape_is_replaced_and_the_rest_adopted() {
+        if !root_or_skip("a_pinned_map_of_another_shape_is_replaced_and_the_rest_adopted") {
+            return;
+        }
+        in_new_netns(|| {
+            private_bpffs();
+            let dir = Path::new(PIN_DIR);
+            let pod: IpAddr = POD.parse().unwrap();
+            let mut first = Classifier::load_pinned(dir).unwrap();
+            first
+                .insert(
+                    pod,
+                    "198.51.100.0/24".parse().unwrap(),
+                    verdict(kind::MARK, 7),
+                )
+                .unwrap();
+            drop(first);
+            // An agent of another version left a flow map of another shape
+            // (here: the in-cluster trie's, under the flow map's name).
+            let flows = dir.join(common::FLOWS4);
+            std::fs::remove_file(&flows).unwrap();
+            std::fs::rename(dir.join(common::CLUSTER4), &flows).unwrap();
+
+            let mut second =
+                Classifier::load_pinned(dir).expect("loads, replacing the map of another shape");
+            let info = aya::maps::MapInfo::from_pin(&flows).unwrap();
+            assert_eq!(
+                (info.key_size(), info.value_size()),
+                (size_of::<Flow4>() as u32, size_of::<PodLink>() as u32)
+            );
+            assert_eq!(
+                second.entries().unwrap().len(),
+                1,
+                "the maps of the right shape are adopted with their entries"
+            );
+            drop(second);
+            Classifier::remove_pins(dir).unwrap();
         });
     }
 

@@ -15,7 +15,7 @@ use netlink_packet_core::{
 };
 use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage};
 use netlink_packet_route::link::{
-    InfoData, InfoVxlan, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
+    InfoData, InfoKind, InfoVxlan, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
 };
 use netlink_packet_route::neighbour::{
     NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
@@ -89,6 +89,16 @@ const EADDRNOTAVAIL: i32 = 99;
 const EOPNOTSUPP: i32 = 95;
 const EAFNOSUPPORT: i32 = 97;
 
+/// What [`Rtnetlink::pod_interfaces`] needs to know of a link.
+#[derive(Debug)]
+struct LinkSummary {
+    index: u32,
+    name: String,
+    kind: Option<InfoKind>,
+    /// The bridge (or bond, ...) it is a port of.
+    controller: Option<u32>,
+}
+
 impl Rtnetlink {
     /// Opens a socket; must run inside a tokio runtime, which drives it.
     pub fn connect() -> Result<Self> {
@@ -103,12 +113,16 @@ impl Rtnetlink {
         })
     }
 
-    /// The interfaces the node reaches each of `pods` by, as the kernel's
-    /// route lookup answers: where their traffic enters the node, and so
-    /// where the eBPF classifier attaches. A bridge CNI gives its bridge, a
-    /// routed CNI (Calico and the like) each pod's own veth; no CNI needs
-    /// to be known. Addresses that are the node's own (a host-network pod)
-    /// or have no route are left out.
+    /// The interfaces traffic from each of `pods` enters the node by, and
+    /// so where the eBPF classifier attaches, found from the kernel's
+    /// route to each pod, so no CNI needs to be known: a routed CNI
+    /// (Calico and the like) gives each pod's own veth; a bridge CNI gives
+    /// its bridge, and then the bridge's veth ports stand for it (each
+    /// listed with all the bridge's pods), so that the classifier sees a
+    /// pod's packets before the bridge does (with `br_netfilter`, before
+    /// the node's netfilter). A bridge with no veth port stands for itself.
+    /// Addresses that are the node's own (a host-network pod) or have no
+    /// route are left out.
     pub async fn pod_interfaces(
         &self,
         pods: &[IpAddr],
@@ -139,24 +153,62 @@ impl Rtnetlink {
                 by_index.entry(index).or_default().insert(*pod);
             }
         }
-        let mut out = BTreeMap::new();
+        if by_index.is_empty() {
+            return Ok(BTreeMap::new());
+        }
+        let links = self.links().await?;
+        let mut out: BTreeMap<String, BTreeSet<IpAddr>> = BTreeMap::new();
         for (index, pods) in by_index {
-            let mut links = self.handle.link().get().match_index(index).execute();
-            let link = links
-                .try_next()
-                .await
-                .map_err(nl(format!("link {index}: get")))?;
-            let name = link.and_then(|l| {
-                l.attributes.into_iter().find_map(|a| match a {
-                    LinkAttribute::IfName(name) => Some(name),
-                    _ => None,
-                })
-            });
-            if let Some(name) = name.filter(|n| n != "lo") {
-                out.insert(name, pods);
+            let Some(link) = links.iter().find(|l| l.index == index) else {
+                continue;
+            };
+            let ports: Vec<&LinkSummary> = if link.kind == Some(InfoKind::Bridge) {
+                links
+                    .iter()
+                    .filter(|l| l.controller == Some(index) && l.kind == Some(InfoKind::Veth))
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            let names: Vec<&str> = if ports.is_empty() {
+                vec![link.name.as_str()]
+            } else {
+                ports.iter().map(|l| l.name.as_str()).collect()
+            };
+            for name in names.into_iter().filter(|n| *n != "lo") {
+                out.entry(name.to_owned()).or_default().extend(&pods);
             }
         }
         Ok(out)
+    }
+
+    /// Every link of the namespace: index, name, kind and controller.
+    async fn links(&self) -> Result<Vec<LinkSummary>> {
+        let mut found = Vec::new();
+        let mut links = self.handle.link().get().execute();
+        while let Some(link) = links.try_next().await.map_err(nl("links: dump"))? {
+            let mut summary = LinkSummary {
+                index: link.header.index,
+                name: String::new(),
+                kind: None,
+                controller: None,
+            };
+            for a in link.attributes {
+                match a {
+                    LinkAttribute::IfName(name) => summary.name = name,
+                    LinkAttribute::Controller(index) => summary.controller = Some(index),
+                    LinkAttribute::LinkInfo(infos) => {
+                        summary.kind = infos.into_iter().find_map(|i| match i {
+                            LinkInfo::Kind(kind) => Some(kind),
+                            _ => None,
+                        });
+                    }
+                    _ => {}
+                }
+            }
+            found.push(summary);
+        }
+        Ok(found)
     }
 
     /// Reads and writes network sysctls under `dir` (the `/proc/sys/net` of
@@ -1093,10 +1145,18 @@ mod tests {
         }
         block_on_in_new_netns(async || {
             underlay();
-            // A bridge CNI: the pods are on the bridge's subnet.
+            // A bridge CNI: the pods are on the bridge's subnet, each behind
+            // a veth port of the bridge.
             sh(
                 "ip link add cni0 type bridge && ip addr add 10.244.1.1/24 dev cni0 \
-                && ip link set cni0 up",
+                && ip link set cni0 up \
+                && ip link add vethp1 type veth peer name vethp1c && ip link set vethp1 master cni0 \
+                && ip link add vethp2 type veth peer name vethp2c && ip link set vethp2 master cni0",
+            );
+            // A bridge with no veth port (here: none at all) stands for itself.
+            sh(
+                "ip link add br1 type bridge && ip addr add 10.244.2.1/24 dev br1 \
+                && ip link set br1 up",
             );
             // A routed CNI: one /32 route per pod over the pod's own veth.
             sh(
@@ -1110,6 +1170,7 @@ mod tests {
                     ip("10.244.1.5"),
                     ip("10.244.1.6"),
                     ip("10.244.9.77"),
+                    ip("10.244.2.8"),
                     // A host-network pod has the node's own address.
                     ip("172.18.0.11"),
                     // No route at all.
@@ -1117,12 +1178,12 @@ mod tests {
                 ])
                 .await
                 .unwrap();
+            let on_cni0 = BTreeSet::from([ip("10.244.1.5"), ip("10.244.1.6")]);
             let want = BTreeMap::from([
+                ("br1".to_owned(), BTreeSet::from([ip("10.244.2.8")])),
                 ("cali1".to_owned(), BTreeSet::from([ip("10.244.9.77")])),
-                (
-                    "cni0".to_owned(),
-                    BTreeSet::from([ip("10.244.1.5"), ip("10.244.1.6")]),
-                ),
+                ("vethp1".to_owned(), on_cni0.clone()),
+                ("vethp2".to_owned(), on_cni0),
             ]);
             assert_eq!(found, want);
         });

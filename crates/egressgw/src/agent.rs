@@ -28,6 +28,7 @@ use egressgw_api::tunnel::{
 use egressgw_core::model::Config;
 use egressgw_core::state::NodeState;
 use egressgw_dataplane::Report;
+use egressgw_dataplane::classify::Datapath;
 use egressgw_dataplane::netlink::Rtnetlink;
 use egressgw_dataplane::nft::Nft;
 use egressgw_dataplane::reconcile::Dataplane;
@@ -225,6 +226,7 @@ async fn agent(args: &AgentArgs, config: Config, running: &Running) -> anyhow::R
     let datapath = TunnelDatapath {
         name: dataplane.datapath().to_string(),
         reason: Some(why),
+        fast_path: (dataplane.datapath() == Datapath::Ebpf).then_some(config.ebpf_fast_path),
     };
     let mut memory = Memory::default();
     // What an earlier agent left on the node is held: a restart moves nothing.

@@ -44,6 +44,17 @@ pub struct FileConfig {
     /// What classifies pod traffic: `auto` (default), `ebpf` or
     /// `nftables`.
     pub datapath: Option<DatapathChoice>,
+    /// eBPF datapath settings.
+    #[serde(default)]
+    pub ebpf: EbpfFile,
+}
+
+/// `ebpf.*`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EbpfFile {
+    /// The fast path for TCP connections pods open (default true).
+    pub fast_path: Option<bool>,
 }
 
 /// `vxlan.*`.
@@ -118,6 +129,7 @@ impl FileConfig {
         let dv = VxlanSettings::default();
         let config = Config {
             datapath: self.datapath.unwrap_or(d.datapath),
+            ebpf_fast_path: self.ebpf.fast_path.unwrap_or(d.ebpf_fast_path),
             vxlan: VxlanSettings {
                 name: self.vxlan.name.unwrap_or(dv.name),
                 id: self.vxlan.id.unwrap_or(dv.id),
@@ -203,6 +215,14 @@ mod tests {
         assert_eq!(c.resolve().unwrap().datapath, DatapathChoice::Auto);
         let c: FileConfig = serde_yaml::from_str("datapath: nftables").unwrap();
         assert_eq!(c.resolve().unwrap().datapath, DatapathChoice::Nftables);
+        let c: FileConfig = serde_yaml::from_str("{}").unwrap();
+        assert!(
+            c.resolve().unwrap().ebpf_fast_path,
+            "the fast path is on by default"
+        );
+        let c: FileConfig = serde_yaml::from_str("ebpf:\n  fastPath: false").unwrap();
+        assert!(!c.resolve().unwrap().ebpf_fast_path);
+        assert!(serde_yaml::from_str::<FileConfig>("ebpf:\n  fastpath: false").is_err());
         let err = serde_yaml::from_str::<FileConfig>("datapath: xdp").unwrap_err();
         assert!(
             err.to_string().contains("xdp") && err.to_string().contains("ebpf"),

@@ -22,7 +22,7 @@ use support::netns::{
 };
 use support::traffic::{
     SOURCE_BYTES, Server, Service, counters, download, ethtool_feature, iperf3, iperf3_client,
-    iperf3_result, iperf3_server, upload, whoami, whoami_from_port,
+    iperf3_report, iperf3_result, iperf3_server, upload, whoami, whoami_from_port,
 };
 
 /// The tunnel device's default name.
@@ -245,6 +245,12 @@ fn only_selected_traffic_takes_the_tunnel(config: &str) {
 /// The packets the eBPF classifier counted for the test's policy, as the
 /// next `apply` on `node` reports them; that apply changes nothing.
 fn ebpf_packets(gw: &Egressgw, ns: &Netns, node: &str) -> u64 {
+    ebpf_traffic(gw, ns, node).0
+}
+
+/// The packets and bytes node `node`'s eBPF classifier counted for
+/// team-a/web, read by a one-shot apply (which must change nothing).
+fn ebpf_traffic(gw: &Egressgw, ns: &Netns, node: &str) -> (u64, u64) {
     let report = gw.apply_ok(ns, node);
     assert!(report.applied.is_empty(), "{node}: {:?}", report.applied);
     let facts = &report.json["facts"];
@@ -254,10 +260,13 @@ fn ebpf_packets(gw: &Egressgw, ns: &Netns, node: &str) -> u64 {
             .is_some_and(|d| d.starts_with("ebpf")),
         "{node}: {facts}"
     );
+    // "N packets, M bytes"
     facts["traffic of team-a/web"]
         .as_str()
-        .and_then(|t| t.split(' ').next())
-        .and_then(|n| n.parse().ok())
+        .and_then(|t| {
+            let words: Vec<&str> = t.split(' ').collect();
+            Some((words.first()?.parse().ok()?, words.get(2)?.parse().ok()?))
+        })
         .unwrap_or_else(|| panic!("{node}: no counter for team-a/web: {facts}"))
 }
 
@@ -303,6 +312,53 @@ fn with_the_ebpf_datapath_selected_pods_leave_from_the_egress_ip_and_are_counted
     assert!(
         tracked.trim().is_empty(),
         "node A tracked pod-a1's connections: {tracked}"
+    );
+}
+
+#[test]
+fn with_the_ebpf_datapath_a_policys_counter_holds_what_iperf3_sent_and_its_headers() {
+    if !have_root("with_the_ebpf_datapath_a_policys_counter_holds_what_iperf3_sent_and_its_headers")
+    {
+        return;
+    }
+    let topo = Topology::new(Masquerade::Nft);
+    let _target = Server::start(&topo.target, Service::Whoami);
+    let gw = apply_both(&topo, &Policy::default(), EBPF_CONFIG);
+    assert_seen_as(&topo.pod_a1, TARGET_IP, eip(&gw), "selected");
+    let seconds = 2;
+    let (packets_before, bytes_before) = ebpf_traffic(&gw, &topo.node_a, "node-a");
+    let report = {
+        let _server = iperf3_server(&topo.target);
+        iperf3_report(iperf3_client(&topo.pod_a1, TARGET_IP, seconds), seconds)
+            .unwrap_or_else(|e| panic!("iperf3 pod-a1 -> target: {e}"))
+    };
+    let (packets_after, bytes_after) = ebpf_traffic(&gw, &topo.node_a, "node-a");
+    let (packets, counted) = (packets_after - packets_before, bytes_after - bytes_before);
+    let end = &report["end"];
+    let sent = end["sum_sent"]["bytes"].as_u64().unwrap();
+    let received = end["sum_received"]["bytes"].as_u64().unwrap();
+    let retransmits = end["sum_sent"]["retransmits"].as_u64().unwrap_or(0);
+    // What the pod sent through the program: the test's payload (every byte
+    // the target received went by it), each packet's Ethernet, IP and TCP
+    // headers at most once per packet counted (a segmentation offload's
+    // packet carries one set for many segments), segments sent again, and
+    // the control connection iperf3 opens beside the test's.
+    const HEADERS: u64 = 14 + 60 + 60;
+    const CONTROL: u64 = 16 * 1024;
+    let most = sent + packets * HEADERS + retransmits * 1500 + CONTROL;
+    eprintln!(
+        "iperf3 sent {sent} bytes, the target received {received}, {retransmits} retransmits; \
+         the program counted {packets} packets, {counted} bytes (at most {most})"
+    );
+    assert!(received > 0, "iperf3 moved no data");
+    assert!(
+        counted >= received,
+        "the counter shows {counted} bytes, fewer than the {received} the target received"
+    );
+    assert!(
+        counted <= most,
+        "the counter shows {counted} bytes in {packets} packets, more than the {sent} iperf3 sent \
+         and their headers ({most})"
     );
 }
 

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use super::objects::{app, cluster_policy, gateway, policy};
 use super::run::{PolicyStatus, Run, SETTLE, eip_holders, eventually, wait_log_line};
-use super::traffic::{Expect, IperfRun, Prober, Sample};
+use super::traffic::{self, Expect, IperfRun, Prober, Sample};
 use super::{failover, install, tenancy};
 
 /// One scenario: its name (a sentence) and its body.
@@ -490,12 +490,30 @@ fn killed_agent_keeps_traffic_flowing_and_restarts_without_changes(
         result.bytes_received > 0,
         "iperf3 moved no bytes: {result:?}"
     );
+    // The agent is not on the packets' way: no interval goes without
+    // traffic while it dies.
+    let stalled: Vec<usize> = (result.interval_bytes.iter().enumerate())
+        .filter(|(_, b)| **b == 0)
+        .map(|(i, _)| i)
+        .collect();
+    ensure!(
+        result.interval_bytes.len() >= 50 && stalled.is_empty(),
+        "iperf3 intervals of {} s with no bytes sent: {stalled:?} of {}",
+        traffic::INTERVAL,
+        result.interval_bytes.len()
+    );
+    let (slowest, median) = result
+        .interval_mbit_per_s()
+        .context("iperf3 reported no intervals")?;
     run.note(format!(
         "iperf3 web-3 -> target through the gateway, agent of {node} (pid {pid}) SIGKILLed after 1.5 s: \
-         {:.0} Mbit/s over {:.1} s, {} retransmits",
+         {:.0} Mbit/s over {:.1} s, {} retransmits; {} intervals of {} s, slowest {slowest:.0} Mbit/s, \
+         median {median:.0} Mbit/s",
         result.mbit_per_s(),
         result.seconds,
-        result.retransmits
+        result.retransmits,
+        result.interval_bytes.len(),
+        traffic::INTERVAL,
     ));
 
     // The cluster noticed the dead agent while the transfer went on.

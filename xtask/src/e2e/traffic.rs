@@ -191,7 +191,13 @@ pub struct Iperf {
     pub bytes_received: u64,
     pub seconds: f64,
     pub retransmits: u64,
+    /// The bytes sent in each reporting interval ([`INTERVAL`]), in order;
+    /// a last, shorter interval is left out.
+    pub interval_bytes: Vec<u64>,
 }
+
+/// iperf3's reporting interval (`-i`), in seconds.
+pub const INTERVAL: f64 = 0.1;
 
 impl Iperf {
     pub fn mbit_per_s(&self) -> f64 {
@@ -200,6 +206,14 @@ impl Iperf {
         } else {
             0.0
         }
+    }
+
+    /// The slowest and the median interval, in Mbit/s.
+    pub fn interval_mbit_per_s(&self) -> Option<(f64, f64)> {
+        let mut sorted = self.interval_bytes.clone();
+        sorted.sort_unstable();
+        let rate = |b: u64| b as f64 * 8.0 / INTERVAL / 1e6;
+        Some((rate(*sorted.first()?), rate(sorted[sorted.len() / 2])))
     }
 }
 
@@ -216,6 +230,7 @@ impl IperfRun {
     pub fn start(netns: &Netns, target: SocketAddr, seconds: u32) -> anyhow::Result<Self> {
         let child = Command::new("ip")
             .args(["netns", "exec", netns.as_str(), "iperf3", "-J"])
+            .args(["-i", &INTERVAL.to_string()])
             .args(["-c", &target.ip().to_string()])
             .args(["-p", &target.port().to_string()])
             .args(["-t", &seconds.to_string(), "--connect-timeout", "3000"])
@@ -264,8 +279,19 @@ fn parse_report(report: &Value) -> anyhow::Result<Iperf> {
     let Some(bytes_received) = received["bytes"].as_u64() else {
         bail!("iperf3's report has no end.sum_received.bytes");
     };
+    let interval_bytes = report["intervals"]
+        .as_array()
+        .map(|all| {
+            all.iter()
+                .map(|i| &i["sum"])
+                .filter(|sum| sum["seconds"].as_f64().unwrap_or(0.0) >= INTERVAL * 0.9)
+                .filter_map(|sum| sum["bytes"].as_u64())
+                .collect()
+        })
+        .unwrap_or_default();
     Ok(Iperf {
         bytes_received,
+        interval_bytes,
         seconds: received["seconds"].as_f64().unwrap_or(0.0),
         retransmits: report["end"]["sum_sent"]["retransmits"]
             .as_u64()
@@ -289,6 +315,23 @@ mod tests {
         assert_eq!(run.bytes_received, 750_000);
         assert_eq!(run.retransmits, 3);
         assert!((run.mbit_per_s() - 1.0).abs() < 1e-9);
+        assert!(run.interval_bytes.is_empty());
+        assert_eq!(run.interval_mbit_per_s(), None);
+    }
+
+    #[test]
+    fn the_intervals_of_an_iperf3_report_leave_out_a_short_last_one() {
+        let interval =
+            |bytes: u64, seconds: f64| json!({"sum": {"bytes": bytes, "seconds": seconds}});
+        let report = json!({
+            "intervals": [interval(125_000, 0.1), interval(0, 0.1), interval(250_000, 0.1), interval(7, 0.02)],
+            "end": {"sum_sent": {"bytes": 1}, "sum_received": {"bytes": 1, "seconds": 0.32}},
+        });
+        let run = parse_report(&report).unwrap();
+        assert_eq!(run.interval_bytes, [125_000, 0, 250_000]);
+        let (slowest, median) = run.interval_mbit_per_s().unwrap();
+        assert!(slowest.abs() < 1e-9);
+        assert!((median - 10.0).abs() < 1e-9);
     }
 
     #[test]

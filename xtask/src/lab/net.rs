@@ -92,6 +92,24 @@ pub fn add_bridge(ns: &Netns, name: &str) -> anyhow::Result<()> {
     link_up(ns, name)
 }
 
+/// Makes the bridges of `ns` switch frames only, as a switch does: where
+/// `br_netfilter` is loaded (a node's CNI bridge needs it), a bridge would
+/// otherwise run each frame through `ns`'s netfilter hooks too.
+pub fn bridges_without_netfilter(ns: &Netns) -> anyhow::Result<()> {
+    exec(
+        ns,
+        "sh",
+        &[
+            "-c",
+            "for f in /proc/sys/net/bridge/bridge-nf-call-iptables \
+                      /proc/sys/net/bridge/bridge-nf-call-ip6tables \
+                      /proc/sys/net/bridge/bridge-nf-call-arptables; do \
+               if [ -e $f ]; then echo 0 > $f || exit 1; fi; done",
+        ],
+    )
+    .map(drop)
+}
+
 /// A locally administered unicast MAC, stable for the bridge's name.
 fn bridge_mac(ns: &Netns, name: &str) -> String {
     let mut hash = super::build::Fnv1a::default();

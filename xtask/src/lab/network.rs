@@ -16,6 +16,10 @@ pub fn create(topo: &Topology) -> anyhow::Result<()> {
         .context("creating the underlay bridge")?;
     net::add_bridge(&topo.target.netns, &topo.target.bridge)
         .context("creating the external segment's bridge")?;
+    for ns in [&topo.underlay.netns, &topo.target.netns] {
+        net::bridges_without_netfilter(ns)
+            .with_context(|| format!("turning br_netfilter off on the wire in {ns}"))?;
+    }
     control_plane(topo).context("wiring the control plane to the underlay")?;
     target(topo).context("addressing the target")?;
     for node in &topo.nodes {

@@ -26,9 +26,7 @@ use serde_json::Value;
 use self::client::{ClientResult, ERROR_PREFIX, INTERFACES_PREFIX, Interface, RESULT_PREFIX};
 use self::objects::{Run, Setup};
 use self::offload::Agents;
-use self::report::{Case, Sample, Variant};
-use egressgw_core::model::DatapathChoice;
-use egressgw_dataplane::classify::Datapath;
+use self::report::{BenchDatapath, Case, Sample, Variant};
 
 /// The tunnel device, as the agents name it by default.
 const TUNNEL: &str = "egress.vxlan";
@@ -56,11 +54,16 @@ pub enum OffloadArg {
 pub enum DatapathArg {
     /// As the agents are configured; nothing is switched.
     Current,
-    /// eBPF and nftables, alternating each repeat (the configured one
-    /// first), so that both see the same machine.
+    /// eBPF (with its fast path) and nftables, alternating each repeat
+    /// (the configured one first), so that both see the same machine.
     Both,
-    /// eBPF.
+    /// eBPF with its fast path, eBPF the marked way only, and nftables,
+    /// alternating each repeat.
+    All,
+    /// eBPF with its fast path.
     Ebpf,
+    /// eBPF, every packet the marked way (`ebpf.fastPath` off).
+    EbpfMarked,
     /// nftables.
     Nftables,
 }
@@ -410,31 +413,21 @@ impl<'a> Bench<'a> {
     /// The datapath the source node's agent reports (its EgressTunnel's
     /// `status.datapath`): the one the phase's runs are filed under. Fails
     /// when a switched phase finds another one than it switched to.
-    async fn read_datapath(&self, phase: &Phase) -> anyhow::Result<Option<Datapath>> {
+    async fn read_datapath(&self, phase: &Phase) -> anyhow::Result<Option<BenchDatapath>> {
         let node = &self.setup.source_node;
         let tunnels: Api<EgressTunnel> = Api::all(self.client.clone());
-        let wanted = match phase.datapath {
-            Some(DatapathChoice::Ebpf) => Some(Datapath::Ebpf),
-            Some(DatapathChoice::Nftables) => Some(Datapath::Nftables),
-            _ => None,
-        };
-        let last = RefCell::new(None::<Datapath>);
+        let wanted = phase.datapath;
+        let last = RefCell::new(None::<BenchDatapath>);
         let last_ref = &last;
         let seen = wait_for(
             &format!("the agent of {node} to report its datapath"),
             Duration::from_secs(60),
             || async {
                 let tunnel = tunnels.get(node).await?;
-                let name = tunnel
+                let seen = tunnel
                     .status
                     .and_then(|s| s.datapath)
-                    .map(|d| d.name)
-                    .unwrap_or_default();
-                let seen = match name.as_str() {
-                    "ebpf" => Some(Datapath::Ebpf),
-                    "nftables" => Some(Datapath::Nftables),
-                    _ => None,
-                };
+                    .and_then(|d| BenchDatapath::reported(&d.name, d.fast_path));
                 *last_ref.borrow_mut() = seen;
                 Ok(match wanted {
                     None => Some(seen),
@@ -695,7 +688,7 @@ impl<'a> Bench<'a> {
         placed: &Placed,
         phase: &Phase,
         offload: Option<bool>,
-        datapath: Option<Datapath>,
+        datapath: Option<BenchDatapath>,
     ) -> Vec<Run<'static>> {
         let mut runs = Vec::new();
         let directions: &[bool] = if self.args.reverse {
@@ -915,7 +908,7 @@ struct Phase {
     /// The offload state to switch to (`None`: as configured).
     switch_to: Option<bool>,
     /// The datapath to switch to (`None`: as configured).
-    datapath: Option<DatapathChoice>,
+    datapath: Option<BenchDatapath>,
     /// The agents must be switched first.
     switch: bool,
     /// A phase that only exists to measure the tunnel in another state.
@@ -966,23 +959,33 @@ fn phases(arg: OffloadArg, configured_on: Option<bool>, repeat: u32) -> Vec<Phas
     }
 }
 
-/// The phases for `--datapath`, given the configured choice: `both`
-/// alternates each repeat, the configured datapath first (for `auto`,
-/// eBPF), each phase switching away from the one before.
-fn datapath_phases(arg: DatapathArg, configured: DatapathChoice, repeat: u32) -> Vec<Phase> {
-    let name = |d: DatapathChoice| match d {
-        DatapathChoice::Nftables => "nft",
-        _ => "ebpf",
+/// The phases for `--datapath`, given the configured datapath: `both` and
+/// `all` alternate each repeat, the configured datapath first (for `auto`,
+/// eBPF, and then every phase switches: `auto` runs eBPF only where it
+/// can, and only a switch makes it sure), each phase switching away from
+/// the one before.
+fn datapath_phases(arg: DatapathArg, configured: Option<BenchDatapath>, repeat: u32) -> Vec<Phase> {
+    let name = |d: BenchDatapath| match d {
+        BenchDatapath::Ebpf => "ebpf",
+        BenchDatapath::EbpfMarked => "mark",
+        BenchDatapath::Nftables => "nft",
     };
-    let order = match arg {
+    let mut order = match arg {
         DatapathArg::Current => return phases(OffloadArg::Current, None, repeat),
-        DatapathArg::Ebpf => vec![DatapathChoice::Ebpf],
-        DatapathArg::Nftables => vec![DatapathChoice::Nftables],
-        DatapathArg::Both if configured == DatapathChoice::Nftables => {
-            vec![DatapathChoice::Nftables, DatapathChoice::Ebpf]
-        }
-        DatapathArg::Both => vec![DatapathChoice::Ebpf, DatapathChoice::Nftables],
+        DatapathArg::Ebpf => vec![BenchDatapath::Ebpf],
+        DatapathArg::EbpfMarked => vec![BenchDatapath::EbpfMarked],
+        DatapathArg::Nftables => vec![BenchDatapath::Nftables],
+        DatapathArg::Both => vec![BenchDatapath::Ebpf, BenchDatapath::Nftables],
+        DatapathArg::All => vec![
+            BenchDatapath::Ebpf,
+            BenchDatapath::EbpfMarked,
+            BenchDatapath::Nftables,
+        ],
     };
+    let first = configured.unwrap_or(BenchDatapath::Ebpf);
+    if let Some(at) = order.iter().position(|d| *d == first) {
+        order.rotate_left(at);
+    }
     let mut current = configured;
     let mut out = Vec::new();
     for r in 1..=repeat {
@@ -991,11 +994,11 @@ fn datapath_phases(arg: DatapathArg, configured: DatapathChoice, repeat: u32) ->
                 name: name(d),
                 switch_to: None,
                 datapath: Some(d),
-                switch: current != d,
+                switch: current != Some(d),
                 only_tunnel: false,
                 repeats: r..=r,
             });
-            current = d;
+            current = Some(d);
         }
     }
     if order.len() == 1 {
@@ -1158,19 +1161,24 @@ mod tests {
 
     #[test]
     fn both_datapaths_alternate_each_repeat_starting_with_the_configured_one() {
-        let p = datapath_phases(DatapathArg::Both, DatapathChoice::Auto, 3);
+        let p = datapath_phases(DatapathArg::Both, None, 3);
         let names: Vec<&str> = p.iter().map(|p| p.name).collect();
         assert_eq!(names, ["ebpf", "nft", "ebpf", "nft", "ebpf", "nft"]);
         // auto runs eBPF where it can, but only a switch makes it sure.
         assert!(p.iter().all(|p| p.switch));
         assert!(p.iter().all(|p| p.repeats.start() == p.repeats.end()));
-        let p = datapath_phases(DatapathArg::Both, DatapathChoice::Nftables, 2);
+        let p = datapath_phases(DatapathArg::Both, Some(BenchDatapath::Nftables), 2);
         assert_eq!(p[0].name, "nft");
         assert!(!p[0].switch, "already nftables");
-        let one = datapath_phases(DatapathArg::Ebpf, DatapathChoice::Ebpf, 4);
+        let one = datapath_phases(DatapathArg::Ebpf, Some(BenchDatapath::Ebpf), 4);
         assert_eq!(one.len(), 1);
         assert!(!one[0].switch);
         assert_eq!(one[0].repeats, 1..=4);
+        let all = datapath_phases(DatapathArg::All, Some(BenchDatapath::EbpfMarked), 2);
+        let names: Vec<&str> = all.iter().map(|p| p.name).collect();
+        assert_eq!(names, ["mark", "nft", "ebpf", "mark", "nft", "ebpf"]);
+        assert!(!all[0].switch && all[1..].iter().all(|p| p.switch));
+        assert_eq!(all[0].datapath, Some(BenchDatapath::EbpfMarked));
     }
 
     #[test]

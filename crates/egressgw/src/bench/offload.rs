@@ -15,6 +15,8 @@ use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams};
 use serde_json::json;
 
+use super::report::BenchDatapath;
+
 /// The ConfigMap key the chart writes the config to.
 const CONFIG_KEY: &str = "config.yaml";
 /// The annotation holding the config as it was before the bench.
@@ -106,26 +108,50 @@ pub fn with_offload_disabled(config: &str, disabled: bool) -> anyhow::Result<Str
     serde_yaml::to_string(&doc).context("writing the agents' config")
 }
 
-/// The datapath the config asks for (`datapath`, default `auto`).
-pub fn datapath(config: &str) -> anyhow::Result<DatapathChoice> {
+/// The datapath the config asks for (`datapath`, default `auto`; on eBPF
+/// `ebpf.fastPath`, default on); `None` for `auto`, which runs eBPF only
+/// where the node can.
+pub fn datapath(config: &str) -> anyhow::Result<Option<BenchDatapath>> {
     let doc: serde_yaml::Value =
         serde_yaml::from_str(config).context("parsing the agents' config")?;
-    match doc.get("datapath") {
-        None => Ok(DatapathChoice::default()),
-        Some(v) => serde_yaml::from_value(v.clone()).context("the agents' config: `datapath`"),
-    }
+    let choice: DatapathChoice = match doc.get("datapath") {
+        None => DatapathChoice::default(),
+        Some(v) => serde_yaml::from_value(v.clone()).context("the agents' config: `datapath`")?,
+    };
+    let fast_path = match doc.get("ebpf").and_then(|e| e.get("fastPath")) {
+        None => true,
+        Some(v) => {
+            serde_yaml::from_value(v.clone()).context("the agents' config: `ebpf.fastPath`")?
+        }
+    };
+    Ok(match (choice, fast_path) {
+        (DatapathChoice::Auto, _) => None,
+        (DatapathChoice::Nftables, _) => Some(BenchDatapath::Nftables),
+        (DatapathChoice::Ebpf, true) => Some(BenchDatapath::Ebpf),
+        (DatapathChoice::Ebpf, false) => Some(BenchDatapath::EbpfMarked),
+    })
 }
 
-/// The config with `datapath` set to `datapath`.
-pub fn with_datapath(config: &str, datapath: DatapathChoice) -> anyhow::Result<String> {
+/// The config with `datapath` (and on eBPF `ebpf.fastPath`) set for
+/// `datapath`; every other key is kept.
+pub fn with_datapath(config: &str, datapath: BenchDatapath) -> anyhow::Result<String> {
     let mut doc: serde_yaml::Value =
         serde_yaml::from_str(config).context("parsing the agents' config")?;
     if doc.is_null() {
         doc = serde_yaml::Value::Mapping(serde_yaml::Mapping::new());
     }
-    doc.as_mapping_mut()
-        .context("the agents' config is not a mapping")?
-        .insert("datapath".into(), datapath.to_string().into());
+    let top = doc
+        .as_mapping_mut()
+        .context("the agents' config is not a mapping")?;
+    top.insert("datapath".into(), datapath.choice().to_string().into());
+    if let Some(fast_path) = datapath.fast_path() {
+        let ebpf = top
+            .entry("ebpf".into())
+            .or_insert_with(|| serde_yaml::Value::Mapping(serde_yaml::Mapping::new()))
+            .as_mapping_mut()
+            .context("the agents' config: `ebpf` is not a mapping")?;
+        ebpf.insert("fastPath".into(), fast_path.into());
+    }
     serde_yaml::to_string(&doc).context("writing the agents' config")
 }
 
@@ -194,7 +220,7 @@ pub async fn apply(
     } else {
         "on"
     };
-    let datapath = datapath(config)?;
+    let datapath = datapath(config)?.map_or_else(|| "auto".to_owned(), |d| d.to_string());
     // Each config its own value, so that every switch rolls the agents;
     // back to the chart's config, the template goes back to the chart's too.
     let roll = original.map(|_| format!("offload-{offload}-datapath-{datapath}"));
@@ -273,12 +299,26 @@ mod tests {
     #[test]
     fn the_datapath_switch_keeps_every_other_key() {
         let config = "vxlan:\n  id: 100\ndatapath: auto\n";
-        assert_eq!(datapath(config).unwrap(), DatapathChoice::Auto);
-        let nft = with_datapath(config, DatapathChoice::Nftables).unwrap();
-        assert_eq!(datapath(&nft).unwrap(), DatapathChoice::Nftables);
+        assert_eq!(
+            datapath(config).unwrap(),
+            None,
+            "auto: eBPF only where it can"
+        );
+        let nft = with_datapath(config, BenchDatapath::Nftables).unwrap();
+        assert_eq!(datapath(&nft).unwrap(), Some(BenchDatapath::Nftables));
         assert!(nft.contains("id: 100"), "{nft}");
-        assert_eq!(datapath("").unwrap(), DatapathChoice::Auto);
+        let marked = with_datapath(&nft, BenchDatapath::EbpfMarked).unwrap();
+        assert_eq!(datapath(&marked).unwrap(), Some(BenchDatapath::EbpfMarked));
+        let fast = with_datapath(&marked, BenchDatapath::Ebpf).unwrap();
+        assert_eq!(datapath(&fast).unwrap(), Some(BenchDatapath::Ebpf));
+        assert!(fast.contains("id: 100"), "{fast}");
+        assert_eq!(datapath("").unwrap(), None);
+        assert_eq!(
+            datapath("datapath: nftables\nebpf:\n  fastPath: false\n").unwrap(),
+            Some(BenchDatapath::Nftables)
+        );
         assert!(datapath("datapath: xdp").is_err());
+        assert!(datapath("ebpf:\n  fastPath: maybe").is_err());
     }
 
     #[test]

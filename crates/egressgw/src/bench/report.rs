@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use egressgw_dataplane::classify::Datapath;
+use egressgw_core::model::DatapathChoice;
 
 use super::chart::{Bar, Chart, Series};
 use super::client::ClientResult;
@@ -61,7 +61,62 @@ pub struct Variant {
     pub offload: Option<bool>,
     /// The datapath the source node's agent reported (`None`: not known).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub datapath: Option<Datapath>,
+    pub datapath: Option<BenchDatapath>,
+}
+
+/// A datapath the cases run on: what the bench switches the agents to, and
+/// what the source node's agent reports (its `EgressTunnel`'s
+/// `status.datapath`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BenchDatapath {
+    /// The eBPF classifier with its fast path.
+    Ebpf,
+    /// The eBPF classifier, every packet the marked way (`ebpf.fastPath`
+    /// off).
+    EbpfMarked,
+    /// The nftables table alone.
+    Nftables,
+}
+
+impl BenchDatapath {
+    /// From an agent's report: the datapath's name and, on eBPF, whether
+    /// the fast path is on (an agent that does not say has it on).
+    pub fn reported(name: &str, fast_path: Option<bool>) -> Option<Self> {
+        match (name, fast_path) {
+            ("nftables", _) => Some(Self::Nftables),
+            ("ebpf", Some(false)) => Some(Self::EbpfMarked),
+            ("ebpf", _) => Some(Self::Ebpf),
+            _ => None,
+        }
+    }
+
+    /// The `datapath` config key that gives it.
+    pub fn choice(self) -> DatapathChoice {
+        match self {
+            Self::Ebpf | Self::EbpfMarked => DatapathChoice::Ebpf,
+            Self::Nftables => DatapathChoice::Nftables,
+        }
+    }
+
+    /// The `ebpf.fastPath` config key that gives it (`None`: not eBPF).
+    pub fn fast_path(self) -> Option<bool> {
+        match self {
+            Self::Ebpf => Some(true),
+            Self::EbpfMarked => Some(false),
+            Self::Nftables => None,
+        }
+    }
+}
+
+impl std::fmt::Display for BenchDatapath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Ebpf => "ebpf",
+            Self::EbpfMarked => "ebpf-marked",
+            Self::Nftables => "nftables",
+        })
+    }
 }
 
 impl Variant {
@@ -92,7 +147,7 @@ impl Variant {
 
     /// Table order: offload on first (as the reference system's headline
     /// numbers are), then datapath, then direction.
-    fn order(self) -> (Option<bool>, Option<Datapath>, bool) {
+    fn order(self) -> (Option<bool>, Option<BenchDatapath>, bool) {
         (self.offload.map(|o| !o), self.datapath, self.reverse)
     }
 }

@@ -292,6 +292,15 @@ pub fn iperf3_client(ns: &Netns, ip: &str, seconds: u32) -> Background {
 /// Waits for an iperf3 client and returns the bytes the server received, or
 /// what went wrong.
 pub fn iperf3_result(client: Background, seconds: u32) -> Result<u64, String> {
+    let json = iperf3_report(client, seconds)?;
+    json["end"]["sum_received"]["bytes"]
+        .as_u64()
+        .ok_or_else(|| format!("iperf3 reported no received bytes: {json}"))
+}
+
+/// Waits for an iperf3 client and returns its JSON report, or what went
+/// wrong.
+pub fn iperf3_report(client: Background, seconds: u32) -> Result<serde_json::Value, String> {
     let out = client.finish(Duration::from_secs(u64::from(seconds) + 30));
     let text = String::from_utf8_lossy(&out.stdout);
     let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
@@ -306,9 +315,7 @@ pub fn iperf3_result(client: Background, seconds: u32) -> Result<u64, String> {
     if !out.status.success() {
         return Err(format!("iperf3 exited with {}: {text}", out.status));
     }
-    json["end"]["sum_received"]["bytes"]
-        .as_u64()
-        .ok_or_else(|| format!("iperf3 reported no received bytes: {text}"))
+    Ok(json)
 }
 
 /// Runs iperf3 in `ns` to a fresh one-shot server in `server_ns`.

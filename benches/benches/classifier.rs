@@ -1,0 +1,169 @@
+//! Filling the eBPF classifier's maps at scale: 10 000 policies selecting
+//! 100 000 pod addresses (10 each, one destination prefix per policy), so
+//! 100 000 trie entries and 10 000 counters, against 10 entries:
+//!
+//! - `full-sync`: a freshly loaded classifier (empty maps) made to hold it
+//!   all, the agent's first reconcile on a node;
+//! - `resync`: the same again, nothing to change, every later reconcile;
+//! - `one-pod`: one pod address added, then removed, each sync touching
+//!   that entry only (the bench checks the counts it reports).
+//!
+//! It prints the process's resident memory as it builds the node state,
+//! the desired maps and syncs them: what the classifier's side of an agent
+//! costs at each size.
+//!
+//! Needs root and a kernel that loads the program, and the program built
+//! in (the eBPF toolchain); otherwise it prints why and measures nothing.
+//! The maps are not pinned: they go away with the bench.
+
+use std::hint::black_box;
+use std::net::{IpAddr, Ipv4Addr};
+
+use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
+use egressgw_core::model::{Config, Mac, PolicyRef};
+use egressgw_core::state::{Action, ClassifyEntry, NodeState, Peer, Vxlan};
+use egressgw_dataplane::ebpf::{Classifier, Desired};
+use ipnet::IpNet;
+
+/// Pods each policy selects.
+const PODS_PER_POLICY: u32 = 10;
+
+/// `pods` pod addresses of this node, 10 per policy, each policy with a
+/// destination /24 of its own and one of 10 gateways.
+fn node_state(cfg: &Config, pods: u32) -> NodeState {
+    let v4 = |n: u32| Ipv4Addr::from(n);
+    let peers: Vec<Peer> = (1..=10u8)
+        .map(|i| Peer {
+            node: format!("gw-{i}"),
+            underlay: IpAddr::V4(v4(0xac12_0000 + 100 + u32::from(i))),
+            mac: Mac([2, 0, 0, 0, 1, i]),
+            ipv4: Some(v4(0xac1f_0001 + u32::from(i))),
+            ipv6: None,
+        })
+        .collect();
+    let classify = (0..pods)
+        .map(|n| {
+            let policy = n / PODS_PER_POLICY;
+            let gateway = 1 + policy % 10;
+            ClassifyEntry {
+                // 10.0.0.0/8 holds 16M pods; the policy's /24 is in 100.64/10.
+                src: IpAddr::V4(v4(0x0a00_0000 + n)),
+                dst: IpNet::new(IpAddr::V4(v4(0x6440_0000 + (policy << 8))), 24).expect("prefix"),
+                action: Action::Tunnel {
+                    gateway: format!("gw-{gateway}"),
+                    mark: cfg.mark(gateway),
+                },
+                policy: Some(PolicyRef::namespaced(
+                    format!("ns-{}", policy / 10),
+                    format!("p-{policy}"),
+                )),
+                group: None,
+            }
+        })
+        .collect();
+    NodeState {
+        node: "node-0".into(),
+        vxlan: Some(Vxlan {
+            name: cfg.vxlan.name.clone(),
+            vni: cfg.vxlan.id,
+            port: cfg.vxlan.port,
+            local: IpAddr::V4(v4(0xac12_0000 + 100)),
+            mac: Mac([2, 0, 0, 0, 0, 0]),
+            ipv4: Some(v4(0xac1f_0001)),
+            ipv6: None,
+            ipv4_prefix_len: 16,
+            ipv6_prefix_len: 112,
+            disable_checksum_offload: false,
+        }),
+        peers,
+        cluster_cidrs: vec!["10.0.0.0/8".parse().expect("cidr")],
+        classify,
+        ..NodeState::default()
+    }
+}
+
+/// The process's resident memory, in MiB (`VmRSS`).
+fn rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or(f64::NAN, |kib| kib / 1024.0)
+}
+
+fn bench(c: &mut Criterion) {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("classifier bench skipped: needs root (it loads the eBPF program)");
+        return;
+    }
+    let loaded = match Classifier::load() {
+        Ok(classifier) => classifier,
+        Err(e) => {
+            eprintln!("classifier bench skipped: {e}");
+            return;
+        }
+    };
+    drop(loaded);
+    let cfg = Config::default();
+    let mut group = c.benchmark_group("classifier");
+    group.sample_size(10);
+    for pods in [10u32, 100_000] {
+        let policies = pods.div_ceil(PODS_PER_POLICY);
+        let size = format!("{pods}-pods-{policies}-policies");
+        let before = rss_mib();
+        let state = node_state(&cfg, pods);
+        let with_state = rss_mib();
+        let desired = Desired::new(&state, &cfg);
+        let with_desired = rss_mib();
+        let mut synced = Classifier::load().expect("the program loads");
+        let first = synced.sync(&desired).expect("sync");
+        // Every pod's entry, and the in-cluster range.
+        assert_eq!(first.added, pods as usize + 1, "{first:?}");
+        synced.sync(&desired).expect("sync");
+        eprintln!(
+            "classifier/{size}: resident memory {before:.1} MiB, {with_state:.1} MiB with the \
+             node state built, {with_desired:.1} MiB with the desired maps, {:.1} MiB after two \
+             syncs (each reads the maps back)",
+            rss_mib()
+        );
+        group.bench_function(format!("full-sync/{size}"), |b| {
+            b.iter_batched(
+                || Classifier::load().expect("the program loads"),
+                |mut fresh| black_box(fresh.sync(&desired).expect("sync")),
+                BatchSize::PerIteration,
+            );
+        });
+        group.bench_function(format!("resync/{size}"), |b| {
+            b.iter(|| {
+                let again = synced.sync(&desired).expect("sync");
+                assert!(again.is_empty(), "{again:?}");
+            });
+        });
+        let mut grown = state.clone();
+        let mut pod = grown.classify[0].clone();
+        pod.src = IpAddr::V4(Ipv4Addr::new(10, 255, 255, 254));
+        grown.classify.push(pod);
+        let grown = Desired::new(&grown, &cfg);
+        // Criterion calls the closure again for each sample: the toggle
+        // lives outside it, as the maps do.
+        let mut add = true;
+        group.bench_function(format!("one-pod/{size}"), |b| {
+            b.iter(|| {
+                let change = synced
+                    .sync(if add { &grown } else { &desired })
+                    .expect("sync");
+                assert_eq!(
+                    change.added + change.removed + change.changed,
+                    1,
+                    "{change:?}"
+                );
+                add = !add;
+            });
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
