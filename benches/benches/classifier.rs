@@ -123,8 +123,8 @@ fn bench(c: &mut Criterion) {
         synced.sync(&desired).expect("sync");
         eprintln!(
             "classifier/{size}: resident memory {before:.1} MiB, {with_state:.1} MiB with the \
-             node state built, {with_desired:.1} MiB with the desired maps, {:.1} MiB after two \
-             syncs (each reads the maps back)",
+             node state built, {with_desired:.1} MiB with the desired maps, {:.1} MiB after a sync \
+             and a resync",
             rss_mib()
         );
         group.bench_function(format!("full-sync/{size}"), |b| {

@@ -15,10 +15,10 @@
 //! gateway's tunnel MAC, past the node's routing and netfilter; on the
 //! tunnel device's ingress, `egressgw_reply` hands the connection's
 //! replies straight to the pod's interface, addressed with the MACs its
-//! first packet carried. A packet too big for the
-//! tunnel, IPv4 with options or fragments, IPv6 and every other protocol
-//! take the marked way, where the kernel does what it must (ICMP "too
-//! big", conntrack).
+//! first packet carried. A packet too big for the tunnel, IPv4 with
+//! options or fragments, IPv6 with extension headers and every other
+//! protocol take the marked way, where the kernel does what it must (ICMP
+//! "too big", conntrack).
 
 #![no_std]
 #![no_main]
@@ -30,8 +30,8 @@ use aya_ebpf::maps::lpm_trie::Key;
 use aya_ebpf::maps::{HashMap, LpmTrie, LruHashMap, PerCpuArray};
 use aya_ebpf::programs::TcContext;
 use egressgw_common::{
-    CLASSIFY_MAX, CLUSTER_MAX, COUNTERS_MAX, Counter, Dst4, Dst6, FLOWS_MAX, Flow4, Key4, Key6,
-    LOOKUP4_BITS, LOOKUP6_BITS, PodLink, TUNNELS_MAX, Tunnel, Verdict, kind,
+    CLASSIFY_MAX, CLUSTER_MAX, COUNTERS_MAX, Counter, Dst4, Dst6, FLOWS_MAX, Flow4, Flow6, Key4,
+    Key6, LOOKUP4_BITS, LOOKUP6_BITS, PodLink, TUNNELS_MAX, Tunnel, Verdict, kind,
 };
 
 // The names are egressgw-common's constants; the macro wants literals.
@@ -49,6 +49,8 @@ static COUNTERS: PerCpuArray<Counter> = PerCpuArray::with_max_entries(COUNTERS_M
 static TUNNELS: HashMap<u32, Tunnel> = HashMap::with_max_entries(TUNNELS_MAX, 0);
 #[map(name = "EGRESSGW_FLOWS4")]
 static FLOWS4: LruHashMap<Flow4, PodLink> = LruHashMap::with_max_entries(FLOWS_MAX, 0);
+#[map(name = "EGRESSGW_FLOWS6")]
+static FLOWS6: LruHashMap<Flow6, PodLink> = LruHashMap::with_max_entries(FLOWS_MAX, 0);
 
 /// Ethernet header length: where the IP header starts on the interfaces
 /// the program attaches to.
@@ -58,6 +60,8 @@ const ETH_P_IP: u32 = (0x0800u16).to_be() as u32;
 const ETH_P_IPV6: u32 = (0x86ddu16).to_be() as u32;
 /// An IPv4 header without options: version 4, 5 words.
 const IPV4_PLAIN: u8 = 0x45;
+/// The IPv6 header's length; extension headers are not parsed.
+const IPV6_HLEN: usize = 40;
 const IPPROTO_TCP: u8 = 6;
 const TCP_SYN: u8 = 0x02;
 const TCP_ACK: u8 = 0x10;
@@ -78,19 +82,13 @@ pub fn egressgw_reply(ctx: TcContext) -> i32 {
 /// interface, from the MAC the pod sent to, to the pod's MAC; everything
 /// else passes.
 fn reply(ctx: &TcContext) -> Option<i32> {
-    if ctx.skb.protocol() != ETH_P_IP {
-        return None;
-    }
-    let (seen, _, _) = tcp4(ctx)?;
-    let flow = Flow4 {
-        src: seen.dst,
-        dst: seen.src,
-        sport: seen.dport,
-        dport: seen.sport,
+    // SAFETY: the values are copied out at once; the maps are not changed
+    // through these references.
+    let pod = match ctx.skb.protocol() {
+        ETH_P_IP => *unsafe { FLOWS4.get(tcp4(ctx)?.0.reversed()) }?,
+        ETH_P_IPV6 => *unsafe { FLOWS6.get(tcp6(ctx)?.0.reversed()) }?,
+        _ => return None,
     };
-    // SAFETY: the value is copied out at once; the map is not changed
-    // through this reference.
-    let pod = *unsafe { FLOWS4.get(flow) }?;
     ctx.store(0, &pod.pod_mac, 0).ok()?;
     ctx.store(6, &pod.node_mac, 0).ok()?;
     // SAFETY: a helper call with no pointer arguments.
@@ -98,8 +96,17 @@ fn reply(ctx: &TcContext) -> Option<i32> {
     (done == TC_ACT_REDIRECT).then_some(done as i32)
 }
 
-/// The addresses and ports, the TCP flags and the length of the IP and TCP
-/// headers of a plain (no options, not fragmented) IPv4 TCP packet.
+/// The ports, the TCP flags and the length of the TCP header at `tcp`.
+fn tcp_at(ctx: &TcContext, tcp: usize) -> Option<([u8; 2], [u8; 2], u8, u32)> {
+    let sport: [u8; 2] = ctx.load(tcp).ok()?;
+    let dport: [u8; 2] = ctx.load(tcp + 2).ok()?;
+    let offset: u8 = ctx.load(tcp + 12).ok()?;
+    let flags: u8 = ctx.load(tcp + 13).ok()?;
+    Some((sport, dport, flags, u32::from(offset >> 4) * 4))
+}
+
+/// The connection, the TCP flags and the length of the IP and TCP headers
+/// of a plain (no options, not fragmented) IPv4 TCP packet.
 fn tcp4(ctx: &TcContext) -> Option<(Flow4, u8, u32)> {
     let first: u8 = ctx.load(ETH_HLEN).ok()?;
     let fragment: [u8; 2] = ctx.load(ETH_HLEN + 6).ok()?;
@@ -111,27 +118,38 @@ fn tcp4(ctx: &TcContext) -> Option<(Flow4, u8, u32)> {
     }
     let src: [u8; 4] = ctx.load(ETH_HLEN + 12).ok()?;
     let dst: [u8; 4] = ctx.load(ETH_HLEN + 16).ok()?;
-    let tcp = ETH_HLEN + 20;
-    let sport: [u8; 2] = ctx.load(tcp).ok()?;
-    let dport: [u8; 2] = ctx.load(tcp + 2).ok()?;
-    let offset: u8 = ctx.load(tcp + 12).ok()?;
-    let flags: u8 = ctx.load(tcp + 13).ok()?;
+    let (sport, dport, flags, tcp_len) = tcp_at(ctx, ETH_HLEN + 20)?;
     let flow = Flow4 {
         src,
         dst,
         sport,
         dport,
     };
-    Some((flow, flags, 20 + u32::from(offset >> 4) * 4))
+    Some((flow, flags, 20 + tcp_len))
 }
 
-/// Sends a packet classified to `mark` straight into the tunnel when it
-/// belongs to a TCP connection the pod opened here and fits the tunnel;
-/// `None`: take the marked way.
-fn fast_path4(ctx: &TcContext, verdict: &Verdict) -> Option<i32> {
-    // SAFETY: the value is copied out at once.
-    let tunnel = *unsafe { TUNNELS.get(verdict.mark) }?;
-    let (flow, flags, headers) = tcp4(ctx)?;
+/// The same for an IPv6 TCP packet without extension headers.
+fn tcp6(ctx: &TcContext) -> Option<(Flow6, u8, u32)> {
+    let next: u8 = ctx.load(ETH_HLEN + 6).ok()?;
+    if next != IPPROTO_TCP {
+        return None;
+    }
+    let src: [u8; 16] = ctx.load(ETH_HLEN + 8).ok()?;
+    let dst: [u8; 16] = ctx.load(ETH_HLEN + 24).ok()?;
+    let (sport, dport, flags, tcp_len) = tcp_at(ctx, ETH_HLEN + IPV6_HLEN)?;
+    let flow = Flow6 {
+        src,
+        dst,
+        sport,
+        dport,
+    };
+    Some((flow, flags, IPV6_HLEN as u32 + tcp_len))
+}
+
+/// Remembers a connection whose SYN this is, with how its replies reach
+/// the pod; `None` for a packet of a connection not remembered (it keeps
+/// the marked way).
+fn remember<K>(ctx: &TcContext, flows: &LruHashMap<K, PodLink>, flow: K, flags: u8) -> Option<()> {
     if flags & (TCP_SYN | TCP_ACK) == TCP_SYN {
         // SAFETY: `skb` is the context the kernel passed in.
         let ifindex = unsafe { (*ctx.skb.skb).ifindex };
@@ -140,11 +158,28 @@ fn fast_path4(ctx: &TcContext, verdict: &Verdict) -> Option<i32> {
             pod_mac: ctx.load(6).ok()?,
             node_mac: ctx.load(0).ok()?,
         };
-        FLOWS4.insert(flow, pod, 0).ok()?;
-    } else if FLOWS4.get_ptr(flow).is_none() {
+        flows.insert(flow, pod, 0).ok()
+    } else {
         // Opened before the fast path knew it: it keeps the marked way.
-        return None;
+        flows.get_ptr(flow).map(|_| ())
     }
+}
+
+/// Sends a packet classified to `mark` straight into the tunnel when it
+/// belongs to a TCP connection the pod opened here and fits the tunnel;
+/// `None`: take the marked way.
+fn fast_path(ctx: &TcContext, verdict: &Verdict, ipv6: bool) -> Option<i32> {
+    // SAFETY: the value is copied out at once.
+    let tunnel = *unsafe { TUNNELS.get(verdict.mark) }?;
+    let headers = if ipv6 {
+        let (flow, flags, headers) = tcp6(ctx)?;
+        remember(ctx, &FLOWS6, flow, flags)?;
+        headers
+    } else {
+        let (flow, flags, headers) = tcp4(ctx)?;
+        remember(ctx, &FLOWS4, flow, flags)?;
+        headers
+    };
     // What goes out of the tunnel per packet: the IP packet, or for a
     // segmentation offload each segment's headers and payload.
     // SAFETY: `skb` is the context the kernel passed in.
@@ -160,9 +195,9 @@ fn fast_path4(ctx: &TcContext, verdict: &Verdict) -> Option<i32> {
     ctx.store(0, &tunnel.dmac, 0).ok()?;
     ctx.store(6, &tunnel.smac, 0).ok()?;
     // The tunnel routes the outer packet with the inner packet's mark: none
-    // of egressgw's bits may go with it (a bridge with br_netfilter has run
-    // the table's prerouting chain on the frame already), or the outer
-    // packet would be routed into the tunnel again.
+    // of egressgw's bits may go with it (a table that saw the frame first
+    // may have set them), or the outer packet would be routed into the
+    // tunnel again.
     // SAFETY: `skb` is the context the kernel passed in.
     let mark = unsafe { (*ctx.skb.skb).mark };
     ctx.set_mark(mark & !verdict.mask);
@@ -173,7 +208,7 @@ fn fast_path4(ctx: &TcContext, verdict: &Verdict) -> Option<i32> {
 
 /// The verdict for `ctx`'s packet; `None` when it cannot be read (left alone).
 fn classify(ctx: &TcContext) -> Option<i32> {
-    let verdict = match ctx.skb.protocol() {
+    let (verdict, ipv6) = match ctx.skb.protocol() {
         ETH_P_IP => {
             let src: [u8; 4] = ctx.load(ETH_HLEN + 12).ok()?;
             let dst: [u8; 4] = ctx.load(ETH_HLEN + 16).ok()?;
@@ -181,13 +216,7 @@ fn classify(ctx: &TcContext) -> Option<i32> {
                 return Some(TC_ACT_OK);
             }
             let verdict = *CLASSIFY4.get(Key::new(LOOKUP4_BITS, Key4 { src, dst }))?;
-            count(ctx, &verdict);
-            if verdict.kind == kind::MARK
-                && let Some(done) = fast_path4(ctx, &verdict)
-            {
-                return Some(done);
-            }
-            return Some(act(ctx, &verdict));
+            (verdict, false)
         }
         ETH_P_IPV6 => {
             let src: [u8; 16] = ctx.load(ETH_HLEN + 8).ok()?;
@@ -195,11 +224,17 @@ fn classify(ctx: &TcContext) -> Option<i32> {
             if CLUSTER6.get(Key::new(128, Dst6 { dst })).is_some() {
                 return Some(TC_ACT_OK);
             }
-            *CLASSIFY6.get(Key::new(LOOKUP6_BITS, Key6 { src, dst }))?
+            let verdict = *CLASSIFY6.get(Key::new(LOOKUP6_BITS, Key6 { src, dst }))?;
+            (verdict, true)
         }
         _ => return Some(TC_ACT_OK),
     };
     count(ctx, &verdict);
+    if verdict.kind == kind::MARK
+        && let Some(done) = fast_path(ctx, &verdict, ipv6)
+    {
+        return Some(done);
+    }
     Some(act(ctx, &verdict))
 }
 

@@ -49,7 +49,9 @@ pub const TUNNELS_MAX: u32 = 1024;
 /// [`PodLink`], where and how their replies reach the pod), least recently
 /// used first out.
 pub const FLOWS4: &str = "EGRESSGW_FLOWS4";
-/// How many fast-path connections are remembered.
+/// The same for IPv6 ([`Flow6`] -> [`PodLink`]).
+pub const FLOWS6: &str = "EGRESSGW_FLOWS6";
+/// How many fast-path connections are remembered, per family.
 pub const FLOWS_MAX: u32 = 1 << 17;
 
 /// Prefix length of an IPv4 lookup: source and destination, every bit.
@@ -142,6 +144,42 @@ pub struct Flow4 {
     pub dport: [u8; 2],
 }
 
+impl Flow4 {
+    /// The connection as its replies carry it.
+    #[must_use]
+    pub const fn reversed(self) -> Self {
+        Flow4 {
+            src: self.dst,
+            dst: self.src,
+            sport: self.dport,
+            dport: self.sport,
+        }
+    }
+}
+
+/// An IPv6 pod's TCP connection, as [`Flow4`].
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Flow6 {
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+    pub sport: [u8; 2],
+    pub dport: [u8; 2],
+}
+
+impl Flow6 {
+    /// The connection as its replies carry it.
+    #[must_use]
+    pub const fn reversed(self) -> Self {
+        Flow6 {
+            src: self.dst,
+            dst: self.src,
+            sport: self.dport,
+            dport: self.sport,
+        }
+    }
+}
+
 /// How a fast-path connection's replies reach its pod: out of the
 /// interface its packets came in by, addressed as they were, the other way
 /// round. The addresses are the connection's first packet's, so neither a
@@ -183,5 +221,6 @@ mod user {
     unsafe impl aya::Pod for super::Counter {}
     unsafe impl aya::Pod for super::Tunnel {}
     unsafe impl aya::Pod for super::Flow4 {}
+    unsafe impl aya::Pod for super::Flow6 {}
     unsafe impl aya::Pod for super::PodLink {}
 }

@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use aya::maps::lpm_trie::Key;
 use aya::maps::{HashMap as AyaHashMap, LpmTrie, MapData, PerCpuArray};
@@ -15,7 +16,7 @@ use aya::programs::tc::{self, SchedClassifierLink, SchedClassifierLinkId};
 use aya::programs::{SchedClassifier, TcAttachType};
 use aya::util::KernelVersion;
 use egressgw_common as common;
-use egressgw_common::{Counter, Dst4, Dst6, Flow4, Key4, Key6, PodLink, Tunnel, Verdict};
+use egressgw_common::{Counter, Dst4, Dst6, Flow4, Flow6, Key4, Key6, PodLink, Tunnel, Verdict};
 use egressgw_core::model::{Config, PolicyRef};
 use egressgw_core::state::{Action, NodeState};
 use ipnet::IpNet;
@@ -62,7 +63,7 @@ fn failed(what: impl Into<String>) -> impl FnOnce(String) -> EbpfError {
 pub const PIN_DIR: &str = "/sys/fs/bpf/egressgw";
 
 /// Every map of the programs, by name.
-const MAPS: [&str; 7] = [
+const MAPS: [&str; 8] = [
     common::CLASSIFY4,
     common::CLASSIFY6,
     common::CLUSTER4,
@@ -70,6 +71,7 @@ const MAPS: [&str; 7] = [
     common::COUNTERS,
     common::TUNNELS,
     common::FLOWS4,
+    common::FLOWS6,
 ];
 
 /// A map's shape as this build's program declares it: key and value size
@@ -94,6 +96,7 @@ fn shape(name: &str) -> Option<Shape> {
         common::COUNTERS => (size::<u32>(), size::<Counter>(), common::COUNTERS_MAX),
         common::TUNNELS => (size::<u32>(), size::<Tunnel>(), common::TUNNELS_MAX),
         common::FLOWS4 => (size::<Flow4>(), size::<PodLink>(), common::FLOWS_MAX),
+        common::FLOWS6 => (size::<Flow6>(), size::<PodLink>(), common::FLOWS_MAX),
         _ => return None,
     };
     Some(Shape {
@@ -207,11 +210,16 @@ fn ifindex(iface: &str) -> Option<u32> {
     nix::net::if_::if_nametoindex(iface).ok()
 }
 
+/// A policy, shared by its entries.
+pub type SharedPolicy = Arc<PolicyRef>;
+
 /// The classifier's maps as a node's state asks for them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Desired {
-    /// (source, destination) -> what to do, and the policy that counts it.
-    pub classify: BTreeMap<(IpAddr, IpNet), (Verdict, Option<PolicyRef>)>,
+    /// (source, destination) -> what to do, and the policy that counts it
+    /// (shared by the policy's entries: at 100 000 entries a copy each
+    /// would cost megabytes).
+    pub classify: BTreeMap<(IpAddr, IpNet), (Verdict, Option<SharedPolicy>)>,
     /// In-cluster destinations.
     pub cluster: BTreeSet<IpNet>,
     /// The tunnel device, for the fast path; `None` while the node has none.
@@ -227,6 +235,7 @@ impl Desired {
     /// verdicts' counters are left at 0: [`Classifier::sync`] gives each
     /// policy its own.
     pub fn new(state: &NodeState, cfg: &Config) -> Self {
+        let mut policies: BTreeMap<&PolicyRef, SharedPolicy> = BTreeMap::new();
         let classify = state
             .classify
             .iter()
@@ -248,7 +257,11 @@ impl Desired {
                     mask: cfg.mark_mask,
                     counter: 0,
                 };
-                ((e.src, e.dst.trunc()), (verdict, e.policy.clone()))
+                let policy = e
+                    .policy
+                    .as_ref()
+                    .map(|p| Arc::clone(policies.entry(p).or_insert_with(|| Arc::new(p.clone()))));
+                ((e.src, e.dst.trunc()), (verdict, policy))
             })
             .collect();
         let mut tunnels = BTreeMap::new();
@@ -295,6 +308,22 @@ struct Attached {
     link: Option<SchedClassifierLinkId>,
 }
 
+/// What the classification and in-cluster maps hold, as the last sync left
+/// them: the next sync compares with this instead of reading every entry
+/// back (at 100 000 entries the read-back is most of a sync's time).
+#[derive(Debug, Default)]
+struct Known {
+    classify: BTreeMap<(IpAddr, IpNet), Verdict>,
+    cluster: BTreeSet<IpNet>,
+    /// Syncs since the maps were last read back.
+    syncs: u32,
+}
+
+/// A sync reads the maps back at least every this many syncs (and always
+/// the first time, and after a failure or a change made outside a sync),
+/// so that a change it did not make is undone within that many.
+const READ_BACK_EVERY: u32 = 20;
+
 /// The loaded classifier and where it is attached.
 #[derive(Debug)]
 pub struct Classifier {
@@ -305,6 +334,8 @@ pub struct Classifier {
     counters: BTreeMap<PolicyRef, u32>,
     /// Where maps and attachments are pinned, if they are.
     pins: Option<PathBuf>,
+    /// The maps' entries as the last sync left them; `None`: read them.
+    known: Option<Known>,
 }
 
 impl Classifier {
@@ -381,6 +412,7 @@ impl Classifier {
             attached: BTreeMap::new(),
             counters: BTreeMap::new(),
             pins,
+            known: None,
         })
     }
 
@@ -584,43 +616,76 @@ impl Classifier {
     /// pod added touches only its entries. Each policy keeps its counter
     /// for as long as it has entries; after a restart it takes the
     /// counter its entries already carry, so counts go on where they were.
+    /// It compares with what the last sync wrote, and reads the maps back
+    /// the first time, after a failure or a change made outside a sync, and
+    /// every [`READ_BACK_EVERY`] syncs, undoing changes it did not make.
     pub fn sync(&mut self, desired: &Desired) -> Result<Synced, EbpfError> {
         let mut synced = Synced::default();
-        let current = self.entries()?;
-        for index in self.assign_counters(desired, &current) {
+        // Taken: a failure on the way leaves none, and the next sync reads
+        // the maps back.
+        let mut known = match self.known.take() {
+            Some(known) if known.syncs < READ_BACK_EVERY => known,
+            _ => Known {
+                classify: self.entries()?,
+                cluster: self.cluster()?,
+                syncs: 0,
+            },
+        };
+        for index in self.assign_counters(desired, &known.classify) {
             self.zero_counter(index)?;
         }
         for (&(src, dst), (verdict, policy)) in &desired.classify {
             let verdict = Verdict {
                 counter: policy
-                    .as_ref()
+                    .as_deref()
                     .and_then(|p| self.counters.get(p).copied())
                     .unwrap_or(0),
                 ..*verdict
             };
-            match current.get(&(src, dst)) {
+            match known.classify.get(&(src, dst)) {
                 Some(v) if *v == verdict => continue,
                 Some(_) => synced.changed += 1,
                 None => synced.added += 1,
             }
-            self.insert(src, dst, verdict)?;
+            self.classify_entry(src, dst, Some(verdict))?;
+            known.classify.insert((src, dst), verdict);
         }
-        for &(src, dst) in current.keys() {
-            if !desired.classify.contains_key(&(src, dst)) {
-                self.remove(src, dst)?;
-                synced.removed += 1;
-            }
+        let stale: Vec<(IpAddr, IpNet)> = known
+            .classify
+            .keys()
+            .filter(|key| !desired.classify.contains_key(key))
+            .copied()
+            .collect();
+        for (src, dst) in stale {
+            self.classify_entry(src, dst, None)?;
+            known.classify.remove(&(src, dst));
+            synced.removed += 1;
         }
-        let cluster = self.cluster()?;
-        for net in desired.cluster.difference(&cluster) {
-            self.insert_cluster(*net)?;
+        let (missing, extra): (Vec<IpNet>, Vec<IpNet>) = (
+            desired
+                .cluster
+                .difference(&known.cluster)
+                .copied()
+                .collect(),
+            known
+                .cluster
+                .difference(&desired.cluster)
+                .copied()
+                .collect(),
+        );
+        for net in missing {
+            self.cluster_entry(net, true)?;
+            known.cluster.insert(net);
             synced.added += 1;
         }
-        for net in cluster.difference(&desired.cluster) {
-            self.remove_cluster(*net)?;
+        for net in extra {
+            self.cluster_entry(net, false)?;
+            known.cluster.remove(&net);
             synced.removed += 1;
         }
         self.sync_tunnels(desired, &mut synced)?;
+        known.syncs += 1;
+        self.known = Some(known);
         Ok(synced)
     }
 
@@ -685,14 +750,16 @@ impl Classifier {
         let wanted: BTreeSet<&PolicyRef> = desired
             .classify
             .values()
-            .filter_map(|(_, p)| p.as_ref())
+            .filter_map(|(_, p)| p.as_deref())
             .collect();
         self.counters.retain(|p, _| wanted.contains(p));
         let mut taken: BTreeSet<u32> = self.counters.values().copied().collect();
         // First the counters the maps already carry (a restart), so that a
         // new policy never takes one an old policy is about to adopt...
         for (key, (_, policy)) in &desired.classify {
-            let Some(policy) = policy else { continue };
+            let Some(policy) = policy.as_deref() else {
+                continue;
+            };
             if self.counters.contains_key(policy) {
                 continue;
             }
@@ -788,13 +855,17 @@ impl Classifier {
         Ok(out)
     }
 
-    /// Classifies traffic from `src` to `dst` with `verdict`.
+    /// Classifies traffic from `src` to `dst` with `verdict`. The next
+    /// [`Self::sync`] reads the maps back.
     pub fn insert(&mut self, src: IpAddr, dst: IpNet, verdict: Verdict) -> Result<(), EbpfError> {
+        self.known = None;
         self.classify_entry(src, dst, Some(verdict))
     }
 
-    /// Removes the entry for `src` and `dst`.
+    /// Removes the entry for `src` and `dst`. The next [`Self::sync`] reads
+    /// the maps back.
     pub fn remove(&mut self, src: IpAddr, dst: IpNet) -> Result<(), EbpfError> {
+        self.known = None;
         self.classify_entry(src, dst, None)
     }
 
@@ -829,11 +900,13 @@ impl Classifier {
 
     /// Marks `net` as inside the cluster: never classified.
     pub fn insert_cluster(&mut self, net: IpNet) -> Result<(), EbpfError> {
+        self.known = None;
         self.cluster_entry(net, true)
     }
 
     /// Removes `net` from the in-cluster ranges.
     pub fn remove_cluster(&mut self, net: IpNet) -> Result<(), EbpfError> {
+        self.known = None;
         self.cluster_entry(net, false)
     }
 
@@ -1323,7 +1396,7 @@ mod kernel_tests {
             let mut desired = Desired::default();
             desired.classify.insert(
                 (pod, net("198.51.100.0/24")),
-                (verdict(kind::MARK, 0), Some(web.clone())),
+                (verdict(kind::MARK, 0), Some(web.clone().into())),
             );
             desired.classify.insert(
                 (pod, net("198.51.100.2/32")),
@@ -1331,7 +1404,7 @@ mod kernel_tests {
             );
             desired.classify.insert(
                 (OTHER_POD.parse().unwrap(), net("203.0.113.0/24")),
-                (verdict(kind::MARK, 0), Some(db.clone())),
+                (verdict(kind::MARK, 0), Some(db.clone().into())),
             );
             desired.cluster.insert(net("10.96.0.0/16"));
 
@@ -1366,7 +1439,7 @@ mod kernel_tests {
             // One entry changes, one goes: only they are touched.
             desired.classify.insert(
                 (pod, net("198.51.100.0/24")),
-                (verdict(kind::DROP, 0), Some(web.clone())),
+                (verdict(kind::DROP, 0), Some(web.clone().into())),
             );
             desired
                 .classify
@@ -1383,12 +1456,36 @@ mod kernel_tests {
             let cache = PolicyRef::namespaced("team-a", "cache");
             desired.classify.insert(
                 (OTHER_POD.parse().unwrap(), net("203.0.113.0/24")),
-                (verdict(kind::MARK, 0), Some(cache.clone())),
+                (verdict(kind::MARK, 0), Some(cache.clone().into())),
             );
             second.sync(&desired).unwrap();
             assert_eq!(second.policy_counters().unwrap()[&cache].packets, 0);
             send(OTHER_POD, "203.0.113.1", 1);
             assert_eq!(second.policy_counters().unwrap()[&cache].packets, 1);
+
+            // An entry removed behind its back (here by another loader of
+            // the pinned maps) is back within READ_BACK_EVERY syncs, and
+            // nothing else is touched on the way.
+            let mut other = Classifier::load_pinned(dir).unwrap();
+            other
+                .remove(OTHER_POD.parse().unwrap(), net("203.0.113.0/24"))
+                .unwrap();
+            drop(other);
+            let mut restored_after = None;
+            for n in 1..=READ_BACK_EVERY {
+                let synced = second.sync(&desired).unwrap();
+                if !synced.is_empty() {
+                    assert_eq!((synced.added, synced.changed, synced.removed), (1, 0, 0));
+                    restored_after = Some(n);
+                    break;
+                }
+            }
+            assert!(
+                restored_after.is_some(),
+                "the removed entry never came back"
+            );
+            send(OTHER_POD, "203.0.113.1", 1);
+            assert_eq!(second.policy_counters().unwrap()[&cache].packets, 2);
             drop(second);
             Classifier::remove_pins(dir).unwrap();
         });

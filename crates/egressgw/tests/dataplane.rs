@@ -34,6 +34,7 @@ const DEFAULT_CONFIG: &str = "datapath: nftables\n";
 const DUAL_STACK_CONFIG: &str = "datapath: nftables\nenableIPv6: true\n";
 /// The eBPF datapath (each node gets a bpf filesystem of its own).
 const EBPF_CONFIG: &str = "datapath: ebpf\n";
+const EBPF_DUAL_STACK_CONFIG: &str = "datapath: ebpf\nenableIPv6: true\n";
 
 fn ip(s: &str) -> IpAddr {
     s.parse().expect("a valid test address")
@@ -810,6 +811,45 @@ fn ipv6_replies_return_through_the_tunnel() {
     );
 
     assert_download_returns_through_the_tunnel(&topo, TARGET_IP6);
+}
+
+#[test]
+fn with_the_ebpf_datapath_ipv6_connections_take_the_fast_path_and_leave_from_the_ipv6_egress_ip() {
+    if !have_root(
+        "with_the_ebpf_datapath_ipv6_connections_take_the_fast_path_and_leave_from_the_ipv6_egress_ip",
+    ) {
+        return;
+    }
+    let topo = Topology::dual_stack(Masquerade::Nft);
+    let _whoami = Server::start_for(&topo.target, Service::Whoami, Stack::Dual);
+    let _source = Server::start_for(&topo.target, Service::Source, Stack::Dual);
+    let gw = apply_both(&topo, &Policy::dual_stack(), EBPF_DUAL_STACK_CONFIG);
+    assert_seen_as(
+        &topo.pod_a1,
+        TARGET_IP6,
+        eip6(&gw),
+        "IPv6, through the tunnel",
+    );
+    assert_seen_as(
+        &topo.pod_b1,
+        TARGET_IP6,
+        eip6(&gw),
+        "IPv6, on the gateway node",
+    );
+    assert_seen_as(&topo.pod_a1, TARGET_IP, eip(&gw), "IPv4 beside it");
+    assert_download_returns_through_the_tunnel(&topo, TARGET_IP6);
+    // Both ways past node A's netfilter: it tracked none of pod-a1's IPv6
+    // connections.
+    let tracked = topo.node_a.run(
+        "conntrack",
+        &[
+            "-L", "-f", "ipv6", "-p", "tcp", "-s", POD_A1_IP6, "-d", TARGET_IP6,
+        ],
+    );
+    assert!(
+        tracked.trim().is_empty(),
+        "node A tracked pod-a1's IPv6 connections: {tracked}"
+    );
 }
 
 #[test]
