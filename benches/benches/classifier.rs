@@ -20,8 +20,9 @@ use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
+use egressgw_benches::bench_vxlan;
 use egressgw_core::model::{Config, Mac, PolicyRef};
-use egressgw_core::state::{Action, ClassifyEntry, NodeState, Peer, Vxlan};
+use egressgw_core::state::{Action, ClassifyEntry, NodeState, Peer};
 use egressgw_dataplane::ebpf::{Classifier, Desired};
 use ipnet::IpNet;
 
@@ -63,18 +64,7 @@ fn node_state(cfg: &Config, pods: u32) -> NodeState {
         .collect();
     NodeState {
         node: "node-0".into(),
-        vxlan: Some(Vxlan {
-            name: cfg.vxlan.name.clone(),
-            vni: cfg.vxlan.id,
-            port: cfg.vxlan.port,
-            local: IpAddr::V4(v4(0xac12_0000 + 100)),
-            mac: Mac([2, 0, 0, 0, 0, 0]),
-            ipv4: Some(v4(0xac1f_0001)),
-            ipv6: None,
-            ipv4_prefix_len: 16,
-            ipv6_prefix_len: 112,
-            disable_checksum_offload: false,
-        }),
+        vxlan: Some(bench_vxlan(cfg)),
         peers,
         cluster_cidrs: vec!["10.0.0.0/8".parse().expect("cidr")],
         classify,

@@ -12,8 +12,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use egressgw_benches::bench_vxlan;
 use egressgw_core::model::{Config, Mac, PolicyRef};
-use egressgw_core::state::{Action, ClassifyEntry, NodeState, Peer, Route, Rule, Vxlan};
+use egressgw_core::state::{Action, ClassifyEntry, NodeState, Peer, Route, Rule};
 use egressgw_dataplane::netlink::Rtnetlink;
 use egressgw_dataplane::nft::Nft;
 use egressgw_dataplane::reconcile::Dataplane;
@@ -72,18 +73,7 @@ fn node_state(cfg: &Config, entries: u32) -> NodeState {
         .collect();
     NodeState {
         node: "node-000".into(),
-        vxlan: Some(Vxlan {
-            name: cfg.vxlan.name.clone(),
-            vni: cfg.vxlan.id,
-            port: cfg.vxlan.port,
-            local: IpAddr::V4(v4(0xac12_0000 + 100)),
-            mac: Mac([2, 0, 0, 0, 0, 0]),
-            ipv4: Some(v4(0xac1f_0001)),
-            ipv6: None,
-            ipv4_prefix_len: 16,
-            ipv6_prefix_len: 112,
-            disable_checksum_offload: false,
-        }),
+        vxlan: Some(bench_vxlan(cfg)),
         peers,
         routes,
         rules,

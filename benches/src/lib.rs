@@ -62,6 +62,23 @@ const POOL_STRIDE: u32 = 512;
 /// Addresses of each gateway pool: a range of 254 plus a /26.
 pub const POOL_SIZE: usize = 254 + 64;
 
+/// The tunnel device of a bench node with underlay address
+/// 172.18.0.100 and tunnel address 172.31.0.1/16, as `cfg` names it.
+pub fn bench_vxlan(cfg: &Config) -> egressgw_core::state::Vxlan {
+    egressgw_core::state::Vxlan {
+        name: cfg.vxlan.name.clone(),
+        vni: cfg.vxlan.id,
+        port: cfg.vxlan.port,
+        local: IpAddr::V4(Ipv4Addr::new(172, 18, 0, 100)),
+        mac: egressgw_core::model::Mac([2, 0, 0, 0, 0, 0]),
+        ipv4: Some(Ipv4Addr::new(172, 31, 0, 1)),
+        ipv6: None,
+        ipv4_prefix_len: 16,
+        ipv6_prefix_len: 112,
+        disable_checksum_offload: false,
+    }
+}
+
 /// A cluster of `nodes` nodes, `policies` egress policies and `pods` pods.
 ///
 /// Besides those, it holds `max(1, policies / 500)` gateways (the first is

@@ -132,9 +132,7 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
             self.remove_predecessors_classifier(&mut report);
         }
         blocking(|| self.reconcile_firewall(state, &mut report));
-        if self.classifier.is_some() {
-            self.reconcile_classifier(state, &mut report).await;
-        }
+        self.reconcile_classifier(state, &mut report).await;
         for op in &removals {
             self.apply(op, &mut report).await;
         }
