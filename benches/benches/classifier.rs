@@ -8,6 +8,13 @@
 //! - `one-pod`: one pod address added, then removed, each sync touching
 //!   that entry only (the bench checks the counts it reports).
 //!
+//! - `lookup-hit` / `lookup-miss`: what the program costs per packet with
+//!   those maps, for a packet of a selected pod (a trie hit, counted and
+//!   marked) and of a pod no policy selects, timed by the kernel itself
+//!   (`BPF_PROG_TEST_RUN`, [`Classifier::trial`]): the time a pod's
+//!   packet spends in the classifier, which is what the map's size could
+//!   change on the datapath.
+//!
 //! It prints the process's resident memory as it builds the node state,
 //! the desired maps and syncs them: what the classifier's side of an agent
 //! costs at each size.
@@ -23,7 +30,7 @@ use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use egressgw_benches::bench_vxlan;
 use egressgw_core::model::{Config, Mac, PolicyRef};
 use egressgw_core::state::{Action, ClassifyEntry, NodeState, Peer};
-use egressgw_dataplane::ebpf::{Classifier, Desired};
+use egressgw_dataplane::ebpf::{Classifier, Desired, Trial, tcp_frame};
 use ipnet::IpNet;
 
 /// Pods each policy selects.
@@ -130,6 +137,32 @@ fn bench(c: &mut Criterion) {
                 assert!(again.is_empty(), "{again:?}");
             });
         });
+        // A selected pod's packet to its policy's destinations (the last
+        // policy's, deep in the trie), and one of a pod no entry has.
+        let last = state.classify.last().expect("entries");
+        let dst = match last.dst {
+            IpNet::V4(net) => IpAddr::V4(Ipv4Addr::from(u32::from(net.network()) + 1)),
+            IpNet::V6(_) => unreachable!("the bench's entries are IPv4"),
+        };
+        let hit = tcp_frame(last.src, dst);
+        let miss = tcp_frame(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 7)), dst);
+        let seen = synced.trial(&hit, 1).expect("trial");
+        assert_eq!(
+            (seen.action, seen.mark != 0),
+            (Trial::PASS, true),
+            "{seen:?}"
+        );
+        assert_eq!(synced.trial(&miss, 1).expect("trial").mark, 0);
+        for (name, frame) in [("lookup-hit", &hit), ("lookup-miss", &miss)] {
+            group.bench_function(format!("{name}/{size}"), |b| {
+                // The kernel's own time per run, repeated `iters` times.
+                b.iter_custom(|iters| {
+                    let repeat = u32::try_from(iters).unwrap_or(u32::MAX);
+                    let t = synced.trial(frame, repeat).expect("trial");
+                    t.per_run * repeat
+                });
+            });
+        }
         let mut grown = state.clone();
         let mut pod = grown.classify[0].clone();
         pod.src = IpAddr::V4(Ipv4Addr::new(10, 255, 255, 254));

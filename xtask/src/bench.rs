@@ -125,6 +125,10 @@ fn bench_command(
         "the lab has no node that is not a gateway: bring it up with more --nodes than --gateways",
     )?;
     let target = format!("{}:{}", topo.target.ip, topo.target.iperf3_port);
+    let echo_port = topo.target.echo_port.to_string();
+    // The clients on the first CPU, the echo servers on the second (the
+    // target's is started there): round trips stay on their CPUs.
+    let cpus = format!("0,{}", crate::lab::target_echo_cpu());
     let kubeconfig = lab.paths.kubeconfig().display().to_string();
     let mut command: Vec<String> = ["ip", "netns", "exec", topo.control_plane.netns.as_str()]
         .map(str::to_owned)
@@ -135,6 +139,8 @@ fn bench_command(
         ("--source-node", source.name.as_str()),
         ("--gateway", GATEWAY),
         ("--target", target.as_str()),
+        ("--echo-port", echo_port.as_str()),
+        ("--cpus", cpus.as_str()),
     ] {
         if !given(flags, flag) {
             command.extend([flag.to_owned(), value.to_owned()]);

@@ -8,12 +8,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use aya::maps::lpm_trie::Key;
 use aya::maps::{HashMap as AyaHashMap, LpmTrie, MapData, PerCpuArray};
 use aya::programs::links::{FdLink, PinnedLink};
 use aya::programs::tc::{self, SchedClassifierLink, SchedClassifierLinkId};
-use aya::programs::{SchedClassifier, TcAttachType};
+use aya::programs::{SchedClassifier, TcAttachType, TestRun, TestRunOptions};
 use aya::util::KernelVersion;
 use egressgw_common as common;
 use egressgw_common::{Counter, Dst4, Dst6, Flow4, Flow6, Key4, Key6, PodLink, Tunnel, Verdict};
@@ -959,6 +960,38 @@ impl Classifier {
         }))
     }
 
+    /// Runs the classify program on `frame` (an Ethernet frame as a pod
+    /// sends it, e.g. [`tcp_frame`]'s) in the kernel, `repeat` times, with
+    /// nothing sent anywhere (`BPF_PROG_TEST_RUN`): what the program does
+    /// with such a packet, from the maps as they are, and what one run
+    /// costs. The entry's counter counts every run, as for a real packet.
+    pub fn trial(&mut self, frame: &[u8], repeat: u32) -> Result<Trial, EbpfError> {
+        let what = "a trial run of the classifier";
+        // `struct __sk_buff` (its size on current kernels; older ones take
+        // a longer context as long as the rest is zero): no mark, no
+        // interface.
+        let ctx_in = [0u8; SKB_CONTEXT];
+        let mut ctx_out = [0u8; SKB_CONTEXT];
+        let mut opts = TestRunOptions::new();
+        opts.data_in = Some(frame);
+        opts.ctx_in = Some(&ctx_in);
+        opts.ctx_out = Some(&mut ctx_out);
+        opts.repeat = repeat.max(1);
+        let result = program(&mut self.ebpf, Role::Classify)?
+            .test_run(opts)
+            .map_err(|e| e.to_string())
+            .map_err(failed(what))?;
+        let mark = ctx_out
+            .get(SKB_MARK..SKB_MARK + 4)
+            .and_then(|b| <[u8; 4]>::try_from(b).ok())
+            .map_or(0, u32::from_ne_bytes);
+        Ok(Trial {
+            action: i32::try_from(result.return_value).unwrap_or(i32::MAX),
+            mark,
+            per_run: result.duration,
+        })
+    }
+
     fn trie4(&mut self, name: &str) -> Result<LpmTrie<&mut MapData, Key4, Verdict>, EbpfError> {
         self.map(name)
     }
@@ -979,6 +1012,77 @@ impl Classifier {
             .map_err(|e| e.to_string())
             .map_err(failed(format!("map {name}")))
     }
+}
+
+/// What the classify program did with a packet in a [`Classifier::trial`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Trial {
+    /// The TC action it returned: [`Trial::PASS`], [`Trial::DROP`] or
+    /// [`Trial::REDIRECT`] (the fast path).
+    pub action: i32,
+    /// The packet's mark afterwards (it came in with none).
+    pub mark: u32,
+    /// The kernel's time for one run, averaged over the repeats.
+    pub per_run: Duration,
+}
+
+impl Trial {
+    /// `TC_ACT_OK`: the packet goes on (marked or not).
+    pub const PASS: i32 = 0;
+    /// `TC_ACT_SHOT`: dropped.
+    pub const DROP: i32 = 2;
+    /// `TC_ACT_REDIRECT`: sent on by the program itself.
+    pub const REDIRECT: i32 = 7;
+}
+
+/// Bytes of `struct __sk_buff`, the context of a TC program's trial run.
+const SKB_CONTEXT: usize = 192;
+/// Where its `mark` is (after `len` and `pkt_type`).
+const SKB_MARK: usize = 8;
+
+/// An Ethernet frame of a TCP packet from `src` to `dst` (both of one
+/// family), ports 40000 to 443, ACK set and SYN not: a packet of an open
+/// connection, which the fast path does not start to remember. For
+/// [`Classifier::trial`]; checksums are left zero (the program reads none).
+///
+/// # Panics
+///
+/// When `src` and `dst` are of different families.
+#[must_use]
+pub fn tcp_frame(src: IpAddr, dst: IpAddr) -> Vec<u8> {
+    let mut frame = vec![0x02, 0, 0, 0, 0, 2, 0x02, 0, 0, 0, 0, 1];
+    let tcp = {
+        let mut h = vec![0u8; 20];
+        h[0..2].copy_from_slice(&40000u16.to_be_bytes());
+        h[2..4].copy_from_slice(&443u16.to_be_bytes());
+        h[12] = 5 << 4; // data offset: 5 words
+        h[13] = 0x10; // ACK
+        h[14..16].copy_from_slice(&64240u16.to_be_bytes());
+        h
+    };
+    match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            frame.extend(0x0800u16.to_be_bytes());
+            let total = u16::try_from(20 + tcp.len()).unwrap_or(u16::MAX);
+            frame.extend([0x45, 0]);
+            frame.extend(total.to_be_bytes());
+            frame.extend([0, 0, 0x40, 0, 64, 6, 0, 0]); // DF, TTL 64, TCP
+            frame.extend(s.octets());
+            frame.extend(d.octets());
+        }
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            frame.extend(0x86ddu16.to_be_bytes());
+            let payload = u16::try_from(tcp.len()).unwrap_or(u16::MAX);
+            frame.extend([0x60, 0, 0, 0]);
+            frame.extend(payload.to_be_bytes());
+            frame.extend([6, 64]); // TCP, hop limit 64
+            frame.extend(s.octets());
+            frame.extend(d.octets());
+        }
+        _ => panic!("tcp_frame: {src} and {dst} are of different families"),
+    }
+    frame.extend(tcp);
+    frame
 }
 
 /// Sets (`Some`) or removes (`None`) a trie entry.
@@ -1276,6 +1380,50 @@ mod kernel_tests {
             send(POD, "198.51.100.1", 1);
             assert_eq!(seen("unmarked"), unmarked + 1);
             classifier.detach("b").unwrap();
+        });
+    }
+
+    #[test]
+    fn a_trial_run_says_what_the_program_does_with_a_packet() {
+        if !root_or_skip("a_trial_run_says_what_the_program_does_with_a_packet") {
+            return;
+        }
+        in_new_netns(|| {
+            let mut classifier = Classifier::load().expect("the program loads");
+            let net = |s: &str| s.parse::<IpNet>().unwrap();
+            let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+            let pod = ip(POD);
+            let pod6 = ip("fd00:10:244:1::5");
+            for (dst, kind, counter) in [
+                ("198.51.100.0/24", kind::MARK, 7),
+                ("198.51.100.2/32", kind::LEAVE, 8),
+                ("203.0.113.0/24", kind::DROP, 9),
+            ] {
+                classifier
+                    .insert(pod, net(dst), verdict(kind, counter))
+                    .unwrap();
+            }
+            classifier
+                .insert(pod6, net("2001:db8::/64"), verdict(kind::MARK, 10))
+                .unwrap();
+            classifier.insert_cluster(net("10.96.0.0/16")).unwrap();
+            let mut trial = |src: IpAddr, dst: &str| {
+                let t = classifier.trial(&tcp_frame(src, ip(dst)), 1).unwrap();
+                (t.action, t.mark)
+            };
+            assert_eq!(trial(pod, "198.51.100.1"), (Trial::PASS, MARK));
+            assert_eq!(trial(pod, "198.51.100.2"), (Trial::PASS, 0), "excluded");
+            assert_eq!(trial(pod, "203.0.113.1"), (Trial::DROP, 0));
+            assert_eq!(trial(pod, "10.96.0.10"), (Trial::PASS, 0), "in-cluster");
+            assert_eq!(trial(ip(OTHER_POD), "198.51.100.1"), (Trial::PASS, 0));
+            assert_eq!(trial(pod6, "2001:db8::1"), (Trial::PASS, MARK));
+            assert_eq!(trial(pod6, "2001:db8:1::1"), (Trial::PASS, 0));
+            // Each run counts, as a packet would.
+            classifier
+                .trial(&tcp_frame(pod, ip("198.51.100.1")), 1000)
+                .unwrap();
+            assert_eq!(classifier.counter(7).unwrap().packets, 1 + 1000);
+            assert_eq!(classifier.counter(9).unwrap().packets, 1);
         });
     }
 

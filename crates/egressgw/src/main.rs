@@ -89,6 +89,10 @@ enum Command {
     /// What a bench Pod runs (used by `egressgw bench`).
     #[command(hide = true)]
     BenchClient(bench::client::ClientArgs),
+    /// A TCP echo server for the bench's round trips (at the target, and
+    /// what `egressgw bench` runs on the gateway node).
+    #[command(hide = true)]
+    BenchEcho(bench::echo::EchoArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -184,6 +188,7 @@ fn main() -> ExitCode {
         Command::Controller(args) => controller::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::BenchClient(args) => bench::client::run(&args),
+        Command::BenchEcho(args) => bench::echo::serve(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -16,8 +16,9 @@ const GATEWAY: &str = "bench-smoke";
 /// The non-gateway node the bench's clients run on.
 const SOURCE: &str = "node-3";
 
-/// `egressgw bench --repeat 1 --duration 2 --reverse --offload both`: every
-/// case produced a number in every variant; case 3 left through the tunnel
+/// `egressgw bench --repeat 1 --duration 2 --reverse --offload both
+/// --echo-port ...`: every case produced a number and round trips with the
+/// echo servers in every variant; case 3 left through the tunnel
 /// (the source node's `egress.vxlan` sent at least what cases 2 and 3 sent
 /// forward) with the EIP (the target's iperf3 saw it); offload
 /// was off where it was switched off; nothing of the bench is left.
@@ -56,7 +57,14 @@ pub fn smoke_bench_measures_every_case_and_case_3_leaves_with_the_eip(
         let received = s["result"]["receivedBps"].as_f64().unwrap_or(0.0);
         ensure!(received > 0.0, "{what}: no throughput ({received} bit/s)");
         let rtts = s["result"]["connectRttUs"].as_array().map_or(0, Vec::len);
-        ensure!(rtts > 0, "{what}: no round trips");
+        ensure!(rtts > 0, "{what}: no handshakes timed");
+        // The echo servers: the target's, and the one the bench runs on
+        // the gateway node for cases 1 and 2.
+        let round_trips = s["result"]["roundTripUs"].as_array().map_or(0, Vec::len);
+        ensure!(
+            round_trips > 0,
+            "{what}: no round trips with the echo server"
+        );
         let forward_bytes = if s["variant"]["reverse"] == false {
             s["result"]["sentBps"].as_f64().unwrap_or(0.0) * 2.0 / 8.0
         } else {
@@ -126,6 +134,8 @@ fn bench(lab: &Lab, output: &std::path::Path) -> anyhow::Result<()> {
         .binary;
     let topo = &lab.state.topology;
     let target = format!("{}:{}", topo.target.ip, topo.target.iperf3_port);
+    let echo_port = topo.target.echo_port.to_string();
+    let cpus = format!("0,{}", crate::lab::target_echo_cpu());
     let kubeconfig = lab.paths.kubeconfig();
     let args: Vec<String> = ["netns", "exec", topo.control_plane.netns.as_str()]
         .into_iter()
@@ -144,6 +154,10 @@ fn bench(lab: &Lab, output: &std::path::Path) -> anyhow::Result<()> {
                 GATEWAY,
                 "--target",
                 &target,
+                "--echo-port",
+                &echo_port,
+                "--cpus",
+                &cpus,
                 "--duration",
                 "2",
                 "--repeat",

@@ -1,5 +1,6 @@
-//! The target's services: whoami (served by a copy of this binary) and an
-//! iperf3 server, both bound to the target's address only.
+//! The target's services: whoami and a TCP echo server (served by a copy
+//! of this binary) and an iperf3 server, all bound to the target's address
+//! only.
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
@@ -17,12 +18,28 @@ use super::topology::Topology;
 /// How long the target's services get to listen.
 const LISTEN_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Starts whoami and `iperf3 -s` in the target namespace.
+/// The CPU the echo server runs on: the second, where there is one (the
+/// bench pins its clients to the first).
+pub fn echo_cpu() -> usize {
+    thread::available_parallelism().map_or(0, |n| usize::from(n.get() > 1))
+}
+
+/// Starts whoami, the echo server and `iperf3 -s` in the target namespace.
 pub fn start(topo: &Topology, paths: &Paths) -> anyhow::Result<Vec<Started>> {
     let target = &topo.target;
     let whoami = whoami_binary(paths)?;
     let listen = format!("{}:{}", target.ip, target.whoami_port);
     let whoami_args = ["lab", "whoami", "--listen", &listen].map(String::from);
+    let echo_listen = format!("{}:{}", target.ip, target.echo_port);
+    let echo_args = [
+        "lab",
+        "echo",
+        "--listen",
+        &echo_listen,
+        "--cpu",
+        &echo_cpu().to_string(),
+    ]
+    .map(String::from);
     let iperf3_args = [
         "-s",
         "-B",
@@ -33,6 +50,7 @@ pub fn start(topo: &Topology, paths: &Paths) -> anyhow::Result<Vec<Started>> {
     .map(String::from);
     Ok(vec![
         process::start(paths, &target.netns, "whoami", &whoami, &whoami_args)?,
+        process::start(paths, &target.netns, "echo", &whoami, &echo_args)?,
         process::start(
             paths,
             &target.netns,
@@ -55,10 +73,11 @@ fn whoami_binary(paths: &Paths) -> anyhow::Result<PathBuf> {
     Ok(copy)
 }
 
-/// Waits until the target listens on its whoami and iperf3 ports.
+/// Waits until the target listens on its whoami, echo and iperf3 ports.
 pub fn wait_listening(topo: &Topology, started: &mut [Started]) -> anyhow::Result<()> {
     let target = &topo.target;
-    let wanted = [target.whoami_port, target.iperf3_port].map(|p| format!("{}:{p}", target.ip));
+    let wanted = [target.whoami_port, target.echo_port, target.iperf3_port]
+        .map(|p| format!("{}:{p}", target.ip));
     let deadline = Instant::now() + LISTEN_TIMEOUT;
     loop {
         for process in started.iter_mut() {
@@ -75,7 +94,7 @@ pub fn wait_listening(topo: &Topology, started: &mut [Started]) -> anyhow::Resul
         if Instant::now() > deadline {
             bail!(
                 "the target does not listen on {} after {}s",
-                wanted.join(" and "),
+                wanted.join(", "),
                 LISTEN_TIMEOUT.as_secs()
             );
         }

@@ -50,6 +50,8 @@ pub const API_PORT: u16 = 6443;
 pub const WHOAMI_PORT: u16 = 8080;
 /// The target's iperf3 server port.
 pub const IPERF3_PORT: u16 = 5201;
+/// The target's TCP echo port (the bench's round trips).
+pub const ECHO_PORT: u16 = 5202;
 
 /// Label that marks a node as gateway-capable.
 pub const GATEWAY_LABEL: &str = "egressgw.io/gateway";
@@ -236,6 +238,10 @@ pub struct Target {
     pub cidr: String,
     pub whoami_port: u16,
     pub iperf3_port: u16,
+    /// The echo service's port (a lab brought up before it had one reads
+    /// as the default).
+    #[serde(default = "echo_port")]
+    pub echo_port: u16,
     /// Addresses on the segment that no lab host uses (for EIP pools).
     pub free_range: String,
 }
@@ -443,6 +449,10 @@ fn pods_of(prefix: &Prefix, node_index: usize, node: &Node) -> Vec<Pod> {
         .collect()
 }
 
+fn echo_port() -> u16 {
+    ECHO_PORT
+}
+
 fn target(prefix: &Prefix) -> Target {
     Target {
         netns: prefix.netns("target"),
@@ -451,6 +461,7 @@ fn target(prefix: &Prefix) -> Target {
         cidr: EXTERNAL_CIDR.to_owned(),
         whoami_port: WHOAMI_PORT,
         iperf3_port: IPERF3_PORT,
+        echo_port: ECHO_PORT,
         free_range: EXTERNAL_FREE_RANGE.to_owned(),
     }
 }

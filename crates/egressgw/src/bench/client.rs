@@ -14,6 +14,8 @@ use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::echo;
+
 /// The prefix of the line that carries a run's result.
 pub const RESULT_PREFIX: &str = "egressgw-bench-result: ";
 /// The prefix of the line that carries `--interfaces-only`'s report.
@@ -50,6 +52,16 @@ pub struct ClientArgs {
     /// TCP handshakes to time after the run.
     #[arg(long, default_value_t = 200)]
     pub connects: u32,
+    /// The server's TCP echo port (`egressgw bench-echo`): time round
+    /// trips of small messages on one connection after the run.
+    #[arg(long, value_name = "PORT")]
+    pub echo_port: Option<u16>,
+    /// Round trips to time against the echo server.
+    #[arg(long, default_value_t = 2000)]
+    pub round_trips: u32,
+    /// Run on this CPU only (the round trips' client is pinned).
+    #[arg(long, value_name = "CPU")]
+    pub cpu: Option<usize>,
     /// Interfaces whose MTU and offloads to report (those that exist here).
     #[arg(long, value_delimiter = ',', value_name = "NAME,...")]
     pub interfaces: Vec<String>,
@@ -82,6 +94,10 @@ pub struct ClientResult {
     pub seen_from: Option<String>,
     /// TCP handshake round trips, in microseconds.
     pub connect_rtt_us: Vec<u64>,
+    /// Round trips of small messages on one connection to the echo server,
+    /// in microseconds (none without an echo port).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub round_trip_us: Vec<u64>,
     /// CPU use (percent) of the client's and the server's host, as iperf3
     /// reports it.
     pub cpu: Option<Cpu>,
@@ -142,6 +158,9 @@ pub fn run(args: &ClientArgs) -> anyhow::Result<()> {
 
 async fn measure(args: &ClientArgs) -> anyhow::Result<ClientResult> {
     let server = args.server.context("--server is needed")?;
+    if let Some(cpu) = args.cpu {
+        echo::pin(cpu)?;
+    }
     let interfaces = read_interfaces(&args.interfaces).await;
     if let Some(expected) = args.expect_source {
         wait_for_source(args, server, expected).await?;
@@ -160,6 +179,10 @@ async fn measure(args: &ClientArgs) -> anyhow::Result<ClientResult> {
         );
     }
     result.connect_rtt_us = connect_rtts(args, server).await?;
+    if let Some(port) = args.echo_port {
+        let echo = SocketAddr::new(server, port);
+        result.round_trip_us = echo::round_trips(echo, args.bind, args.round_trips).await?;
+    }
     result.load_average = std::fs::read_to_string("/proc/loadavg")
         .ok()
         .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "));
@@ -262,6 +285,7 @@ pub fn parse_iperf3(json: &Value) -> anyhow::Result<ClientResult> {
             .to_owned(),
         seen_from: seen_from(json),
         connect_rtt_us: Vec::new(),
+        round_trip_us: Vec::new(),
         cpu,
         interfaces: Vec::new(),
         load_average: None,

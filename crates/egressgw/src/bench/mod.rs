@@ -5,6 +5,7 @@
 
 pub mod chart;
 pub mod client;
+pub mod echo;
 mod objects;
 mod offload;
 mod report;
@@ -109,6 +110,17 @@ pub struct BenchArgs {
     /// Port of the iperf3 server on the gateway node (host network).
     #[arg(long, default_value_t = 5201)]
     pub port: u16,
+    /// Port of a TCP echo server at the target (`egressgw bench-echo`):
+    /// each run then also times round trips of small messages, and the
+    /// bench runs an echo server on the gateway node on this port for
+    /// cases 1 and 2. Without it, only handshakes are timed.
+    #[arg(long, value_name = "PORT")]
+    pub echo_port: Option<u16>,
+    /// Pin the clients to the first CPU and the gateway node's echo server
+    /// to the second (e.g. `0,1`), so that round trips do not move between
+    /// CPUs. The target's echo server is pinned where it runs.
+    #[arg(long, value_name = "CLIENT,SERVER", value_parser = parse_cpus)]
+    pub cpus: Option<(usize, usize)>,
     /// The namespace the bench creates for its objects (and deletes).
     #[arg(long, default_value = "egressgw-bench")]
     pub namespace: String,
@@ -356,6 +368,8 @@ impl<'a> Bench<'a> {
             gateway,
             target: target.ip(),
             port: args.port,
+            echo_port: args.echo_port,
+            cpus: args.cpus,
             duration: args.duration,
             streams: args.streams,
             // Every run at its Pod's own deadline, and the rollouts.
@@ -1043,6 +1057,19 @@ fn tunnel_offload(interfaces: &[Interface]) -> Option<bool> {
 }
 
 /// `ADDR[:PORT]` (IPv6 as `[ADDR]:PORT`), port 5201 by default.
+/// `--cpus CLIENT,SERVER`.
+fn parse_cpus(text: &str) -> Result<(usize, usize), String> {
+    let parse = |s: &str| {
+        s.trim()
+            .parse::<usize>()
+            .map_err(|_| format!("{text:?}: want two CPU numbers, CLIENT,SERVER (e.g. 0,1)"))
+    };
+    let (client, server) = text
+        .split_once(',')
+        .ok_or_else(|| format!("{text:?}: want CLIENT,SERVER (e.g. 0,1)"))?;
+    Ok((parse(client)?, parse(server)?))
+}
+
 fn parse_target(text: &str) -> anyhow::Result<SocketAddr> {
     if let Ok(addr) = text.parse::<SocketAddr>() {
         return Ok(addr);

@@ -45,6 +45,11 @@ pub struct Setup {
     pub target: IpAddr,
     /// Port of the iperf3 server on the gateway node.
     pub port: u16,
+    /// Port of the echo servers (the target's, and the one the bench runs
+    /// on the gateway node): round trips are timed when there is one.
+    pub echo_port: Option<u16>,
+    /// CPUs of the clients and of the gateway node's echo server.
+    pub cpus: Option<(usize, usize)>,
     /// Seconds of traffic per run.
     pub duration: u32,
     pub streams: u32,
@@ -102,7 +107,7 @@ pub fn policy(setup: &Setup) -> anyhow::Result<Value> {
 /// The iperf3 server on the gateway node, in its network namespace, on
 /// every address (the node's and the tunnel's), for the whole bench.
 pub fn server_pod(setup: &Setup, gateway_node: &str) -> anyhow::Result<Value> {
-    fill(
+    let mut pod = fill(
         SERVER_YAML,
         &[
             ("NAMESPACE", setup.namespace.clone()),
@@ -111,7 +116,35 @@ pub fn server_pod(setup: &Setup, gateway_node: &str) -> anyhow::Result<Value> {
             ("IMAGE", setup.image.clone()),
             ("PORT", setup.port.to_string()),
         ],
-    )
+    )?;
+    // The round trips' echo server beside iperf3: the same image and
+    // restrictions, its own command.
+    if let Some(port) = setup.echo_port {
+        let containers = pod["spec"]["containers"]
+            .as_array_mut()
+            .context("a bench server manifest without containers")?;
+        let mut echo = containers
+            .first()
+            .cloned()
+            .context("a bench server manifest without a container")?;
+        let mut command = vec![
+            "egressgw".to_owned(),
+            "bench-echo".to_owned(),
+            "--port".to_owned(),
+            port.to_string(),
+        ];
+        if let Some((_, cpu)) = setup.cpus {
+            command.extend(["--cpu".to_owned(), cpu.to_string()]);
+        }
+        echo["name"] = json!("echo");
+        echo["command"] = json!(command);
+        echo["readinessProbe"]["tcpSocket"]["port"] = json!(port);
+        if let Some(obj) = echo.as_object_mut() {
+            obj.remove("volumeMounts");
+        }
+        containers.push(echo);
+    }
+    Ok(pod)
 }
 
 /// One run's Pod: `egressgw bench-client` against the server of `case`.
@@ -185,6 +218,12 @@ pub fn client_pod(setup: &Setup, run: &Run<'_>) -> anyhow::Result<Value> {
     if let Some(bind) = run.bind {
         args.extend([json!("--bind"), json!(bind.to_string())]);
     }
+    if let Some(port) = setup.echo_port {
+        args.extend([json!("--echo-port"), json!(port.to_string())]);
+    }
+    if let Some((cpu, _)) = setup.cpus {
+        args.extend([json!("--cpu"), json!(cpu.to_string())]);
+    }
     Ok(pod)
 }
 
@@ -233,10 +272,64 @@ mod tests {
             gateway: "default".into(),
             target: "198.51.100.1".parse().unwrap(),
             port: 5201,
+            echo_port: None,
+            cpus: None,
             duration: 10,
             streams: 1,
             deadline_seconds: 600,
         }
+    }
+
+    #[test]
+    fn with_an_echo_port_the_server_runs_an_echo_server_and_the_clients_time_round_trips() {
+        let echoing = Setup {
+            echo_port: Some(5202),
+            cpus: Some((0, 1)),
+            ..setup()
+        };
+        assert_eq!(
+            server_pod(&setup(), "node-1").unwrap()["spec"]["containers"]
+                .as_array()
+                .unwrap()
+                .len(),
+            1
+        );
+        let pod = server_pod(&echoing, "node-1").unwrap();
+        let echo = &pod["spec"]["containers"][1];
+        assert_eq!(echo["name"], "echo");
+        assert_eq!(
+            echo["command"],
+            json!(["egressgw", "bench-echo", "--port", "5202", "--cpu", "1"])
+        );
+        assert_eq!(echo["readinessProbe"]["tcpSocket"]["port"], 5202);
+        assert_eq!(echo["securityContext"]["runAsNonRoot"], true);
+        let run = Run {
+            case: Case::PodToTarget,
+            variant: Variant {
+                reverse: false,
+                offload: None,
+                datapath: None,
+            },
+            phase: "cur",
+            repeat: 1,
+            server: "198.51.100.1".parse().unwrap(),
+            server_port: 5201,
+            bind: None,
+            expect_source: Some("198.51.100.200".parse().unwrap()),
+            parent: None,
+        };
+        let args = client_pod(&echoing, &run).unwrap()["spec"]["containers"][0]["args"].clone();
+        let args: Vec<&str> = args
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        assert!(
+            args.windows(2).any(|w| w == ["--echo-port", "5202"]),
+            "{args:?}"
+        );
+        assert!(args.windows(2).any(|w| w == ["--cpu", "0"]), "{args:?}");
     }
 
     #[test]

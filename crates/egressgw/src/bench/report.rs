@@ -227,6 +227,17 @@ pub struct Row {
     /// TCP handshake round trip over every connect of the repeats, in µs.
     pub connect_rtt_p50_us: Option<u64>,
     pub connect_rtt_p99_us: Option<u64>,
+    /// Round trip of a small message on an open connection (TCP
+    /// ping-pong with the echo server), over every exchange of the
+    /// repeats, in µs.
+    #[serde(default)]
+    pub round_trip_p50_us: Option<u64>,
+    #[serde(default)]
+    pub round_trip_p99_us: Option<u64>,
+    /// The round trip's median over case 1's (the one `ratio_to_case1`
+    /// compares with): what the path adds, in µs.
+    #[serde(default)]
+    pub added_round_trip_us: Option<i64>,
 }
 
 /// The rows, in table order: by offload, then direction, then case.
@@ -239,10 +250,10 @@ pub fn summarize(samples: &[Sample]) -> Vec<Row> {
         .into_iter()
         .filter_map(|(variant, case)| row(samples, case, variant))
         .collect();
-    let case1: Vec<(Variant, f64)> = rows
+    let case1: Vec<(Variant, f64, Option<u64>)> = rows
         .iter()
         .filter(|r| r.case == Case::NodeToNode)
-        .map(|r| (r.variant, r.received_gbps.median))
+        .map(|r| (r.variant, r.received_gbps.median, r.round_trip_p50_us))
         .collect();
     for r in &mut rows {
         // Case 1 does not use the tunnel: compare with it in the same
@@ -250,16 +261,22 @@ pub fn summarize(samples: &[Sample]) -> Vec<Row> {
         // direction.
         let base = case1
             .iter()
-            .find(|(v, _)| *v == r.variant)
+            .find(|(v, ..)| *v == r.variant)
             .or_else(|| {
-                case1.iter().find(|(v, _)| {
+                case1.iter().find(|(v, ..)| {
                     v.reverse == r.variant.reverse && v.datapath == r.variant.datapath
                 })
             })
-            .or_else(|| case1.iter().find(|(v, _)| v.reverse == r.variant.reverse));
+            .or_else(|| case1.iter().find(|(v, ..)| v.reverse == r.variant.reverse));
         r.ratio_to_case1 = base
-            .filter(|(_, b)| *b > 0.0)
-            .map(|(_, b)| r.received_gbps.median / b);
+            .filter(|(_, b, _)| *b > 0.0)
+            .map(|(_, b, _)| r.received_gbps.median / b);
+        r.added_round_trip_us =
+            base.and_then(|(_, _, b)| *b)
+                .zip(r.round_trip_p50_us)
+                .map(|(b, x)| {
+                    i64::try_from(x).unwrap_or(i64::MAX) - i64::try_from(b).unwrap_or(i64::MAX)
+                });
     }
     rows
 }
@@ -274,10 +291,13 @@ fn row(samples: &[Sample], case: Case, variant: Variant) -> Option<Row> {
     };
     let mut retransmits: Vec<u64> = runs.iter().filter_map(|s| s.result.retransmits).collect();
     retransmits.sort_unstable();
-    let rtts: Vec<u64> = runs
-        .iter()
-        .flat_map(|s| s.result.connect_rtt_us.iter().copied())
-        .collect();
+    let all = |f: fn(&ClientResult) -> &Vec<u64>| -> Vec<u64> {
+        runs.iter()
+            .flat_map(|s| f(&s.result).iter().copied())
+            .collect()
+    };
+    let rtts = all(|r| &r.connect_rtt_us);
+    let round_trips = all(|r| &r.round_trip_us);
     Some(Row {
         case,
         variant,
@@ -288,6 +308,9 @@ fn row(samples: &[Sample], case: Case, variant: Variant) -> Option<Row> {
         ratio_to_case1: None,
         connect_rtt_p50_us: percentile(&rtts, 50.0),
         connect_rtt_p99_us: percentile(&rtts, 99.0),
+        round_trip_p50_us: percentile(&round_trips, 50.0),
+        round_trip_p99_us: percentile(&round_trips, 99.0),
+        added_round_trip_us: None,
     })
 }
 
@@ -302,10 +325,12 @@ pub fn table(rows: &[Row]) -> String {
         "received Gbit/s",
         "retr",
         "vs 1",
+        "connect p50",
         "RTT p50",
         "RTT p99",
+        "RTT +vs 1",
     ];
-    let cells: Vec<[String; 10]> = rows.iter().map(cells).collect();
+    let cells: Vec<[String; 12]> = rows.iter().map(cells).collect();
     let mut widths = header.map(str::len);
     for row in &cells {
         for (w, c) in widths.iter_mut().zip(row) {
@@ -332,15 +357,17 @@ pub fn table(rows: &[Row]) -> String {
     }
     out.push_str(
         "Gbit/s: median (min-max) of the repeats; retr: median TCP retransmits; \
-         vs 1: received median over case 1's;\nRTT: TCP handshake round trip, \
-         percentiles over every connect of the repeats.\n",
+         vs 1: received median over case 1's;\nconnect: TCP handshake round trip; \
+         RTT: round trip of a 64-byte message on an open connection (echo server), \
+         +vs 1: over case 1's median;\npercentiles over every connect or exchange of \
+         the repeats, in µs.\n",
     );
     out
 }
 
-fn cells(r: &Row) -> [String; 10] {
+fn cells(r: &Row) -> [String; 12] {
     let spread = |s: Spread| format!("{:.2} ({:.2}-{:.2})", s.median, s.min, s.max);
-    let ms = |us: Option<u64>| us.map_or("-".into(), |u| format!("{:.3} ms", u as f64 / 1000.0));
+    let us = |us: Option<u64>| us.map_or("-".into(), |u| u.to_string());
     [
         format!("{} {}", r.case.number(), r.case.label()),
         r.variant.direction().into(),
@@ -350,8 +377,11 @@ fn cells(r: &Row) -> [String; 10] {
         spread(r.received_gbps),
         r.retransmits.map_or("-".into(), |n| n.to_string()),
         r.ratio_to_case1.map_or("-".into(), |x| format!("{x:.2}")),
-        ms(r.connect_rtt_p50_us),
-        ms(r.connect_rtt_p99_us),
+        us(r.connect_rtt_p50_us),
+        us(r.round_trip_p50_us),
+        us(r.round_trip_p99_us),
+        r.added_round_trip_us
+            .map_or("-".into(), |d| format!("{d:+}")),
     ]
 }
 
@@ -395,6 +425,17 @@ mod tests {
     use super::*;
 
     fn sample(case: Case, reverse: bool, offload: bool, gbps: f64, rtts: &[u64]) -> Sample {
+        with_round_trips(case, reverse, offload, gbps, rtts, &[])
+    }
+
+    fn with_round_trips(
+        case: Case,
+        reverse: bool,
+        offload: bool,
+        gbps: f64,
+        rtts: &[u64],
+        round_trips: &[u64],
+    ) -> Sample {
         Sample {
             case,
             variant: Variant {
@@ -411,6 +452,7 @@ mod tests {
                 local: String::new(),
                 seen_from: None,
                 connect_rtt_us: rtts.to_vec(),
+                round_trip_us: round_trips.to_vec(),
                 cpu: None,
                 interfaces: Vec::new(),
                 load_average: None,
@@ -470,14 +512,36 @@ mod tests {
     #[test]
     fn the_table_shows_each_row_with_medians_and_round_trips() {
         let samples = vec![
-            sample(Case::NodeToNode, false, true, 9.44, &[50, 52, 90]),
-            sample(Case::PodToTarget, false, true, 9.01, &[80]),
+            with_round_trips(
+                Case::NodeToNode,
+                false,
+                true,
+                9.44,
+                &[50, 52, 90],
+                &[30, 31, 95],
+            ),
+            with_round_trips(Case::PodToTarget, false, true, 9.01, &[80], &[40, 44, 47]),
         ];
-        let text = table(&summarize(&samples));
+        let rows = summarize(&samples);
+        assert_eq!(rows[1].round_trip_p50_us, Some(44));
+        assert_eq!(rows[1].added_round_trip_us, Some(13));
+        let text = table(&rows);
         assert!(text.contains("1 node -> node"), "{text}");
         assert!(text.contains("9.44 (9.44-9.44)"), "{text}");
         assert!(text.contains("0.95"), "{text}");
-        assert!(text.contains("0.052 ms"), "{text}");
+        assert!(text.contains("  52  "), "{text}");
+        assert!(text.contains("+13"), "{text}");
+    }
+
+    #[test]
+    fn without_an_echo_server_the_round_trips_are_not_shown() {
+        let samples = vec![
+            sample(Case::NodeToNode, false, true, 9.44, &[50]),
+            sample(Case::PodToTarget, false, true, 9.01, &[80]),
+        ];
+        let rows = summarize(&samples);
+        assert_eq!(rows[1].round_trip_p50_us, None);
+        assert_eq!(rows[1].added_round_trip_us, None);
     }
 
     #[test]
