@@ -147,10 +147,27 @@ fn tcp6(ctx: &TcContext) -> Option<(Flow6, u8, u32)> {
 }
 
 /// Remembers a connection whose SYN this is, with how its replies reach
-/// the pod; `None` for a packet of a connection not remembered (it keeps
-/// the marked way).
-fn remember<K>(ctx: &TcContext, flows: &LruHashMap<K, PodLink>, flow: K, flags: u8) -> Option<()> {
-    if flags & (TCP_SYN | TCP_ACK) == TCP_SYN {
+/// the pod, when it takes the fast path (`fast`); `None` for a packet of a
+/// connection not remembered (it keeps the marked way).
+fn remember<K>(
+    ctx: &TcContext,
+    flows: &LruHashMap<K, PodLink>,
+    flow: K,
+    flags: u8,
+    fast: bool,
+) -> Option<()> {
+    let syn = flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
+    if !fast {
+        if syn {
+            // Opened on the marked way: its replies come back through the
+            // stack, and a connection remembered earlier under the same
+            // addresses and ports (another pod's, before the fast path was
+            // switched off or its gateway left) must not take them.
+            let _ = flows.remove(&flow);
+        }
+        return None;
+    }
+    if syn {
         // SAFETY: `skb` is the context the kernel passed in.
         let ifindex = unsafe { (*ctx.skb.skb).ifindex };
         let pod = PodLink {
@@ -170,16 +187,18 @@ fn remember<K>(ctx: &TcContext, flows: &LruHashMap<K, PodLink>, flow: K, flags: 
 /// `None`: take the marked way.
 fn fast_path(ctx: &TcContext, verdict: &Verdict, ipv6: bool) -> Option<i32> {
     // SAFETY: the value is copied out at once.
-    let tunnel = *unsafe { TUNNELS.get(verdict.mark) }?;
+    let tunnel = unsafe { TUNNELS.get(verdict.mark) }.copied();
+    let fast = tunnel.is_some();
     let headers = if ipv6 {
         let (flow, flags, headers) = tcp6(ctx)?;
-        remember(ctx, &FLOWS6, flow, flags)?;
+        remember(ctx, &FLOWS6, flow, flags, fast)?;
         headers
     } else {
         let (flow, flags, headers) = tcp4(ctx)?;
-        remember(ctx, &FLOWS4, flow, flags)?;
+        remember(ctx, &FLOWS4, flow, flags, fast)?;
         headers
     };
+    let tunnel = tunnel?;
     // What goes out of the tunnel per packet: the IP packet, or for a
     // segmentation offload each segment's headers and payload.
     // SAFETY: `skb` is the context the kernel passed in.

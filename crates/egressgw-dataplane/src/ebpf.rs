@@ -1035,7 +1035,17 @@ impl Classifier {
     /// with such a packet, from the maps as they are, and what one run
     /// costs. The entry's counter counts every run, as for a real packet.
     pub fn trial(&mut self, frame: &[u8], repeat: u32) -> Result<Trial, EbpfError> {
-        let what = "a trial run of the classifier";
+        self.trial_of(Role::Classify, frame, repeat)
+    }
+
+    /// The same with the reply program (`egressgw_reply`, on the tunnel
+    /// device): a frame arriving through the tunnel.
+    pub fn trial_reply(&mut self, frame: &[u8], repeat: u32) -> Result<Trial, EbpfError> {
+        self.trial_of(Role::Reply, frame, repeat)
+    }
+
+    fn trial_of(&mut self, role: Role, frame: &[u8], repeat: u32) -> Result<Trial, EbpfError> {
+        let what = format!("a trial run of {}", role.program());
         // `struct __sk_buff` (its size on current kernels; older ones take
         // a longer context as long as the rest is zero): no mark, no
         // interface.
@@ -1046,7 +1056,7 @@ impl Classifier {
         opts.ctx_in = Some(&ctx_in);
         opts.ctx_out = Some(&mut ctx_out);
         opts.repeat = repeat.max(1);
-        let result = program(&mut self.ebpf, Role::Classify)?
+        let result = program(&mut self.ebpf, role)?
             .test_run(opts)
             .map_err(|e| e.to_string())
             .map_err(failed(what))?;
@@ -1119,13 +1129,22 @@ const SKB_MARK: usize = 8;
 /// When `src` and `dst` are of different families.
 #[must_use]
 pub fn tcp_frame(src: IpAddr, dst: IpAddr) -> Vec<u8> {
+    tcp_packet(src, dst, 40000, 443, TCP_ACK)
+}
+
+#[cfg(test)]
+const TCP_SYN: u8 = 0x02;
+const TCP_ACK: u8 = 0x10;
+
+/// An Ethernet frame of a TCP packet with these ports and flags.
+fn tcp_packet(src: IpAddr, dst: IpAddr, sport: u16, dport: u16, flags: u8) -> Vec<u8> {
     let mut frame = vec![0x02, 0, 0, 0, 0, 2, 0x02, 0, 0, 0, 0, 1];
     let tcp = {
         let mut h = vec![0u8; 20];
-        h[0..2].copy_from_slice(&40000u16.to_be_bytes());
-        h[2..4].copy_from_slice(&443u16.to_be_bytes());
+        h[0..2].copy_from_slice(&sport.to_be_bytes());
+        h[2..4].copy_from_slice(&dport.to_be_bytes());
         h[12] = 5 << 4; // data offset: 5 words
-        h[13] = 0x10; // ACK
+        h[13] = flags;
         h[14..16].copy_from_slice(&64240u16.to_be_bytes());
         h
     };
@@ -1531,6 +1550,62 @@ mod kernel_tests {
                 .unwrap();
             assert_eq!(classifier.counter(7).unwrap().packets, 1 + 1000);
             assert_eq!(classifier.counter(9).unwrap().packets, 1);
+        });
+    }
+
+    #[test]
+    fn a_connection_opened_the_marked_way_gets_its_replies_through_the_stack() {
+        if !root_or_skip("a_connection_opened_the_marked_way_gets_its_replies_through_the_stack") {
+            return;
+        }
+        in_new_netns(|| {
+            // The tunnel's MTU is read from sysfs: this namespace's.
+            use nix::sched::{CloneFlags, unshare};
+            unshare(CloneFlags::CLONE_FS | CloneFlags::CLONE_NEWNS).expect("unshare(CLONE_NEWNS)");
+            sh("mount --make-rprivate / && mount -t sysfs sysfs /sys");
+            sh("ip link add name t0 type veth peer name t1");
+            links_up(&["t0", "t1"]);
+            let mut classifier = Classifier::load().expect("the program loads");
+            let (pod, remote) = (
+                POD.parse::<IpAddr>().unwrap(),
+                "198.51.100.1".parse().unwrap(),
+            );
+            let mut desired = Desired {
+                classify: BTreeMap::from([(
+                    (pod, "198.51.100.0/24".parse().unwrap()),
+                    (verdict(kind::MARK, 0), None),
+                )]),
+                tunnel: Some("t0".into()),
+                tunnels: BTreeMap::from([(MARK, ([2, 0, 0, 0, 0, 3], [2, 0, 0, 0, 0, 4]))]),
+                ..Desired::default()
+            };
+            classifier.sync(&desired).unwrap();
+            let syn = tcp_packet(pod, remote, 40000, 443, TCP_SYN);
+            let reply = tcp_packet(remote, pod, 443, 40000, TCP_SYN | TCP_ACK);
+            assert_eq!(
+                classifier.trial(&syn, 1).unwrap().action,
+                Trial::REDIRECT,
+                "the SYN takes the fast path"
+            );
+            assert_eq!(
+                classifier.trial_reply(&reply, 1).unwrap().action,
+                Trial::REDIRECT,
+                "and so does its reply"
+            );
+            // The fast path off (or the gateway not known): a new
+            // connection under the same addresses and ports, e.g. of a
+            // new pod that got the old one's address, takes the marked way,
+            // and its replies must not go to the interface the earlier
+            // connection was remembered with.
+            desired.tunnels.clear();
+            classifier.sync(&desired).unwrap();
+            let marked = classifier.trial(&syn, 1).unwrap();
+            assert_eq!((marked.action, marked.mark), (Trial::PASS, MARK));
+            assert_eq!(
+                classifier.trial_reply(&reply, 1).unwrap().action,
+                Trial::PASS,
+                "the reply goes through the stack"
+            );
         });
     }
 
