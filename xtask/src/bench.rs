@@ -11,6 +11,7 @@ use std::process::{Command, ExitCode};
 use anyhow::Context;
 use serde_json::json;
 
+use crate::lab::Echo;
 use crate::lab::egressgw::{DeployArgs, deploy, find_binary};
 use crate::lab::session::Lab;
 use crate::lab::state::{LabState, Paths};
@@ -66,11 +67,14 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
         ensure_gateway(&lab)?;
     }
     let command = bench_command(&lab, &binary, &args.flags)?;
+    let echo = Echo::start(&lab.state.topology, &lab.paths, &binary)?;
     println!("running: {}", command.join(" "));
     let status = Command::new(&command[0])
         .args(&command[1..])
         .status()
-        .with_context(|| format!("running {}", command[0]))?;
+        .with_context(|| format!("running {}", command[0]));
+    drop(echo);
+    let status = status?;
     Ok(if status.success() {
         ExitCode::SUCCESS
     } else {
@@ -127,7 +131,7 @@ fn bench_command(
     let target = format!("{}:{}", topo.target.ip, topo.target.iperf3_port);
     let echo_port = topo.target.echo_port.to_string();
     // The clients on the first CPU, the echo servers on the second (the
-    // target's is started there): round trips stay on their CPUs.
+    // target's runs there, `Echo`): round trips stay on their CPUs.
     let cpus = format!("0,{}", crate::lab::target_echo_cpu());
     let kubeconfig = lab.paths.kubeconfig().display().to_string();
     let mut command: Vec<String> = ["ip", "netns", "exec", topo.control_plane.netns.as_str()]

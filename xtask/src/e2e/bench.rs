@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use super::objects;
 use super::run::Run;
+use crate::lab::Echo;
 use crate::lab::session::Lab;
 
 /// The bench's gateway in this scenario.
@@ -171,10 +172,13 @@ fn bench(lab: &Lab, output: &std::path::Path) -> anyhow::Result<()> {
         )
         .chain([output.display().to_string()])
         .collect();
+    let echo = Echo::start(topo, &lab.paths, binary)?;
     let out = std::process::Command::new("ip")
         .args(&args)
         .output()
-        .context("running egressgw bench")?;
+        .context("running egressgw bench");
+    drop(echo);
+    let out = out?;
     if !out.status.success() {
         bail!(
             "egressgw bench failed ({}):\n{}\n{}",

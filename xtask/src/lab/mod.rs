@@ -28,7 +28,6 @@ mod cluster;
 pub mod cmd;
 mod controlplane;
 pub mod down;
-mod echo;
 pub mod egressgw;
 pub mod helm;
 pub mod images;
@@ -51,7 +50,7 @@ pub mod up;
 mod whoami;
 
 pub use state::Paths;
-pub use target::echo_cpu as target_echo_cpu;
+pub use target::{Echo, echo_cpu as target_echo_cpu};
 
 /// `cargo xtask lab <command>`.
 #[derive(Debug, Subcommand)]
@@ -90,15 +89,6 @@ pub enum LabCommand {
     /// The selftest's program: an HTTP server reporting what it runs as.
     #[command(hide = true)]
     Testpod(testpod::TestpodArgs),
-    /// The target's TCP echo service, for the bench's round trips.
-    #[command(hide = true)]
-    Echo {
-        #[arg(long)]
-        listen: SocketAddr,
-        /// Run on this CPU only.
-        #[arg(long)]
-        cpu: Option<usize>,
-    },
     /// The target's TCP service: answers each connection with the client's address.
     #[command(hide = true)]
     Whoami {
@@ -115,10 +105,6 @@ pub fn leftovers(paths: &Paths) -> anyhow::Result<bool> {
 
 pub fn run(command: LabCommand) -> anyhow::Result<ExitCode> {
     match command {
-        LabCommand::Echo { listen, cpu } => {
-            echo::serve(listen, cpu)?;
-            return Ok(ExitCode::SUCCESS);
-        }
         LabCommand::Whoami { listen } => {
             whoami::serve(listen)?;
             return Ok(ExitCode::SUCCESS);
@@ -143,10 +129,7 @@ pub fn run(command: LabCommand) -> anyhow::Result<ExitCode> {
         LabCommand::Image(command) => images::image(&command, &paths)?,
         LabCommand::Selftest(args) => selftest::run(&args, &paths)?,
         LabCommand::Kubelet => kubelet::serve(&paths)?,
-        LabCommand::Whoami { .. }
-        | LabCommand::Echo { .. }
-        | LabCommand::ContainerShim { .. }
-        | LabCommand::Testpod(_) => {
+        LabCommand::Whoami { .. } | LabCommand::ContainerShim { .. } | LabCommand::Testpod(_) => {
             unreachable!("handled above")
         }
     }

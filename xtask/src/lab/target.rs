@@ -1,10 +1,10 @@
-//! The target's services: whoami and a TCP echo server (served by a copy
-//! of this binary) and an iperf3 server, all bound to the target's address
-//! only.
+//! The target's services: whoami (served by a copy of this binary) and an
+//! iperf3 server, both bound to the target's address only; and, while a
+//! bench runs, the deployed egressgw's TCP echo server.
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -24,22 +24,69 @@ pub fn echo_cpu() -> usize {
     thread::available_parallelism().map_or(0, |n| usize::from(n.get() > 1))
 }
 
-/// Starts whoami, the echo server and `iperf3 -s` in the target namespace.
+/// `egressgw bench-echo` in the target's namespace, for the bench's round
+/// trips, pinned to [`echo_cpu`]: listening when this is returned, killed
+/// when it is dropped.
+#[derive(Debug)]
+pub struct Echo(Started);
+
+impl Echo {
+    /// Starts `egressgw` (the binary the lab deployed) as the echo server.
+    pub fn start(topo: &Topology, paths: &Paths, egressgw: &Path) -> anyhow::Result<Self> {
+        let target = &topo.target;
+        let args = [
+            "bench-echo".to_owned(),
+            "--port".to_owned(),
+            target.echo_port.to_string(),
+            "--cpu".to_owned(),
+            echo_cpu().to_string(),
+        ];
+        let mut echo = Echo(process::start(
+            paths,
+            &target.netns,
+            "echo",
+            egressgw,
+            &args,
+        )?);
+        let port = format!(":{}", target.echo_port);
+        let deadline = Instant::now() + LISTEN_TIMEOUT;
+        loop {
+            echo.0.check_running()?;
+            let listening = net::exec(&target.netns, "ss", &["-H", "-l", "-t", "-n"])?;
+            if listening
+                .lines()
+                .filter_map(|l| l.split_whitespace().nth(3))
+                .any(|local| local.ends_with(&port))
+            {
+                return Ok(echo);
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "the echo server does not listen on port {} after {}s",
+                    target.echo_port,
+                    LISTEN_TIMEOUT.as_secs()
+                );
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Echo {
+    fn drop(&mut self) {
+        if let Err(e) = process::kill_now(self.0.record.pid) {
+            eprintln!("stopping the echo server: {e:#}");
+        }
+        self.0.reap();
+    }
+}
+
+/// Starts whoami and `iperf3 -s` in the target namespace.
 pub fn start(topo: &Topology, paths: &Paths) -> anyhow::Result<Vec<Started>> {
     let target = &topo.target;
     let whoami = whoami_binary(paths)?;
     let listen = format!("{}:{}", target.ip, target.whoami_port);
     let whoami_args = ["lab", "whoami", "--listen", &listen].map(String::from);
-    let echo_listen = format!("{}:{}", target.ip, target.echo_port);
-    let echo_args = [
-        "lab",
-        "echo",
-        "--listen",
-        &echo_listen,
-        "--cpu",
-        &echo_cpu().to_string(),
-    ]
-    .map(String::from);
     let iperf3_args = [
         "-s",
         "-B",
@@ -50,7 +97,6 @@ pub fn start(topo: &Topology, paths: &Paths) -> anyhow::Result<Vec<Started>> {
     .map(String::from);
     Ok(vec![
         process::start(paths, &target.netns, "whoami", &whoami, &whoami_args)?,
-        process::start(paths, &target.netns, "echo", &whoami, &echo_args)?,
         process::start(
             paths,
             &target.netns,
@@ -73,11 +119,10 @@ fn whoami_binary(paths: &Paths) -> anyhow::Result<PathBuf> {
     Ok(copy)
 }
 
-/// Waits until the target listens on its whoami, echo and iperf3 ports.
+/// Waits until the target listens on its whoami and iperf3 ports.
 pub fn wait_listening(topo: &Topology, started: &mut [Started]) -> anyhow::Result<()> {
     let target = &topo.target;
-    let wanted = [target.whoami_port, target.echo_port, target.iperf3_port]
-        .map(|p| format!("{}:{p}", target.ip));
+    let wanted = [target.whoami_port, target.iperf3_port].map(|p| format!("{}:{p}", target.ip));
     let deadline = Instant::now() + LISTEN_TIMEOUT;
     loop {
         for process in started.iter_mut() {
@@ -94,7 +139,7 @@ pub fn wait_listening(topo: &Topology, started: &mut [Started]) -> anyhow::Resul
         if Instant::now() > deadline {
             bail!(
                 "the target does not listen on {} after {}s",
-                wanted.join(", "),
+                wanted.join(" and "),
                 LISTEN_TIMEOUT.as_secs()
             );
         }

@@ -50,7 +50,7 @@ pub const API_PORT: u16 = 6443;
 pub const WHOAMI_PORT: u16 = 8080;
 /// The target's iperf3 server port.
 pub const IPERF3_PORT: u16 = 5201;
-/// The target's TCP echo port (the bench's round trips).
+/// The port of the target's TCP echo server while a bench runs.
 pub const ECHO_PORT: u16 = 5202;
 
 /// Label that marks a node as gateway-capable.
@@ -238,8 +238,8 @@ pub struct Target {
     pub cidr: String,
     pub whoami_port: u16,
     pub iperf3_port: u16,
-    /// The echo service's port (a lab brought up before it had one reads
-    /// as the default).
+    /// The port of the echo server a bench runs here (a lab brought up
+    /// before it had one reads as the default).
     #[serde(default = "echo_port")]
     pub echo_port: u16,
     /// Addresses on the segment that no lab host uses (for EIP pools).

@@ -224,8 +224,7 @@ fn print_hosts(topo: &Topology) {
     }
     let t = &topo.target;
     let (ns, ip, whoami, iperf3) = (&t.netns, t.ip, t.whoami_port, t.iperf3_port);
-    let echo = t.echo_port;
-    println!("\ntarget:     netns {ns} at {ip} (whoami :{whoami}, iperf3 :{iperf3}, echo :{echo})");
+    println!("\ntarget:     netns {ns} at {ip} (whoami :{whoami}, iperf3 :{iperf3})");
     let on_gateway = |p: &&Pod| topo.nodes.iter().any(|n| n.name == p.node && n.gateway);
     if let Some(pod) = topo.pods.iter().find(on_gateway) {
         let pod_ns = &pod.netns;

@@ -280,6 +280,35 @@ mod tests {
         }
     }
 
+    /// The client container's args.
+    fn args_of(pod: &Value) -> Vec<&str> {
+        pod["spec"]["containers"][0]["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect()
+    }
+
+    /// A forward run of `case` against `server`, as configured, repeat 1.
+    fn run(case: Case, server: &str) -> Run<'static> {
+        Run {
+            case,
+            variant: Variant {
+                reverse: false,
+                offload: None,
+                datapath: None,
+            },
+            phase: "cur",
+            repeat: 1,
+            server: server.parse().unwrap(),
+            server_port: 5201,
+            bind: None,
+            expect_source: None,
+            parent: None,
+        }
+    }
+
     #[test]
     fn with_an_echo_port_the_server_runs_an_echo_server_and_the_clients_time_round_trips() {
         let echoing = Setup {
@@ -304,27 +333,11 @@ mod tests {
         assert_eq!(echo["readinessProbe"]["tcpSocket"]["port"], 5202);
         assert_eq!(echo["securityContext"]["runAsNonRoot"], true);
         let run = Run {
-            case: Case::PodToTarget,
-            variant: Variant {
-                reverse: false,
-                offload: None,
-                datapath: None,
-            },
-            phase: "cur",
-            repeat: 1,
-            server: "198.51.100.1".parse().unwrap(),
-            server_port: 5201,
-            bind: None,
             expect_source: Some("198.51.100.200".parse().unwrap()),
-            parent: None,
+            ..run(Case::PodToTarget, "198.51.100.1")
         };
-        let args = client_pod(&echoing, &run).unwrap()["spec"]["containers"][0]["args"].clone();
-        let args: Vec<&str> = args
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(Value::as_str)
-            .collect();
+        let pod = client_pod(&echoing, &run).unwrap();
+        let args = args_of(&pod);
         assert!(
             args.windows(2).any(|w| w == ["--echo-port", "5202"]),
             "{args:?}"
@@ -336,7 +349,6 @@ mod tests {
     fn case_3_runs_in_the_pod_network_selected_by_the_policy() {
         let s = setup();
         let run = Run {
-            case: Case::PodToTarget,
             variant: Variant {
                 reverse: true,
                 offload: Some(false),
@@ -344,11 +356,8 @@ mod tests {
             },
             phase: "off",
             repeat: 2,
-            server: s.target,
-            server_port: 5201,
-            bind: None,
             expect_source: Some("198.51.100.100".parse().unwrap()),
-            parent: None,
+            ..run(Case::PodToTarget, &s.target.to_string())
         };
         let pod = client_pod(&s, &run).unwrap();
         assert_eq!(pod["metadata"]["name"], "c3-rev-off-r2");
@@ -361,12 +370,7 @@ mod tests {
             CASE3_LABEL.1
         );
         assert_eq!(policy["spec"]["destSubnet"][0], "198.51.100.1/32");
-        let command: Vec<&str> = pod["spec"]["containers"][0]["args"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(Value::as_str)
-            .collect();
+        let command = args_of(&pod);
         assert!(
             command
                 .windows(2)
@@ -380,19 +384,9 @@ mod tests {
     fn cases_1_and_2_run_on_the_node_network() {
         let s = setup();
         let run = Run {
-            case: Case::TunnelToTunnel,
-            variant: Variant {
-                reverse: false,
-                offload: None,
-                datapath: None,
-            },
-            phase: "cur",
-            repeat: 1,
-            server: "10.6.0.1".parse().unwrap(),
-            server_port: 5201,
             bind: Some("10.6.0.3".parse().unwrap()),
-            expect_source: None,
             parent: Some("eth0".into()),
+            ..run(Case::TunnelToTunnel, "10.6.0.1")
         };
         let pod = client_pod(&s, &run).unwrap();
         assert_eq!(pod["spec"]["hostNetwork"], true);
