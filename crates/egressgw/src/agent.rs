@@ -41,6 +41,7 @@ use kube::{Api, Client};
 use tokio::sync::Notify;
 
 use crate::cluster::health::{self, Health};
+use crate::cluster::metrics::AgentMetrics;
 use crate::cluster::owner::Owner;
 use crate::cluster::watch::Stores;
 use crate::cluster::{self, ClusterArgs, lease};
@@ -53,6 +54,9 @@ const MANAGER: &str = "egressgw-agent";
 const DEBOUNCE: Duration = Duration::from_millis(50);
 /// Reconcile at least this often, to repair drift nobody announced.
 const RESYNC: Duration = Duration::from_secs(30);
+/// How often the policies' counters are read into the metrics between
+/// reconciles (one map lookup per policy).
+const TRAFFIC_EVERY: Duration = Duration::from_secs(5);
 /// How often the Lease is renewed.
 const RENEW_EVERY: Duration = Duration::from_secs(1);
 /// How often the agent's watches are renewed: the most its view stays
@@ -204,7 +208,9 @@ async fn agent(args: &AgentArgs, config: Config, running: &Running) -> anyhow::R
         let api = Api::namespaced(client.clone(), &args.cluster.namespace);
         let _ = running.owner.set(Owner::watch(api, name));
     }
-    let health = Arc::new(Health::default());
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = AgentMetrics::register(&mut registry);
+    let health = Arc::new(Health::new(registry));
     health::serve(args.health_addr, Arc::clone(&health)).await?;
 
     let changed = Arc::new(Notify::new());
@@ -263,6 +269,7 @@ async fn agent(args: &AgentArgs, config: Config, running: &Running) -> anyhow::R
         stores,
         dataplane,
         health,
+        metrics,
         liveness: Arc::clone(&liveness),
         memory,
         planned: None,
@@ -273,6 +280,8 @@ async fn agent(args: &AgentArgs, config: Config, running: &Running) -> anyhow::R
     };
     let mut retry = Backoff::default();
     let mut replan = true;
+    let mut traffic = tokio::time::interval(TRAFFIC_EVERY);
+    traffic.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let wait = if agent.reconcile(replan).await {
             retry.reset();
@@ -280,13 +289,17 @@ async fn agent(args: &AgentArgs, config: Config, running: &Running) -> anyhow::R
         } else {
             retry.next()
         };
-        replan = tokio::select! {
-            () = changed.notified() => {
-                tokio::time::sleep(DEBOUNCE).await;
-                true
+        let until = tokio::time::Instant::now() + wait;
+        replan = loop {
+            tokio::select! {
+                () = changed.notified() => {
+                    tokio::time::sleep(DEBOUNCE).await;
+                    break true;
+                }
+                () = liveness.changed.notified() => break false,
+                () = tokio::time::sleep_until(until) => break true,
+                _ = traffic.tick() => agent.refresh_traffic(),
             }
-            () = liveness.changed.notified() => false,
-            () = tokio::time::sleep(wait) => true,
         };
     }
 }
@@ -337,6 +350,7 @@ struct Agent {
     stores: Stores,
     dataplane: Dataplane<Rtnetlink, Nft>,
     health: Arc<Health>,
+    metrics: AgentMetrics,
     liveness: Arc<Liveness>,
     memory: Memory,
     /// The last plan of this node and the node's underlay address then.
@@ -367,7 +381,9 @@ impl Agent {
         let started = Instant::now();
         let report = self.dataplane.reconcile(state).await;
         self.reconciles += 1;
-        log_report(&report, state, started.elapsed());
+        let took = started.elapsed();
+        log_report(&report, state, took);
+        self.metrics.reconciled(&report, took, state.eips.len());
         let ok = report.is_ok();
         if ok {
             self.health.set_ready(true);
@@ -416,6 +432,18 @@ impl Agent {
                 .collect::<serde_json::Map<_, _>>(),
         };
         serde_json::json!({ "at": Timestamp::now().to_string(), "policies": policies })
+    }
+
+    /// Reads the policies' counters into the metrics, between reconciles.
+    fn refresh_traffic(&self) {
+        if let Some(Ok(counters)) = self.dataplane.policy_counters() {
+            self.metrics.set_traffic(
+                counters
+                    .iter()
+                    .map(|(p, c)| (p.clone(), (c.packets, c.bytes)))
+                    .collect(),
+            );
+        }
     }
 
     /// Plans this node from the stores; false when it cannot yet.

@@ -35,6 +35,7 @@ use tokio::sync::{Notify, watch};
 use crate::cluster::decoded::Decoded;
 use crate::cluster::health::{self, Health};
 use crate::cluster::lease::{self, Elector, Liveness};
+use crate::cluster::metrics::ControllerMetrics;
 use crate::cluster::watch::{Stores, watch as watch_kind};
 use crate::cluster::{self, ClusterArgs};
 use crate::load_config;
@@ -104,7 +105,9 @@ async fn controller(args: &ControllerArgs, config: Config) -> anyhow::Result<()>
     let identity = args.identity.clone().unwrap_or_else(default_identity);
     tracing::info!(identity, "egressgw controller starting");
     let client = cluster::client(args.cluster.kubeconfig.as_deref()).await?;
-    let health = Arc::new(Health::default());
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = ControllerMetrics::register(&mut registry);
+    let health = Arc::new(Health::new(registry));
     health::serve(args.health_addr, Arc::clone(&health)).await?;
 
     let changed = Arc::new(Notify::new());
@@ -171,6 +174,7 @@ async fn controller(args: &ControllerArgs, config: Config) -> anyhow::Result<()>
             }
             result = leading.changed() => {
                 result.context("the leader election stopped")?;
+                metrics.set_leader(*leading.borrow());
                 pending = true;
             }
             () = tokio::time::sleep(LIVENESS_TICK) => {}

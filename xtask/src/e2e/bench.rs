@@ -192,16 +192,7 @@ fn bench(lab: &Lab, output: &std::path::Path) -> anyhow::Result<()> {
 
 /// Bytes `node`'s `egress.vxlan` has sent.
 fn tunnel_tx_bytes(lab: &Lab, node: &str) -> anyhow::Result<u64> {
-    let netns = lab
-        .state
-        .topology
-        .nodes
-        .iter()
-        .find(|n| n.name == node)
-        .with_context(|| format!("no node {node}"))?
-        .netns
-        .as_str()
-        .to_owned();
+    let netns = lab.node(node)?.netns.as_str().to_owned();
     let text = crate::lab::cmd::run(
         "ip",
         &[

@@ -21,6 +21,7 @@ use crate::lab::{down, process};
 mod bench;
 mod failover;
 mod install;
+mod metrics;
 mod objects;
 mod run;
 mod scenarios;

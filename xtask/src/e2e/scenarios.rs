@@ -18,7 +18,7 @@ use super::{failover, install, tenancy};
 pub type Scenario = (&'static str, fn(&mut Run) -> anyhow::Result<()>);
 
 /// Every scenario, in the order they run.
-pub const ALL: [Scenario; 26] = [
+pub const ALL: [Scenario; 27] = [
     (
         "chart_is_lint_clean_and_bad_values_change_nothing",
         install::chart_is_lint_clean_and_bad_values_change_nothing,
@@ -66,6 +66,10 @@ pub const ALL: [Scenario; 26] = [
     (
         "new_pod_matching_a_policy_is_covered",
         new_pod_matching_a_policy_is_covered,
+    ),
+    (
+        "metrics_count_a_policys_traffic_and_every_daemon_serves_them",
+        super::metrics::metrics_count_a_policys_traffic_and_every_daemon_serves_them,
     ),
     (
         "killed_agent_keeps_traffic_flowing_and_restarts_without_changes",
@@ -130,7 +134,7 @@ pub const ALL: [Scenario; 26] = [
 const TARGET_NET: &str = "198.51.100.0/24";
 /// A network no lab host is in.
 const ELSEWHERE: &str = "203.0.113.0/24";
-const TEAM_A: &str = "team-a";
+pub(super) const TEAM_A: &str = "team-a";
 const WEB: [&str; 3] = ["web-1", "web-2", "web-3"];
 const BATCH: [&str; 3] = ["batch-1", "batch-2", "batch-3"];
 const POLICY: &str = "egresspolicy";

@@ -59,6 +59,17 @@ pub fn http_status(
     path: &str,
     timeout: Duration,
 ) -> anyhow::Result<u16> {
+    http_get(ns, addr, path, timeout).map(|(code, _)| code)
+}
+
+/// `GET path` on `addr` from `ns` (HTTP/1.0, so the server closes when
+/// done): the status code and the body.
+pub fn http_get(
+    ns: &Netns,
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+) -> anyhow::Result<(u16, String)> {
     in_netns(ns, || {
         let mut stream = TcpStream::connect_timeout(&addr, timeout)
             .with_context(|| format!("connecting to {addr}"))?;
@@ -66,11 +77,14 @@ pub fn http_status(
         stream.set_write_timeout(Some(timeout))?;
         write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")
             .with_context(|| format!("sending GET {path} to {addr}"))?;
-        let mut head = [0u8; 64];
-        let n = stream
-            .read(&mut head)
+        let mut response = Vec::new();
+        stream
+            .read_to_end(&mut response)
             .with_context(|| format!("reading the answer to GET {path} from {addr}"))?;
-        status_code(&head[..n]).with_context(|| format!("GET {path} on {addr}"))
+        let code = status_code(&response).with_context(|| format!("GET {path} on {addr}"))?;
+        let text = String::from_utf8_lossy(&response);
+        let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        Ok((code, body.to_owned()))
     })
 }
 

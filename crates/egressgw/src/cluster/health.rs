@@ -1,21 +1,46 @@
-//! A minimal HTTP endpoint for probes: `GET /healthz` answers 200 while the
-//! process runs, `GET /readyz` 200 once the daemon says it is ready (503
-//! before), `GET /status` the daemon's last report as JSON.
+//! The daemons' HTTP endpoint: `GET /livez` (and `/healthz`, its older
+//! name) answers 200 while the process serves; `/readyz` 200 once the
+//! daemon says it is ready, 503 before; `/status` the daemon's last report
+//! as JSON; `/metrics` its metrics in the OpenMetrics text format, which
+//! Prometheus scrapes (docs/operations.md lists them).
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use anyhow::Context;
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::{TcpListener, TcpStream};
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use prometheus_client::registry::Registry;
+
+/// The content type of `/metrics`.
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// What the endpoint reports; shared with the daemon.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Health {
     state: Mutex<(bool, serde_json::Value)>,
+    /// The daemon's metrics, registered before the endpoint starts.
+    registry: Registry,
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Self::new(Registry::default())
+    }
 }
 
 impl Health {
+    /// Not ready, no status yet, and `registry`'s metrics.
+    pub fn new(registry: Registry) -> Self {
+        Self {
+            state: Mutex::new((false, serde_json::Value::Null)),
+            registry,
+        }
+    }
+
     pub fn set_ready(&self, ready: bool) {
         self.state.lock().unwrap_or_else(PoisonError::into_inner).0 = ready;
     }
@@ -24,56 +49,127 @@ impl Health {
         self.state.lock().unwrap_or_else(PoisonError::into_inner).1 = status;
     }
 
-    fn get(&self) -> (bool, serde_json::Value) {
+    fn ready(&self) -> bool {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).0
+    }
+
+    fn status(&self) -> serde_json::Value {
         self.state
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+            .1
             .clone()
     }
 }
 
-/// Binds `addr` and serves probes until the process ends.
-pub async fn serve(addr: SocketAddr, health: Arc<Health>) -> anyhow::Result<()> {
-    let listener = TcpListener::bind(addr)
+/// Binds `addr` and serves the endpoint until the process ends; returns
+/// the address bound (port 0 picks one).
+pub async fn serve(addr: SocketAddr, health: Arc<Health>) -> anyhow::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding the health endpoint to {addr}"))?;
-    tracing::info!(%addr, "health endpoint listening");
+    let bound = listener
+        .local_addr()
+        .context("reading the health endpoint's address")?;
+    tracing::info!(addr = %bound, "health endpoint listening");
     tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
-            let health = Arc::clone(&health);
-            tokio::spawn(async move {
-                // A probe that stalls is dropped; it never blocks others.
-                let _ = tokio::time::timeout(
-                    std::time::Duration::from_secs(2),
-                    answer(stream, &health),
-                )
-                .await;
-            });
+        if let Err(e) = axum::serve(listener, router(health)).await {
+            tracing::error!(error = %e, "the health endpoint stopped");
         }
     });
-    Ok(())
+    Ok(bound)
 }
 
-async fn answer(mut stream: TcpStream, health: &Health) -> std::io::Result<()> {
-    let mut buf = [0u8; 1024];
-    let n = stream.read(&mut buf).await?;
-    let request = String::from_utf8_lossy(&buf[..n]);
-    let path = request.split_whitespace().nth(1).unwrap_or("/");
-    let (ready, status) = health.get();
-    let (code, body) = match path {
-        "/healthz" => ("200 OK", "ok\n".to_owned()),
-        "/readyz" if ready => ("200 OK", "ready\n".to_owned()),
-        "/readyz" => ("503 Service Unavailable", "not ready\n".to_owned()),
-        "/status" => ("200 OK", format!("{status:#}\n")),
-        _ => ("404 Not Found", "not found\n".to_owned()),
-    };
-    let response = format!(
-        "HTTP/1.1 {code}\r\ncontent-length: {}\r\ncontent-type: text/plain\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(response.as_bytes()).await?;
-    stream.shutdown().await
+fn router(health: Arc<Health>) -> Router {
+    Router::new()
+        .route("/livez", get(live))
+        .route("/healthz", get(live))
+        .route("/readyz", get(ready))
+        .route("/status", get(status))
+        .route("/metrics", get(metrics))
+        .with_state(health)
+}
+
+async fn live() -> &'static str {
+    "ok\n"
+}
+
+async fn ready(State(health): State<Arc<Health>>) -> (StatusCode, &'static str) {
+    if health.ready() {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+    }
+}
+
+async fn status(State(health): State<Arc<Health>>) -> Response {
+    let body = format!("{:#}\n", health.status());
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+async fn metrics(State(health): State<Arc<Health>>) -> Response {
+    let mut text = String::new();
+    match prometheus_client::encoding::text::encode(&mut text, &health.registry) {
+        Ok(()) => ([(header::CONTENT_TYPE, OPENMETRICS)], text).into_response(),
+        Err(_) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the metrics could not be encoded\n",
+        )
+            .into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prometheus_client::metrics::counter::Counter;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    use super::*;
+
+    /// `GET path` over a fresh connection: the status line and the body.
+    async fn get(addr: SocketAddr, path: &str) -> (String, String) {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.unwrap();
+        let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+        let status = head.lines().next().unwrap_or_default().to_owned();
+        (status, body.to_owned())
+    }
+
+    #[tokio::test]
+    async fn probes_status_and_metrics_answer_as_the_daemon_says() {
+        let mut registry = Registry::default();
+        let counter: Counter = Counter::default();
+        registry.register("egressgw_test_things", "Things counted.", counter.clone());
+        counter.inc_by(3);
+        let health = Arc::new(Health::new(registry));
+        let addr = serve("127.0.0.1:0".parse().unwrap(), Arc::clone(&health))
+            .await
+            .unwrap();
+
+        assert!(get(addr, "/livez").await.0.contains(" 200 "));
+        assert!(get(addr, "/healthz").await.0.contains(" 200 "));
+        let (status, body) = get(addr, "/readyz").await;
+        assert!(status.contains(" 503 "), "{status}");
+        assert_eq!(body, "not ready\n");
+        health.set_ready(true);
+        assert!(get(addr, "/readyz").await.0.contains(" 200 "));
+
+        health.set_status(serde_json::json!({"node": "node-1"}));
+        let (_, body) = get(addr, "/status").await;
+        let parsed: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(parsed["node"], "node-1");
+
+        let (status, body) = get(addr, "/metrics").await;
+        assert!(status.contains(" 200 "), "{status}");
+        assert!(
+            body.contains("# TYPE egressgw_test_things counter"),
+            "{body}"
+        );
+        assert!(body.contains("egressgw_test_things_total 3"), "{body}");
+        assert!(body.ends_with("# EOF\n"), "{body}");
+        assert!(get(addr, "/nothing").await.0.contains(" 404 "));
+    }
 }

@@ -4,6 +4,7 @@
 pub mod decoded;
 pub mod health;
 pub mod lease;
+pub mod metrics;
 pub mod owner;
 pub mod watch;
 

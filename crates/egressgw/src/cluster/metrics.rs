@@ -1,0 +1,251 @@
+//! What the daemons export on `/metrics`, each registered here with its
+//! help text (docs/operations.md is the reference). Names follow
+//! Prometheus' conventions: the `egressgw_` prefix, base units, counters
+//! ending in `_total` (the encoder adds it). No label carries a pod's
+//! address: every label's values are bounded by the cluster's objects.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use egressgw_core::model::PolicyRef;
+use egressgw_dataplane::ops::Report;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// A label set of one label.
+type Label = [(&'static str, &'static str); 1];
+
+/// An agent's metrics.
+#[derive(Debug, Clone)]
+pub struct AgentMetrics {
+    reconcile_seconds: Histogram,
+    reconciles: Family<Label, Counter>,
+    ops: Family<Label, Counter>,
+    last_success: Gauge<f64, AtomicU64>,
+    eips: Gauge,
+    traffic: Arc<PolicyTraffic>,
+}
+
+impl AgentMetrics {
+    /// The agent's metrics, registered in `registry`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = Self {
+            // 1 ms to about 16 s.
+            reconcile_seconds: Histogram::new(
+                prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 15),
+            ),
+            reconciles: Family::default(),
+            ops: Family::default(),
+            last_success: Gauge::default(),
+            eips: Gauge::default(),
+            traffic: Arc::default(),
+        };
+        registry.register(
+            "egressgw_reconcile_duration_seconds",
+            "Time a reconcile of this node's kernel state took (read back, plan, apply).",
+            metrics.reconcile_seconds.clone(),
+        );
+        registry.register(
+            "egressgw_reconciles",
+            "Reconciles of this node's kernel state, by result (ok: every operation \
+             applied; failed: at least one failed).",
+            metrics.reconciles.clone(),
+        );
+        registry.register(
+            "egressgw_reconcile_operations",
+            "Kernel operations reconciles carried out, by result (applied, failed).",
+            metrics.ops.clone(),
+        );
+        registry.register(
+            "egressgw_reconcile_last_success_timestamp_seconds",
+            "When the last reconcile that applied every operation ended (Unix time).",
+            metrics.last_success.clone(),
+        );
+        registry.register(
+            "egressgw_eips_held",
+            "Egress IPs this node holds: SNATs to and announces on its network.",
+            metrics.eips.clone(),
+        );
+        registry.register_collector(Box::new(Arc::clone(&metrics.traffic)));
+        metrics
+    }
+
+    /// Records one reconcile: its report, how long it took and how many
+    /// EIPs the node holds after it.
+    pub fn reconciled(&self, report: &Report, took: Duration, eips: usize) {
+        self.reconcile_seconds.observe(took.as_secs_f64());
+        let result = if report.is_ok() { "ok" } else { "failed" };
+        self.reconciles.get_or_create(&[("result", result)]).inc();
+        self.ops
+            .get_or_create(&[("result", "applied")])
+            .inc_by(report.applied.len() as u64);
+        self.ops
+            .get_or_create(&[("result", "failed")])
+            .inc_by(report.failed.len() as u64);
+        if report.is_ok() {
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default();
+            self.last_success.set(now.as_secs_f64());
+        }
+        self.eips.set(i64::try_from(eips).unwrap_or(i64::MAX));
+    }
+
+    /// Each policy's packets and bytes as the classifier counted them
+    /// (read at the end of a reconcile): what `/metrics` shows until the
+    /// next.
+    pub fn set_traffic(&self, traffic: BTreeMap<PolicyRef, (u64, u64)>) {
+        *self
+            .traffic
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = traffic;
+    }
+}
+
+/// Which of (packets, bytes) a family shows.
+type Pick = fn(&(u64, u64)) -> u64;
+
+/// Per policy, the packets and bytes the eBPF classifier sent through a
+/// gateway from this node: counters the kernel keeps, exported as they
+/// were last read.
+#[derive(Debug, Default)]
+struct PolicyTraffic(Mutex<BTreeMap<PolicyRef, (u64, u64)>>);
+
+impl Collector for PolicyTraffic {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let traffic = self
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let families: [(&str, &str, Pick); 2] = [
+            (
+                "egressgw_policy_packets",
+                "Packets of the policy's selected pods that this node sent through \
+                 a gateway (eBPF datapath), by the policy's namespace (empty for an \
+                 EgressClusterPolicy) and name.",
+                |c| c.0,
+            ),
+            (
+                "egressgw_policy_bytes",
+                "Bytes (whole frames) of the policy's selected pods that this node \
+                 sent through a gateway (eBPF datapath).",
+                |c| c.1,
+            ),
+        ];
+        for (name, help, pick) in families {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (policy, counts) in &traffic {
+                let labels = [
+                    ("namespace", policy.namespace.as_deref().unwrap_or("")),
+                    ("policy", policy.name.as_str()),
+                ];
+                ConstCounter::new(pick(counts)).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The controller's metrics.
+#[derive(Debug, Clone)]
+pub struct ControllerMetrics {
+    leader: Gauge,
+}
+
+impl ControllerMetrics {
+    /// The controller's metrics, registered in `registry`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = Self {
+            leader: Gauge::default(),
+        };
+        registry.register(
+            "egressgw_controller_leader",
+            "1 while this replica holds the leader Lease and allocates, 0 while it waits.",
+            metrics.leader.clone(),
+        );
+        metrics
+    }
+
+    pub fn set_leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use egressgw_dataplane::ops::Failure;
+
+    use super::*;
+
+    fn text(registry: &Registry) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, registry).unwrap();
+        out
+    }
+
+    #[test]
+    fn a_reconcile_and_the_policies_traffic_show_in_the_agents_metrics() {
+        let mut registry = Registry::default();
+        let metrics = AgentMetrics::register(&mut registry);
+        let ok = Report {
+            applied: vec!["add rule".into(), "add route".into()],
+            ..Report::default()
+        };
+        metrics.reconciled(&ok, Duration::from_millis(12), 1);
+        let failed = Report {
+            failed: vec![Failure {
+                op: "add route".into(),
+                error: "no such device".into(),
+            }],
+            ..Report::default()
+        };
+        metrics.reconciled(&failed, Duration::from_millis(3), 1);
+        metrics.set_traffic(BTreeMap::from([
+            (PolicyRef::namespaced("team-a", "web"), (12, 1180)),
+            (PolicyRef::cluster("batch-to-partner"), (3, 200)),
+        ]));
+        let out = text(&registry);
+        for line in [
+            "egressgw_reconciles_total{result=\"ok\"} 1",
+            "egressgw_reconciles_total{result=\"failed\"} 1",
+            "egressgw_reconcile_operations_total{result=\"applied\"} 2",
+            "egressgw_reconcile_operations_total{result=\"failed\"} 1",
+            "egressgw_reconcile_duration_seconds_count 2",
+            "egressgw_eips_held 1",
+            "egressgw_policy_packets_total{namespace=\"team-a\",policy=\"web\"} 12",
+            "egressgw_policy_bytes_total{namespace=\"team-a\",policy=\"web\"} 1180",
+            "egressgw_policy_bytes_total{namespace=\"\",policy=\"batch-to-partner\"} 200",
+        ] {
+            assert!(out.contains(line), "no {line:?} in\n{out}");
+        }
+        assert!(
+            out.contains("# TYPE egressgw_policy_bytes counter"),
+            "{out}"
+        );
+        let last = out
+            .lines()
+            .find_map(|l| l.strip_prefix("egressgw_reconcile_last_success_timestamp_seconds "))
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap();
+        assert!(last > 1.7e9, "{last}");
+    }
+
+    #[test]
+    fn the_controller_says_whether_it_leads() {
+        let mut registry = Registry::default();
+        let metrics = ControllerMetrics::register(&mut registry);
+        assert!(text(&registry).contains("egressgw_controller_leader 0"));
+        metrics.set_leader(true);
+        assert!(text(&registry).contains("egressgw_controller_leader 1"));
+    }
+}

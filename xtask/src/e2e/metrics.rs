@@ -1,0 +1,189 @@
+//! The daemons' `/metrics`, scraped as Prometheus would: from the nodes'
+//! network, at each agent's node address and each controller Pod's own.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{Context, ensure};
+
+use super::run::{Run, eip_holders, eventually};
+use super::scenarios::{TEAM_A, setup_gateway, setup_web_policy};
+use super::traffic::{Expect, IperfRun};
+use crate::lab::egressgw::AGENT_HEALTH_PORT;
+use crate::lab::probe;
+use crate::lab::session::Lab;
+use crate::lab::topology::Netns;
+
+/// The controllers' health port (the chart's default).
+const CONTROLLER_HEALTH_PORT: u16 = 9811;
+const SCRAPE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// `GET /metrics` at `addr` from `ns`: its body, after checking that it is
+/// a whole OpenMetrics exposition.
+fn scrape(ns: &Netns, addr: SocketAddr) -> anyhow::Result<String> {
+    let (code, body) = probe::http_get(ns, addr, "/metrics", SCRAPE_TIMEOUT)?;
+    ensure!(
+        code == 200,
+        "GET /metrics on {addr} in {ns} answered {code}"
+    );
+    ensure!(
+        body.ends_with("# EOF\n"),
+        "GET /metrics on {addr} in {ns} is not a whole exposition: {}",
+        body.chars().rev().take(80).collect::<String>()
+    );
+    Ok(body)
+}
+
+/// The agent of `node`'s metrics, at its node address.
+fn scrape_agent(lab: &Lab, node: &str) -> anyhow::Result<String> {
+    let n = lab.node(node)?;
+    scrape(&n.netns, SocketAddr::from((n.ip, AGENT_HEALTH_PORT)))
+}
+
+/// The value of the sample `name{labels}` (labels as written, in order).
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+}
+
+fn policy_bytes(text: &str, namespace: &str, policy: &str) -> Option<f64> {
+    sample(
+        text,
+        &format!("egressgw_policy_bytes_total{{namespace=\"{namespace}\",policy=\"{policy}\"}}"),
+    )
+}
+
+/// Every agent and controller serves `/metrics`; after an iperf3 run from
+/// web-3 through policy team-a/web, node-3's agent counts at least the
+/// bytes the target received in `egressgw_policy_bytes_total` (eBPF
+/// datapath; the nftables datapath exports no policy series); the node
+/// holding the EIP says so in `egressgw_eips_held`; the leading controller
+/// in `egressgw_controller_leader`.
+pub fn metrics_count_a_policys_traffic_and_every_daemon_serves_them(
+    run: &mut Run,
+) -> anyhow::Result<()> {
+    let eip = setup_gateway(run, "e2e-metrics")?;
+    setup_web_policy(run, "e2e-metrics")?;
+    run.expect_all(&["web-3"], Expect::Source(eip))?;
+
+    let nodes: Vec<String> = run
+        .lab
+        .state
+        .topology
+        .nodes
+        .iter()
+        .map(|n| n.name.clone())
+        .collect();
+    for node in &nodes {
+        let text = scrape_agent(run.lab, node)?;
+        ensure!(
+            sample(&text, "egressgw_reconciles_total{result=\"ok\"}").is_some_and(|n| n >= 1.0),
+            "the agent of {node} reports no successful reconcile:\n{text}"
+        );
+    }
+    let leaders = controllers_leading(run.lab)?;
+    ensure!(
+        leaders.iter().filter(|l| **l).count() == 1,
+        "controllers leading, per controller Pod: {leaders:?} (want exactly one)"
+    );
+
+    let tunnel = run.get("egresstunnel", None, "node-3")?;
+    let datapath = tunnel["status"]["datapath"]["name"]
+        .as_str()
+        .unwrap_or("?")
+        .to_owned();
+    let before = policy_bytes(&scrape_agent(run.lab, "node-3")?, TEAM_A, "web");
+    let iperf = IperfRun::start(&run.netns("web-3")?, run.iperf3_target(), 2)?
+        .finish()
+        .context("iperf3 from web-3 through team-a/web")?;
+    let sent = iperf.bytes_received as f64;
+    let counted = if datapath == "ebpf" {
+        let before = before.unwrap_or(0.0);
+        let lab = &*run.lab;
+        let after = eventually(
+            "node-3's egressgw_policy_bytes_total of team-a/web to rise by what iperf3 moved",
+            Duration::from_secs(20),
+            || {
+                let text = scrape_agent(lab, "node-3").map_err(|e| format!("{e:#}"))?;
+                let now = policy_bytes(&text, TEAM_A, "web").ok_or("no such series")?;
+                if now - before >= sent {
+                    Ok(now)
+                } else {
+                    Err(format!(
+                        "{now} (rose by {}, iperf3 moved {sent})",
+                        now - before
+                    ))
+                }
+            },
+        )?;
+        format!(
+            "team-a/web counted {:.0} bytes for {sent:.0} received",
+            after - before
+        )
+    } else {
+        ensure!(
+            before.is_none(),
+            "node-3 runs the {datapath} datapath, which has no policy counters, yet exports {before:?}"
+        );
+        format!("{datapath} datapath: no policy series, as documented")
+    };
+
+    for holder in eip_holders(run.lab, eip)? {
+        let text = scrape_agent(run.lab, &holder)?;
+        ensure!(
+            sample(&text, "egressgw_eips_held").is_some_and(|n| n >= 1.0),
+            "{holder} holds {eip} but egressgw_eips_held says {:?}",
+            sample(&text, "egressgw_eips_held")
+        );
+    }
+    run.note(format!(
+        "{} agents and {} controllers scraped; {counted}",
+        nodes.len(),
+        leaders.len()
+    ));
+    Ok(())
+}
+
+/// Per controller Pod (its network namespace in the lab), whether its
+/// `egressgw_controller_leader` is 1.
+fn controllers_leading(lab: &Lab) -> anyhow::Result<Vec<bool>> {
+    let all = crate::lab::net::lab_netns(&lab.paths.prefix)?;
+    let controllers: Vec<&Netns> = all
+        .iter()
+        .filter(|ns| ns.as_str().contains("egressgw-controller"))
+        .collect();
+    ensure!(
+        !controllers.is_empty(),
+        "no controller Pod's namespace in the lab"
+    );
+    controllers
+        .into_iter()
+        .map(|ns| {
+            let text = scrape(
+                ns,
+                SocketAddr::from(([127, 0, 0, 1], CONTROLLER_HEALTH_PORT)),
+            )?;
+            let leader = sample(&text, "egressgw_controller_leader")
+                .with_context(|| format!("no egressgw_controller_leader in {ns}:\n{text}"))?;
+            Ok(leader == 1.0)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn samples_are_found_by_their_whole_series() {
+        let text = "# TYPE egressgw_policy_bytes counter\n\
+            egressgw_policy_bytes_total{namespace=\"team-a\",policy=\"web\"} 1180\n\
+            egressgw_policy_bytes_total{namespace=\"team-a\",policy=\"web2\"} 7\n\
+            egressgw_eips_held 1\n# EOF\n";
+        assert_eq!(policy_bytes(text, "team-a", "web"), Some(1180.0));
+        assert_eq!(policy_bytes(text, "team-a", "we"), None);
+        assert_eq!(sample(text, "egressgw_eips_held"), Some(1.0));
+        assert_eq!(sample(text, "egressgw_eips"), None);
+    }
+}
