@@ -225,6 +225,48 @@ mod tests {
     }
 
     #[test]
+    fn every_alert_parses_names_documented_metrics_and_says_what_to_do() {
+        let root = crate::workspace_root();
+        let file = root.join(CHART_DIR).join("files/alerts.yaml");
+        let alerts: serde_yaml::Value =
+            serde_yaml::from_str(&fs::read_to_string(&file).unwrap()).unwrap();
+        let documented = fs::read_to_string(root.join("docs/operations.md")).unwrap();
+        let rules = alerts["groups"][0]["rules"].as_sequence().unwrap();
+        assert!(rules.len() >= 5, "{rules:?}");
+        for rule in rules {
+            let name = rule["alert"].as_str().unwrap();
+            let expr = rule["expr"].as_str().unwrap();
+            promql_parser::parser::parse(expr)
+                .unwrap_or_else(|e| panic!("alert {name}: {expr:?} does not parse: {e}"));
+            for metric in expr
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|w| w.starts_with("egressgw_"))
+            {
+                assert!(
+                    documented.contains(&format!("`{metric}`")),
+                    "alert {name} uses {metric}, which docs/operations.md does not list"
+                );
+            }
+            for key in ["summary", "description"] {
+                assert!(
+                    rule["annotations"][key]
+                        .as_str()
+                        .is_some_and(|t| !t.is_empty()),
+                    "alert {name} has no {key}"
+                );
+            }
+            assert!(
+                documented.contains(&format!("`{name}`")),
+                "docs/operations.md does not describe alert {name}"
+            );
+        }
+        assert!(
+            promql_parser::parser::parse("egressgw_policy_ready ==").is_err(),
+            "the parser accepts anything"
+        );
+    }
+
+    #[test]
     fn the_chart_has_a_reference_row_for_every_key() {
         let chart = crate::workspace_root().join(CHART_DIR);
         let doc = values_doc(&chart).unwrap();

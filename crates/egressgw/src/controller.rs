@@ -160,6 +160,7 @@ async fn controller(args: &ControllerArgs, config: Config) -> anyhow::Result<()>
         agent_timeout: Duration::from_secs_f64(args.agent_timeout),
         recorder,
         health,
+        metrics: metrics.clone(),
         unavailable: BTreeSet::new(),
         invalid_reported: HashMap::new(),
         unreachable_reported: BTreeMap::new(),
@@ -174,7 +175,12 @@ async fn controller(args: &ControllerArgs, config: Config) -> anyhow::Result<()>
             }
             result = leading.changed() => {
                 result.context("the leader election stopped")?;
-                metrics.set_leader(*leading.borrow());
+                let now_leading = *leading.borrow();
+                metrics.set_leader(now_leading);
+                if !now_leading {
+                    // Only the leader speaks for the objects.
+                    metrics.clear_objects();
+                }
                 pending = true;
             }
             () = tokio::time::sleep(LIVENESS_TICK) => {}
@@ -244,6 +250,7 @@ struct Control {
     agent_timeout: Duration,
     recorder: Recorder,
     health: Arc<Health>,
+    metrics: ControllerMetrics,
     /// Nodes whose agent was unavailable at the last run.
     unavailable: BTreeSet<String>,
     /// Invalid objects already reported by an Event, with their problems.
@@ -288,6 +295,7 @@ impl Control {
             }
         }
         let plan = egressgw_core::plan(&snapshot);
+        self.metrics.set_objects(&plan.status);
         ok &= self.write_tunnels(&plan.status).await;
         ok &= self.write_policies(&plan.status).await;
         ok &= self.write_gateways(&plan.status).await;
@@ -533,6 +541,7 @@ impl Control {
                     None => format!("{old} no longer carries it"),
                 };
                 let note = format!("EIP {ip} moved from node {old} to node {new} ({why})");
+                self.metrics.eip_moved(&gateway.name);
                 tracing::warn!("{note}");
                 let related = self.tunnel_ref(new);
                 if let Some(object) = self.stores.gateways.get(&ObjectRef::new(&gateway.name)) {

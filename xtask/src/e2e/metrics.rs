@@ -58,8 +58,9 @@ fn policy_bytes(text: &str, namespace: &str, policy: &str) -> Option<f64> {
 /// web-3 through policy team-a/web, node-3's agent counts at least the
 /// bytes the target received in `egressgw_policy_bytes_total` (eBPF
 /// datapath; the nftables datapath exports no policy series); the node
-/// holding the EIP says so in `egressgw_eips_held`; the leading controller
-/// in `egressgw_controller_leader`.
+/// holding the EIP says so in `egressgw_eips_held`; exactly one controller
+/// leads, and it alone exports the policy's readiness (1) and the
+/// gateway's ready nodes (2).
 pub fn metrics_count_a_policys_traffic_and_every_daemon_serves_them(
     run: &mut Run,
 ) -> anyhow::Result<()> {
@@ -82,10 +83,39 @@ pub fn metrics_count_a_policys_traffic_and_every_daemon_serves_them(
             "the agent of {node} reports no successful reconcile:\n{text}"
         );
     }
-    let leaders = controllers_leading(run.lab)?;
+    let controllers = controllers(run.lab)?;
+    let leading: Vec<&String> = controllers
+        .iter()
+        .filter(|text| sample(text, "egressgw_controller_leader") == Some(1.0))
+        .collect();
     ensure!(
-        leaders.iter().filter(|l| **l).count() == 1,
-        "controllers leading, per controller Pod: {leaders:?} (want exactly one)"
+        leading.len() == 1,
+        "{} of {} controllers say they lead (want exactly one)",
+        leading.len(),
+        controllers.len()
+    );
+    // The leader speaks for the objects; the others do not.
+    let leader = leading[0];
+    for (series, want) in [
+        (
+            "egressgw_policy_ready{namespace=\"team-a\",policy=\"web\"}",
+            1.0,
+        ),
+        ("egressgw_gateway_ready_nodes{gateway=\"e2e-metrics\"}", 2.0),
+    ] {
+        ensure!(
+            sample(leader, series) == Some(want),
+            "the leading controller exports {series} = {:?}, want {want}",
+            sample(leader, series)
+        );
+    }
+    ensure!(
+        controllers
+            .iter()
+            .filter(|text| text.contains("egressgw_policy_ready{"))
+            .count()
+            == 1,
+        "more than one controller exports the policies' readiness"
     );
 
     let tunnel = run.get("egresstunnel", None, "node-3")?;
@@ -140,14 +170,13 @@ pub fn metrics_count_a_policys_traffic_and_every_daemon_serves_them(
     run.note(format!(
         "{} agents and {} controllers scraped; {counted}",
         nodes.len(),
-        leaders.len()
+        controllers.len()
     ));
     Ok(())
 }
 
-/// Per controller Pod (its network namespace in the lab), whether its
-/// `egressgw_controller_leader` is 1.
-fn controllers_leading(lab: &Lab) -> anyhow::Result<Vec<bool>> {
+/// Every controller Pod's metrics (scraped in its network namespace).
+fn controllers(lab: &Lab) -> anyhow::Result<Vec<String>> {
     let all = crate::lab::net::lab_netns(&lab.paths.prefix)?;
     let controllers: Vec<&Netns> = all
         .iter()
@@ -160,13 +189,10 @@ fn controllers_leading(lab: &Lab) -> anyhow::Result<Vec<bool>> {
     controllers
         .into_iter()
         .map(|ns| {
-            let text = scrape(
+            scrape(
                 ns,
                 SocketAddr::from(([127, 0, 0, 1], CONTROLLER_HEALTH_PORT)),
-            )?;
-            let leader = sample(&text, "egressgw_controller_leader")
-                .with_context(|| format!("no egressgw_controller_leader in {ns}:\n{text}"))?;
-            Ok(leader == 1.0)
+            )
         })
         .collect()
 }

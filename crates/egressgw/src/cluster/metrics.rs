@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use egressgw_core::model::PolicyRef;
+use egressgw_core::status::{ClusterStatus, ConditionType};
 use egressgw_dataplane::ops::Report;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -160,6 +161,9 @@ impl Collector for PolicyTraffic {
 #[derive(Debug, Clone)]
 pub struct ControllerMetrics {
     leader: Gauge,
+    policy_ready: Family<Vec<(&'static str, String)>, Gauge>,
+    gateway_ready_nodes: Family<Vec<(&'static str, String)>, Gauge>,
+    eip_moves: Family<Vec<(&'static str, String)>, Counter>,
 }
 
 impl ControllerMetrics {
@@ -167,17 +171,78 @@ impl ControllerMetrics {
     pub fn register(registry: &mut Registry) -> Self {
         let metrics = Self {
             leader: Gauge::default(),
+            policy_ready: Family::default(),
+            gateway_ready_nodes: Family::default(),
+            eip_moves: Family::default(),
         };
         registry.register(
             "egressgw_controller_leader",
             "1 while this replica holds the leader Lease and allocates, 0 while it waits.",
             metrics.leader.clone(),
         );
+        registry.register(
+            "egressgw_policy_ready",
+            "1 while the policy's Ready condition holds (its traffic leaves with its EIP), \
+             0 otherwise, by namespace (empty for an EgressClusterPolicy) and name; \
+             exported by the leading controller.",
+            metrics.policy_ready.clone(),
+        );
+        registry.register(
+            "egressgw_gateway_ready_nodes",
+            "Selected nodes of the EgressGateway that can carry traffic; exported by \
+             the leading controller.",
+            metrics.gateway_ready_nodes.clone(),
+        );
+        registry.register(
+            "egressgw_eip_moves",
+            "EIPs that moved from one gateway node to another, by EgressGateway.",
+            metrics.eip_moves.clone(),
+        );
         metrics
     }
 
     pub fn set_leader(&self, leading: bool) {
         self.leader.set(i64::from(leading));
+    }
+
+    /// The objects' state as the last plan left it: every policy's
+    /// readiness and every gateway's ready nodes (objects gone since drop
+    /// out).
+    pub fn set_objects(&self, status: &ClusterStatus) {
+        self.clear_objects();
+        for p in &status.policies {
+            let ready = p
+                .conditions
+                .iter()
+                .any(|c| c.type_ == ConditionType::Ready && c.status);
+            let labels = vec![
+                ("namespace", p.policy.namespace.clone().unwrap_or_default()),
+                ("policy", p.policy.name.clone()),
+            ];
+            self.policy_ready
+                .get_or_create(&labels)
+                .set(i64::from(ready));
+        }
+        for g in &status.gateways {
+            let ready = g.nodes.iter().filter(|n| n.ready).count();
+            self.gateway_ready_nodes
+                .get_or_create(&vec![("gateway", g.gateway.clone())])
+                .set(i64::try_from(ready).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Drops every object's series: a replica that stops leading no longer
+    /// speaks for them.
+    pub fn clear_objects(&self) {
+        self.policy_ready.clear();
+        self.gateway_ready_nodes.clear();
+    }
+
+    /// An EIP of `gateway` moved to another node.
+    pub fn eip_moved(&self, gateway: &str) {
+        self.eip_moves
+            .get_or_create(&vec![("gateway", gateway.to_owned())])
+            .inc();
     }
 }
 
@@ -247,5 +312,67 @@ mod tests {
         assert!(text(&registry).contains("egressgw_controller_leader 0"));
         metrics.set_leader(true);
         assert!(text(&registry).contains("egressgw_controller_leader 1"));
+    }
+
+    #[test]
+    fn the_controller_exports_each_objects_state_and_forgets_objects_gone() {
+        use egressgw_core::status::{
+            Condition, GatewayNodeStatus, GatewayStatus, PolicyStatus, Reason,
+        };
+        let mut registry = Registry::default();
+        let metrics = ControllerMetrics::register(&mut registry);
+        let policy = |ns: Option<&str>, name: &str, ready: bool| PolicyStatus {
+            policy: PolicyRef {
+                namespace: ns.map(str::to_owned),
+                name: name.into(),
+            },
+            eip_ipv4: None,
+            eip_ipv6: None,
+            use_node_ip: false,
+            node: None,
+            pods: 1,
+            conditions: vec![Condition {
+                type_: ConditionType::Ready,
+                status: ready,
+                reason: if ready {
+                    Reason::Active
+                } else {
+                    Reason::NoReadyNode
+                },
+                message: String::new(),
+            }],
+        };
+        let node = |name: &str, ready: bool| GatewayNodeStatus {
+            name: name.into(),
+            ready,
+            eips: Vec::new(),
+        };
+        let mut status = ClusterStatus {
+            policies: vec![
+                policy(Some("team-a"), "web", true),
+                policy(None, "batch-to-partner", false),
+            ],
+            gateways: vec![GatewayStatus {
+                gateway: "lab".into(),
+                nodes: vec![node("node-1", true), node("node-2", false)],
+                ip_usage: Default::default(),
+                conditions: Vec::new(),
+            }],
+            ..Default::default()
+        };
+        metrics.set_objects(&status);
+        metrics.eip_moved("lab");
+        let out = text(&registry);
+        for line in [
+            "egressgw_policy_ready{namespace=\"team-a\",policy=\"web\"} 1",
+            "egressgw_policy_ready{namespace=\"\",policy=\"batch-to-partner\"} 0",
+            "egressgw_gateway_ready_nodes{gateway=\"lab\"} 1",
+            "egressgw_eip_moves_total{gateway=\"lab\"} 1",
+        ] {
+            assert!(out.contains(line), "no {line:?} in\n{out}");
+        }
+        status.policies.remove(0);
+        metrics.set_objects(&status);
+        assert!(!text(&registry).contains("policy=\"web\""));
     }
 }
