@@ -709,7 +709,9 @@ impl Classifier {
         }
         // What the maps hold after this sync, built as it goes.
         let mut next = Entries::default();
-        next.v4.reserve_exact(desired.classify.len());
+        let v4 = desired.classify.keys().filter(|(s, _)| s.is_ipv4()).count();
+        next.v4.reserve_exact(v4);
+        next.v6.reserve_exact(desired.classify.len() - v4);
         for (&(src, dst), (verdict, policy)) in &desired.classify {
             let verdict = Verdict {
                 counter: policy
@@ -735,7 +737,6 @@ impl Classifier {
             self.classify_entry(src, dst, None)?;
             synced.removed += 1;
         }
-        next.v4.shrink_to_fit();
         next.sort();
         known.classify = next;
         let (missing, extra): (Vec<IpNet>, Vec<IpNet>) = (

@@ -310,6 +310,24 @@ fn seen_from(json: &Value) -> Option<String> {
     })
 }
 
+/// A TCP socket of `server`'s family, bound to `bind` when given.
+pub fn socket_to(
+    server: SocketAddr,
+    bind: Option<IpAddr>,
+) -> anyhow::Result<tokio::net::TcpSocket> {
+    let socket = match server {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+    }
+    .context("opening a socket")?;
+    if let Some(bind) = bind {
+        socket
+            .bind(SocketAddr::new(bind, 0))
+            .with_context(|| format!("binding to {bind}"))?;
+    }
+    Ok(socket)
+}
+
 /// Times `args.connects` TCP handshakes to the server, 5 ms apart, each
 /// closed at once: the time from the SYN to the server's answer (a SYN-ACK,
 /// or a reset while no socket listens), one round trip through the path.
@@ -317,16 +335,7 @@ async fn connect_rtts(args: &ClientArgs, server: IpAddr) -> anyhow::Result<Vec<u
     let server = SocketAddr::new(server, args.port);
     let mut rtts = Vec::with_capacity(args.connects as usize);
     for _ in 0..args.connects {
-        let socket = match server {
-            SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
-            SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
-        }
-        .context("opening a socket")?;
-        if let Some(bind) = args.bind {
-            socket
-                .bind(SocketAddr::new(bind, 0))
-                .with_context(|| format!("binding to {bind}"))?;
-        }
+        let socket = socket_to(server, args.bind)?;
         let start = Instant::now();
         let answer = tokio::time::timeout(Duration::from_secs(3), socket.connect(server))
             .await

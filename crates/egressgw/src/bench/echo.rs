@@ -133,16 +133,7 @@ async fn connect(
     server: SocketAddr,
     bind: Option<IpAddr>,
 ) -> anyhow::Result<tokio::net::TcpStream> {
-    let socket = match server {
-        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
-        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
-    }
-    .context("opening a socket")?;
-    if let Some(bind) = bind {
-        socket
-            .bind(SocketAddr::new(bind, 0))
-            .with_context(|| format!("binding to {bind}"))?;
-    }
+    let socket = super::client::socket_to(server, bind)?;
     let what = || {
         format!(
             "connecting to the echo server at {server} (run `egressgw bench-echo --port {}` \
