@@ -19,6 +19,7 @@ use egressgw_common::Counter;
 use egressgw_core::model::PolicyRef;
 
 use crate::ebpf::{Classifier, Desired, Synced};
+use crate::ops::{Op, OpKind};
 
 /// What classifies pod traffic on a node.
 #[derive(
@@ -49,7 +50,7 @@ pub trait PodClassifier: fmt::Debug {
         &mut self,
         pods: &BTreeSet<String>,
         tunnel: Option<&str>,
-    ) -> Vec<(String, Result<(), String>)>;
+    ) -> Vec<(Op, Result<(), String>)>;
     /// Makes the maps hold `desired`, touching only what differs.
     fn sync(&mut self, desired: &Desired) -> Result<Synced, String>;
     /// Packets and bytes classified, per policy.
@@ -61,7 +62,7 @@ impl PodClassifier for Classifier {
         &mut self,
         pods: &BTreeSet<String>,
         tunnel: Option<&str>,
-    ) -> Vec<(String, Result<(), String>)> {
+    ) -> Vec<(Op, Result<(), String>)> {
         Classifier::follow(self, pods, tunnel)
             .into_iter()
             .map(|(op, result)| (op, result.map_err(|e| e.to_string())))
@@ -97,11 +98,12 @@ impl PodClassifier for FakeClassifier {
         &mut self,
         wanted: &BTreeSet<String>,
         tunnel: Option<&str>,
-    ) -> Vec<(String, Result<(), String>)> {
+    ) -> Vec<(Op, Result<(), String>)> {
         self.tunnel = tunnel.map(str::to_owned);
         let mut done = Vec::new();
         for gone in self.attached.difference(wanted) {
-            done.push((format!("detach the eBPF classifier on {gone}"), Ok(())));
+            let text = format!("detach the eBPF classifier on {gone}");
+            done.push((Op::new(OpKind::Program, gone.clone(), text), Ok(())));
         }
         self.attached.retain(|i| wanted.contains(i));
         for iface in wanted {
@@ -116,7 +118,8 @@ impl PodClassifier for FakeClassifier {
                 self.attached.insert(iface.clone());
                 Ok(())
             };
-            done.push((format!("attach the eBPF classifier on {iface}"), result));
+            let text = format!("attach the eBPF classifier on {iface}");
+            done.push((Op::new(OpKind::Program, iface.clone(), text), result));
         }
         done
     }
@@ -153,7 +156,7 @@ impl PodClassifier for std::sync::Arc<std::sync::Mutex<FakeClassifier>> {
         &mut self,
         pods: &BTreeSet<String>,
         tunnel: Option<&str>,
-    ) -> Vec<(String, Result<(), String>)> {
+    ) -> Vec<(Op, Result<(), String>)> {
         self.lock().expect("not poisoned").follow(pods, tunnel)
     }
 

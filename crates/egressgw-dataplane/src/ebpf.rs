@@ -22,6 +22,8 @@ use egressgw_core::model::{Config, PolicyRef};
 use egressgw_core::state::{Action, NodeState};
 use ipnet::IpNet;
 
+use crate::ops::{Op, OpKind};
+
 /// The object built into this binary, if it was built with one.
 pub fn object() -> Option<&'static [u8]> {
     #[cfg(egressgw_ebpf)]
@@ -53,6 +55,12 @@ pub enum EbpfError {
         /// What aya or the kernel said.
         message: String,
     },
+}
+
+impl crate::ops::Failed for EbpfError {
+    fn message(&self) -> String {
+        self.to_string()
+    }
 }
 
 fn failed(what: impl Into<String>) -> impl FnOnce(String) -> EbpfError {
@@ -613,12 +621,12 @@ impl Classifier {
     /// attaches where it is missing (or the interface is a new one under an
     /// old name) and detaches where it is no longer wanted, including
     /// attachments a predecessor pinned for interfaces now gone. Returns
-    /// each change made or tried, by its description.
+    /// each change made or tried.
     pub fn follow(
         &mut self,
         pods: &BTreeSet<String>,
         tunnel: Option<&str>,
-    ) -> Vec<(String, Result<(), EbpfError>)> {
+    ) -> Vec<(Op, Result<(), EbpfError>)> {
         let tunnel: BTreeSet<String> = tunnel.into_iter().map(str::to_owned).collect();
         let mut done = self.follow_as(Role::Classify, pods);
         done.extend(self.follow_as(Role::Reply, &tunnel));
@@ -629,7 +637,7 @@ impl Classifier {
         &mut self,
         role: Role,
         wanted: &BTreeSet<String>,
-    ) -> Vec<(String, Result<(), EbpfError>)> {
+    ) -> Vec<(Op, Result<(), EbpfError>)> {
         let mut done = Vec::new();
         let mut present: BTreeSet<String> = self
             .attached
@@ -642,10 +650,19 @@ impl Classifier {
         }
         for iface in present.difference(wanted) {
             let result = self.detach_as(role, iface);
-            done.push((format!("detach {}", role.describe(iface)), result));
+            let op = Op::new(
+                OpKind::Program,
+                iface.clone(),
+                format!("detach {}", role.describe(iface)),
+            );
+            done.push((op, result));
         }
         for iface in wanted {
-            let op = format!("attach {}", role.describe(iface));
+            let op = Op::new(
+                OpKind::Program,
+                iface.clone(),
+                format!("attach {}", role.describe(iface)),
+            );
             match self.attach_as(role, iface) {
                 Ok(false) => {}
                 Ok(true) => done.push((op, Ok(()))),
@@ -1857,7 +1874,7 @@ mod kernel_tests {
                 });
             assert!(report.is_ok(), "{:?}", report.failed);
             assert!(
-                report.applied.iter().any(|op| op.contains(PIN_DIR)),
+                report.applied.iter().any(|op| op.text.contains(PIN_DIR)),
                 "{:?}",
                 report.applied
             );

@@ -2,6 +2,8 @@
 
 use std::net::IpAddr;
 
+use crate::ops::{Cause, Failed};
+
 /// What went wrong talking to the kernel. Every variant names the object it
 /// concerns.
 #[derive(Debug, thiserror::Error)]
@@ -70,6 +72,30 @@ impl Error {
             Error::Sysctl { source, .. } => source.to_string(),
             Error::Host(message) => message.clone(),
         }
+    }
+}
+
+impl Error {
+    /// Why it failed, as far as the kernel's answer tells.
+    pub fn cause(&self) -> Cause {
+        match self {
+            Error::Netlink {
+                source: rtnetlink::Error::NetlinkError(m),
+                ..
+            } => Cause::of_io(&m.to_io()),
+            Error::Sysctl { source, .. } => Cause::of_io(source),
+            other => Cause::of_message(&other.detail()),
+        }
+    }
+}
+
+impl Failed for Error {
+    fn message(&self) -> String {
+        self.detail()
+    }
+
+    fn cause(&self) -> Cause {
+        Error::cause(self)
     }
 }
 

@@ -5,11 +5,11 @@ use std::net::IpAddr;
 
 use crate::kernel::{KernelOp, KernelState, Parent, Scope};
 use crate::netlink::Netlink;
-use crate::{Error, Report, Result};
+use crate::{Error, OpKind, Operation, Report, Result};
 
 /// A kernel in memory: applying an op changes [`FakeNetlink::state`] the
 /// way the real kernel would, including what deleting a device takes with
-/// it. Ops whose text contains one of [`FakeNetlink::fail`] fail.
+/// it. Ops whose kind and object are in [`FakeNetlink::fail`] fail.
 #[derive(Debug, Clone, Default)]
 pub struct FakeNetlink {
     /// The kernel's objects, including ones outside egressgw's scope.
@@ -19,8 +19,8 @@ pub struct FakeNetlink {
     /// The interface each pod address is reached by, for
     /// [`Netlink::pod_interfaces`].
     pub pod_links: BTreeMap<IpAddr, String>,
-    /// Substrings of op texts that fail.
-    pub fail: Vec<String>,
+    /// The ops that fail, by kind and object.
+    pub fail: Vec<(OpKind, String)>,
     /// Every op applied, as text.
     pub log: Vec<String>,
 }
@@ -52,11 +52,15 @@ impl Netlink for FakeNetlink {
     }
 
     async fn apply(&mut self, op: &KernelOp, _report: &mut Report) -> Result<()> {
-        let text = op.to_string();
-        if self.fail.iter().any(|f| text.contains(f.as_str())) {
+        let described = op.op();
+        if self
+            .fail
+            .iter()
+            .any(|(kind, object)| *kind == described.kind && *object == described.object)
+        {
             return Err(Error::Host("injected failure".into()));
         }
-        self.log.push(text);
+        self.log.push(described.text);
         let s = &mut self.state;
         match op {
             KernelOp::CreateVxlan(l) => {

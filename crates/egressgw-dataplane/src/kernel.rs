@@ -18,7 +18,7 @@ use egressgw_core::state::NodeState;
 use ipnet::IpNet;
 use serde::Serialize;
 
-use crate::ops::{Change, diff};
+use crate::ops::{Change, Op, OpKind, Operation, diff};
 
 /// The device that holds the EIPs a gateway node owns.
 pub const EIP_DEVICE: &str = "egress.eip";
@@ -467,6 +467,52 @@ impl fmt::Display for KernelOp {
             ProxyEip { ip } => write!(f, "add proxy neighbour {ip} on its segment"),
             DelEip { dev, ip } => write!(f, "delete eip {ip} dev {dev}"),
         }
+    }
+}
+
+impl Operation for KernelOp {
+    fn op(&self) -> Op {
+        use KernelOp::*;
+        let (kind, object) = match self {
+            CreateVxlan(l) => (OpKind::Link, l.name.clone()),
+            DeleteVxlan { name }
+            | SetVxlan { name, .. }
+            | CreateEipDevice { name }
+            | SetEipDeviceUp { name }
+            | DeleteEipDevice { name } => (OpKind::Link, name.clone()),
+            SetRpFilter { name, .. } => (OpKind::Sysctl, name.clone()),
+            SetTxChecksum { name, .. } => (OpKind::Offload, name.clone()),
+            AddAddr { dev, net } | DelAddr { dev, net } => {
+                (OpKind::Address, format!("{net} dev {dev}"))
+            }
+            SetNeighbour { ip, .. } | DelNeighbour { ip, .. } => {
+                (OpKind::Neighbour, ip.to_string())
+            }
+            SetFdb { mac, .. } | DelFdb { mac, .. } => (OpKind::Fdb, mac.to_string()),
+            SetRoute { table, dst, .. } | DelRoute { table, dst, .. } => {
+                (OpKind::Route, format!("{dst} table {table}"))
+            }
+            AddRule(r) | DelRule(r) => (OpKind::Rule, r.object()),
+            AddEip { ip, .. } | ProxyEip { ip } | DelEip { ip, .. } => {
+                (OpKind::Eip, ip.to_string())
+            }
+        };
+        Op::new(kind, object, self.to_string())
+    }
+}
+
+impl Rule {
+    /// The rule as an object: its family, priority and mark, which tell
+    /// it from every other rule egressgw keeps (the table it looks up may
+    /// change under it).
+    pub fn object(&self) -> String {
+        format!(
+            "{} priority {} fwmark {:#010x}/{:#010x}",
+            if self.ipv6 { "ipv6" } else { "ipv4" },
+            self.priority,
+            self.mark,
+            self.mask
+        )
     }
 }
 

@@ -32,4 +32,4 @@ pub mod reconcile;
 mod testns;
 
 pub use error::{Error, Result};
-pub use ops::{Failure, Report};
+pub use ops::{Cause, Failed, Failure, Op, OpKind, Operation, Report};

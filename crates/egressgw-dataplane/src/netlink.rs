@@ -3,6 +3,7 @@
 //! that adding and deleting an object use the very same description of it.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
@@ -367,7 +368,9 @@ impl Rtnetlink {
         Ok(())
     }
 
-    async fn observe_rules(&self, scope: &Scope, state: &mut KernelState) -> Result<()> {
+    /// Every policy-routing rule of both families.
+    async fn dump_rules(&self) -> Result<Vec<RuleMessage>> {
+        let mut out = Vec::new();
         for family in [AddressFamily::Inet, AddressFamily::Inet6] {
             let mut msg = RuleMessage::default();
             msg.header.family = family;
@@ -375,16 +378,34 @@ impl Rtnetlink {
                 .dump(RouteNetlinkMessage::GetRule(msg))
                 .await
                 .map_err(nl("rules: dump"))?;
-            for m in dump {
-                if let RouteNetlinkMessage::NewRule(r) = m
-                    && let Some(rule) = rule_of(&r)
-                    && scope.owns_rule(&rule)
-                {
-                    state.rules.insert(rule);
-                }
+            out.extend(dump.into_iter().filter_map(|m| match m {
+                RouteNetlinkMessage::NewRule(r) => Some(r),
+                _ => None,
+            }));
+        }
+        Ok(out)
+    }
+
+    async fn observe_rules(&self, scope: &Scope, state: &mut KernelState) -> Result<()> {
+        for r in self.dump_rules().await? {
+            if let Some(rule) = rule_of(&r)
+                && scope.owns_rule(&rule)
+            {
+                state.rules.insert(rule);
             }
         }
         Ok(())
+    }
+
+    /// Every policy-routing rule of both families that is not egressgw's.
+    pub async fn other_rules(&self, scope: &Scope) -> Result<Vec<OtherRule>> {
+        Ok(self
+            .dump_rules()
+            .await?
+            .iter()
+            .filter(|r| !rule_of(r).is_some_and(|rule| scope.owns_rule(&rule)))
+            .map(other_rule_of)
+            .collect())
     }
 
     async fn observe_routes(&self, scope: &Scope, state: &mut KernelState) -> Result<()> {
@@ -840,6 +861,72 @@ fn rule_of(r: &RuleMessage) -> Option<Rule> {
     (plain && has_mark && r.header.action == RuleAction::ToTable).then_some(rule)
 }
 
+/// A policy-routing rule that is not egressgw's, as far as a check of
+/// what could take egressgw's traffic needs it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct OtherRule {
+    /// IPv6 (`ip -6 rule`).
+    pub ipv6: bool,
+    /// Its priority (lower runs first).
+    pub priority: u32,
+    /// The table it looks up; `None` for another action (blackhole, goto, ...).
+    pub table: Option<u32>,
+    /// `fwmark` and mask, when it matches on the mark.
+    pub mark: Option<(u32, u32)>,
+    /// Whether it also matches on something else (source, destination,
+    /// interface, TOS, ...), so that it takes only part of the traffic.
+    pub selective: bool,
+}
+
+impl fmt::Display for OtherRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "rule{} priority {}",
+            if self.ipv6 { " -6" } else { "" },
+            self.priority
+        )?;
+        if let Some((mark, mask)) = self.mark {
+            write!(f, " fwmark {mark:#010x}/{mask:#010x}")?;
+        }
+        if self.selective {
+            f.write_str(" (with other selectors)")?;
+        }
+        match self.table {
+            Some(t) => write!(f, " lookup {t}"),
+            None => f.write_str(" (not a table lookup)"),
+        }
+    }
+}
+
+fn other_rule_of(r: &RuleMessage) -> OtherRule {
+    let mut rule = OtherRule {
+        ipv6: r.header.family == AddressFamily::Inet6,
+        priority: 0,
+        table: (r.header.action == RuleAction::ToTable).then_some(u32::from(r.header.table)),
+        mark: None,
+        selective: r.header.src_len != 0 || r.header.dst_len != 0 || r.header.tos != 0,
+    };
+    let (mut mark, mut mask) = (None, u32::MAX);
+    for a in &r.attributes {
+        match a {
+            RuleAttribute::Priority(p) => rule.priority = *p,
+            RuleAttribute::FwMark(m) => mark = Some(*m),
+            RuleAttribute::FwMask(m) => mask = *m,
+            RuleAttribute::Table(t) if rule.table.is_some() => rule.table = Some(*t),
+            RuleAttribute::Iifname(_)
+            | RuleAttribute::Oifname(_)
+            | RuleAttribute::UidRange(_)
+            | RuleAttribute::IpProtocol(_)
+            | RuleAttribute::SourcePortRange(_)
+            | RuleAttribute::DestinationPortRange(_) => rule.selective = true,
+            _ => {}
+        }
+    }
+    rule.mark = mark.map(|m| (m, mask));
+    rule
+}
+
 fn rule_msg(r: &Rule) -> RuleMessage {
     let mut m = RuleMessage::default();
     m.header.family = if r.ipv6 {
@@ -1265,12 +1352,16 @@ mod tests {
             let report = dp.reconcile(&node_state(false)).await;
             assert!(report.is_ok(), "{:?}", report.failed);
             let mut applied = report.applied.clone();
-            applied.sort();
+            applied.sort_by(|a, b| a.text.cmp(&b.text));
             assert_eq!(applied.len(), 4, "{applied:?}");
-            assert!(applied[0].starts_with("add rule priority 3000 fwmark 0x01000000"));
-            assert!(applied[1].starts_with("delete route 10.0.0.0/8"));
-            assert!(applied[2].starts_with("replace neighbour 172.31.0.2"));
-            assert!(applied[3].contains("mtu 1450"));
+            assert!(
+                applied[0]
+                    .text
+                    .starts_with("add rule priority 3000 fwmark 0x01000000")
+            );
+            assert!(applied[1].text.starts_with("delete route 10.0.0.0/8"));
+            assert!(applied[2].text.starts_with("replace neighbour 172.31.0.2"));
+            assert!(applied[3].text.contains("mtu 1450"));
             assert_eq!(ifindex("egress.vxlan"), index, "corrected in place");
             assert!(!sh("ip route show table 3000").contains("blackhole"));
 

@@ -11,8 +11,8 @@ use egressgw_common::Counter;
 use egressgw_core::model::PolicyRef;
 use tracing::Instrument as _;
 
-use crate::Report;
 use crate::classify::{Datapath, PodClassifier};
+use crate::{Op, OpKind, Report};
 
 use crate::kernel::{self, Desired, KernelOp, KernelPlan, Parent, Scope};
 use crate::netlink::Netlink;
@@ -147,7 +147,11 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
         let Some(v) = &state.vxlan else {
             return Some(Desired::new(state, &self.config, None));
         };
-        let op = format!("find the parent interface of {}", v.name);
+        let op = Op::new(
+            OpKind::Read,
+            v.name.clone(),
+            format!("find the parent interface of {}", v.name),
+        );
         match self.netlink.parent(v.local).await {
             Ok(Some(parent)) => {
                 let desired = Desired::new(state, &self.config, Some(&parent));
@@ -221,7 +225,7 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
                 Some(kernel::plan(desired, &observed, &self.scope))
             }
             Err(e) => {
-                report.record("read the kernel's routing state", Err(e));
+                report.record(read_routing(), Err(e));
                 None
             }
         }
@@ -229,7 +233,7 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
 
     async fn apply(&mut self, op: &KernelOp, report: &mut Report) {
         let result = self.netlink.apply(op, report).await;
-        report.record(op, result.map_err(|e| e.detail()));
+        report.record(op, result);
     }
 
     /// On the nftables datapath, once: removes an eBPF classifier an agent
@@ -242,12 +246,16 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
         let Some(pins) = &self.ebpf_pins else {
             return;
         };
-        let what = format!(
-            "detach the eBPF classifier and remove {} (this node runs the nftables datapath)",
-            pins.display()
+        let what = Op::new(
+            OpKind::Program,
+            pins.display().to_string(),
+            format!(
+                "detach the eBPF classifier and remove {} (this node runs the nftables datapath)",
+                pins.display()
+            ),
         );
         match crate::ebpf::Classifier::remove_pins(pins) {
-            Ok(true) => report.record(what, Ok::<(), String>(())),
+            Ok(true) => report.done(what),
             Ok(false) => {}
             Err(e) => {
                 report.record(what, Err(e));
@@ -282,21 +290,33 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
                 }
             }
             Err(e) => report.record(
-                format!("find the interfaces of {} pod address(es)", pods.len()),
+                Op::new(
+                    OpKind::Read,
+                    "pod interfaces",
+                    format!("find the interfaces of {} pod address(es)", pods.len()),
+                ),
                 Err(e),
             ),
         }
         let desired = crate::ebpf::Desired::new(state, &self.config);
         match blocking(|| classifier.sync(&desired)) {
             Ok(synced) if synced.is_empty() => {}
-            Ok(synced) => report.record(
+            Ok(synced) => report.done(Op::new(
+                OpKind::Map,
+                "classifier maps",
                 format!(
                     "eBPF classifier maps: {} added, {} changed, {} removed",
                     synced.added, synced.changed, synced.removed
                 ),
-                Ok::<(), String>(()),
+            )),
+            Err(e) => report.record(
+                Op::new(
+                    OpKind::Map,
+                    "classifier maps",
+                    "fill the eBPF classifier's maps",
+                ),
+                Err(e),
             ),
-            Err(e) => report.record("fill the eBPF classifier's maps", Err(e)),
         }
     }
 
@@ -310,7 +330,14 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
                     self.forget_unanswered(&ops, report);
                 }
             }
-            Err(e) => report.record("read the nftables table", Err(e)),
+            Err(e) => report.record(
+                Op::new(
+                    OpKind::Read,
+                    format!("{} {}", nft::FAMILY, nft::TABLE),
+                    "read the nftables table",
+                ),
+                Err(e),
+            ),
         }
     }
 
@@ -333,10 +360,11 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
         }
         match self.firewall.forget_unanswered(&keys) {
             Ok(0) => {}
-            Ok(n) => report.record(
+            Ok(n) => report.done(Op::new(
+                OpKind::Conntrack,
+                "newly classified sources",
                 format!("forget {n} unanswered connection(s) of newly classified sources"),
-                Ok::<(), String>(()),
-            ),
+            )),
             Err(e) => report.warn(format!(
                 "cannot forget the unanswered connections of newly classified sources \
                  (their next attempt may stall): {e}"
@@ -351,22 +379,27 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
     pub async fn cleanup(&mut self) -> Report {
         let mut report = Report::default();
         if let Some(pins) = &self.ebpf_pins {
-            let what = format!("detach the eBPF classifier and remove {}", pins.display());
+            let what = Op::new(
+                OpKind::Program,
+                pins.display().to_string(),
+                format!("detach the eBPF classifier and remove {}", pins.display()),
+            );
             match crate::ebpf::Classifier::remove_pins(pins) {
-                Ok(true) => report.record(what, Ok::<(), String>(())),
+                Ok(true) => report.done(what),
                 Ok(false) => {}
                 Err(e) => report.record(what, Err(e)),
             }
         }
+        let table = format!("{} {}", nft::FAMILY, nft::TABLE);
+        let what = Op::new(
+            OpKind::Table,
+            table.clone(),
+            format!("delete table {table}"),
+        );
         match blocking(|| self.firewall.remove()) {
-            Ok(true) => report
-                .applied
-                .push(format!("delete table {} {}", nft::FAMILY, nft::TABLE)),
+            Ok(true) => report.done(what),
             Ok(false) => {}
-            Err(e) => report.record(
-                format!("delete table {} {}", nft::FAMILY, nft::TABLE),
-                Err(e),
-            ),
+            Err(e) => report.record(what, Err(e)),
         }
         match self.netlink.observe(&self.scope).await {
             Ok(observed) => {
@@ -375,10 +408,15 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
                     self.apply(op, &mut report).await;
                 }
             }
-            Err(e) => report.record("read the kernel's routing state", Err(e)),
+            Err(e) => report.record(read_routing(), Err(e)),
         }
         report
     }
+}
+
+/// Reading the routing side back, as a report names it.
+fn read_routing() -> Op {
+    Op::new(OpKind::Read, "routing", "read the kernel's routing state")
 }
 
 /// Runs `f`, which blocks (the `nft` subprocess, a map read of many
@@ -544,7 +582,8 @@ mod tests {
             assert!(
                 third
                     .applied
-                    .contains(&"detach the eBPF classifier on cali-b".to_owned()),
+                    .iter()
+                    .any(|op| op.text == "detach the eBPF classifier on cali-b"),
                 "{:?}",
                 third.applied
             );
@@ -565,7 +604,7 @@ mod tests {
             let report = dp.reconcile(&pods_state()).await;
             assert_eq!(report.failed.len(), 1, "{:?}", report.failed);
             assert!(
-                report.failed[0].op.contains("cali-b"),
+                report.failed[0].op.text.contains("cali-b"),
                 "{:?}",
                 report.failed
             );
@@ -628,7 +667,12 @@ mod tests {
             // way it took: only sources sent somewhere new start afresh.
             let forgotten: Vec<IpAddr> = dp.firewall.forgotten.iter().map(|k| k.src).collect();
             assert_eq!(forgotten, vec![ip("10.244.1.2"), ip("10.244.1.3")]);
-            assert!(first.applied.iter().any(|op| op.starts_with("forget ")));
+            assert!(
+                first
+                    .applied
+                    .iter()
+                    .any(|op| op.text.starts_with("forget "))
+            );
             // Nothing classified anew: nothing forgotten.
             dp.firewall.forgotten.clear();
             dp.reconcile(&state).await;
@@ -639,17 +683,34 @@ mod tests {
     #[test]
     fn a_failed_op_is_reported_with_its_object_and_the_others_still_run() {
         run(async {
+            let mut healthy = dataplane();
+            healthy.reconcile(&node_state(false)).await;
+            let rule = healthy.netlink.state.rules.iter().find(|r| r.table == 3000);
             let mut dp = dataplane();
-            dp.netlink.fail.push("lookup 3000".into());
+            dp.netlink
+                .fail
+                .push((OpKind::Rule, rule.expect("a rule to table 3000").object()));
             let report = dp.reconcile(&node_state(false)).await;
             assert_eq!(report.failed.len(), 1);
+            assert_eq!(report.failed[0].op.kind, OpKind::Rule);
             assert!(
                 report.failed[0]
                     .op
+                    .text
                     .contains("fwmark 0x01000000/0xff000000 lookup 3000")
             );
-            assert!(report.applied.iter().any(|op| op.contains("lookup 3254")));
-            assert!(report.applied.iter().any(|op| op.contains("neighbour")));
+            assert!(
+                report
+                    .applied
+                    .iter()
+                    .any(|op| op.text.contains("lookup 3254"))
+            );
+            assert!(
+                report
+                    .applied
+                    .iter()
+                    .any(|op| op.text.contains("neighbour"))
+            );
             // Once the kernel accepts it, only the missing rule is planned.
             dp.netlink.fail.clear();
             let again = dp.reconcile(&node_state(false)).await;
@@ -665,9 +726,18 @@ mod tests {
             let mut changed = node_state(false);
             changed.vxlan.as_mut().unwrap().vni = 200;
             let report = dp.reconcile(&changed).await;
-            assert!(report.applied[0].starts_with("delete link egress.vxlan"));
-            assert!(report.applied[1].contains("id 200"));
-            assert!(report.applied.iter().any(|op| op.contains("neighbour")));
+            assert!(
+                report.applied[0]
+                    .text
+                    .starts_with("delete link egress.vxlan")
+            );
+            assert!(report.applied[1].text.contains("id 200"));
+            assert!(
+                report
+                    .applied
+                    .iter()
+                    .any(|op| op.text.contains("neighbour"))
+            );
             assert_eq!(dp.reconcile(&changed).await.ops(), 0);
         });
     }
@@ -681,8 +751,8 @@ mod tests {
             dp.netlink.state.rp_filter = Some(1);
             let report = dp.reconcile(&node_state(false)).await;
             assert_eq!(report.applied.len(), 2, "{:?}", report.applied);
-            assert!(report.applied[0].contains("mtu 1450"));
-            assert!(report.applied[1].contains("rp_filter=2"));
+            assert!(report.applied[0].text.contains("mtu 1450"));
+            assert!(report.applied[1].text.contains("rp_filter=2"));
         });
     }
 

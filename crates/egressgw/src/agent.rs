@@ -14,7 +14,7 @@
 //! its DaemonSet is gone (an uninstall, see [`crate::cluster::owner`]):
 //! then it removes everything it created before it exits.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,7 +25,7 @@ use egressgw_api::tunnel::{
     EgressTunnelStatus, TunnelDatapath, TunnelEip, TunnelEipState, TunnelEndpoint, TunnelParent,
     TunnelPhase, TunnelUnreachable,
 };
-use egressgw_core::model::Config;
+use egressgw_core::model::{Config, PolicyRef};
 use egressgw_core::state::NodeState;
 use egressgw_dataplane::Report;
 use egressgw_dataplane::classify::Datapath;
@@ -39,9 +39,10 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client};
 use tokio::sync::Notify;
+use tracing::Instrument as _;
 
 use crate::cluster::health::{self, Health};
-use crate::cluster::metrics::AgentMetrics;
+use crate::cluster::metrics::{AgentMetrics, PolicyCount};
 use crate::cluster::owner::Owner;
 use crate::cluster::watch::Stores;
 use crate::cluster::{self, ClusterArgs, lease};
@@ -57,6 +58,9 @@ const RESYNC: Duration = Duration::from_secs(30);
 /// How often the policies' counters are read into the metrics between
 /// reconciles (one map lookup per policy).
 const TRAFFIC_EVERY: Duration = Duration::from_secs(5);
+/// How long the loop may go without a turn before `/livez` fails: a turn
+/// comes at least every [`TRAFFIC_EVERY`], and a retry after at most 30 s.
+const LIVE_WITHIN: Duration = Duration::from_secs(60);
 /// How often the Lease is renewed.
 const RENEW_EVERY: Duration = Duration::from_secs(1);
 /// How often the agent's watches are renewed: the most its view stays
@@ -280,6 +284,7 @@ async fn agent(args: &AgentArgs, config: Config, running: &Running) -> anyhow::R
     };
     let mut retry = Backoff::default();
     let mut replan = true;
+    agent.health.expect_beats(LIVE_WITHIN);
     let mut traffic = tokio::time::interval(TRAFFIC_EVERY);
     traffic.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -298,7 +303,10 @@ async fn agent(args: &AgentArgs, config: Config, running: &Running) -> anyhow::R
                 }
                 () = liveness.changed.notified() => break false,
                 () = tokio::time::sleep_until(until) => break true,
-                _ = traffic.tick() => agent.refresh_traffic(),
+                _ = traffic.tick() => {
+                    agent.refresh_metrics();
+                    agent.health.beat();
+                }
             }
         };
     }
@@ -365,10 +373,23 @@ struct Agent {
 }
 
 impl Agent {
-    /// One level-based run: plans again when `replan` (or when there is no
-    /// plan yet), resolves the plan with the live peers, reconciles.
-    /// Returns false when it should be retried soon.
+    /// One level-based run in its span (`reconcile`, with the node, the
+    /// run's number and the datapath): plans again when `replan` (or when
+    /// there is no plan yet), resolves the plan with the live peers,
+    /// reconciles. Returns false when it should be retried soon.
     async fn reconcile(&mut self, replan: bool) -> bool {
+        let span = tracing::info_span!(
+            "reconcile",
+            node = %self.node,
+            run = self.reconciles + 1,
+            datapath = %self.dataplane.datapath(),
+        );
+        let ok = self.reconcile_once(replan).instrument(span).await;
+        self.health.beat();
+        ok
+    }
+
+    async fn reconcile_once(&mut self, replan: bool) -> bool {
         if (replan || self.planned.is_none()) && !self.replan() {
             return false;
         }
@@ -384,9 +405,12 @@ impl Agent {
         let took = started.elapsed();
         log_report(&report, state, took);
         self.metrics.reconciled(&report, took, state.eips.len());
+        self.metrics
+            .probed(&self.liveness.answer_ages(), &sight.live);
         let ok = report.is_ok();
-        if ok {
-            self.health.set_ready(true);
+        let readiness = readiness(&report, &self.memory);
+        if let Err(why) = &readiness {
+            tracing::debug!(why, "not ready");
         }
         let in_use: BTreeMap<String, String> = self
             .memory
@@ -397,9 +421,11 @@ impl Agent {
         let traffic = self.policy_traffic();
         self.health.set_status(serde_json::json!({
             "node": self.node,
+            "settings": crate::doctor::Settings::of(&self.config),
             "reconciles": self.reconciles,
             "datapath": self.datapath,
             "traffic": traffic,
+            "ready": readiness.as_ref().err().map_or(serde_json::json!(true), |why| serde_json::json!({ "ready": false, "why": why })),
             "last": report,
             "eips": state.eips,
             "failover": {
@@ -411,6 +437,7 @@ impl Agent {
                 "inUse": in_use,
             },
         }));
+        self.health.set_ready(readiness);
         self.report_tunnel(ok, underlay);
         ok
     }
@@ -434,16 +461,33 @@ impl Agent {
         serde_json::json!({ "at": Timestamp::now().to_string(), "policies": policies })
     }
 
-    /// Reads the policies' counters into the metrics, between reconciles.
-    fn refresh_traffic(&self) {
-        if let Some(Ok(counters)) = self.dataplane.policy_counters() {
-            self.metrics.set_traffic(
-                counters
-                    .iter()
-                    .map(|(p, c)| (p.clone(), (c.packets, c.bytes)))
-                    .collect(),
-            );
-        }
+    /// Reads the policies' counters and the probes into the metrics,
+    /// between reconciles.
+    fn refresh_metrics(&self) {
+        self.metrics
+            .probed(&self.liveness.answer_ages(), &self.liveness.live());
+        let Some(Ok(counters)) = self.dataplane.policy_counters() else {
+            return;
+        };
+        let gateways = self
+            .planned
+            .as_ref()
+            .map(|(state, _)| policy_gateways(state))
+            .unwrap_or_default();
+        self.metrics.set_traffic(
+            counters
+                .into_iter()
+                .map(|(policy, c)| {
+                    let gateway = gateways.get(&policy).cloned().unwrap_or_default();
+                    let count = PolicyCount {
+                        gateway,
+                        packets: c.packets,
+                        bytes: c.bytes,
+                    };
+                    (policy, count)
+                })
+                .collect(),
+        );
     }
 
     /// Plans this node from the stores; false when it cannot yet.
@@ -606,20 +650,68 @@ async fn write_tunnel_status(
     }
 }
 
-/// One line per operation of `report`, applied or failed.
+/// One line per operation of `report`, applied or failed: the only place
+/// an agent logs them.
 fn log_ops(report: &Report) {
     for op in &report.applied {
-        tracing::info!(op, "applied");
+        tracing::info!(kind = %op.kind, object = op.object, op = op.text, "applied");
     }
-    for failure in &report.failed {
-        tracing::error!(op = failure.op, error = failure.error, "operation failed");
+    for f in &report.failed {
+        tracing::error!(
+            kind = %f.op.kind,
+            object = f.op.object,
+            op = f.op.text,
+            cause = f.cause.as_str(),
+            error = f.error,
+            "operation failed"
+        );
     }
+}
+
+/// Whether the agent is ready: its last reconcile applied every
+/// operation, and every gateway it sends selected traffic to has a node
+/// that answers through the tunnel. The reason when not.
+fn readiness(report: &Report, memory: &Memory) -> Result<(), String> {
+    if let Some(f) = report.failed.first() {
+        return Err(format!(
+            "the last reconcile failed: {} operation(s), first `{}`: {}",
+            report.failed.len(),
+            f.op.text,
+            f.error
+        ));
+    }
+    let gateways: BTreeSet<&str> = memory
+        .unreachable
+        .values()
+        .map(|u| u.gateway.as_str())
+        .collect();
+    if gateways.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "no candidate node of EgressGateway {} answers through the tunnel",
+            gateways.into_iter().collect::<Vec<_>>().join(", ")
+        ))
+    }
+}
+
+/// The EgressGateway of each policy with selected traffic on this node.
+fn policy_gateways(state: &NodeState) -> BTreeMap<PolicyRef, String> {
+    state
+        .classify
+        .iter()
+        .filter_map(|e| {
+            let id = e.group?;
+            let group = state.groups.iter().find(|g| g.id == id)?;
+            Some((e.policy.clone()?, group.gateway.clone()))
+        })
+        .collect()
 }
 
 fn log_report(report: &Report, state: &NodeState, took: Duration) {
     log_ops(report);
     for warning in &report.warnings {
-        tracing::warn!("{warning}");
+        tracing::warn!(warning, "attention");
     }
     let eips: Vec<String> = state.eips.iter().map(|e| e.ip.to_string()).collect();
     tracing::info!(

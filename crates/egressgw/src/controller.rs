@@ -127,7 +127,7 @@ async fn controller(args: &ControllerArgs, config: Config) -> anyhow::Result<()>
         .await
         .map_err(|_| anyhow::anyhow!("the Lease watch stopped before its first list"))?;
     tracing::info!("watches synced");
-    health.set_ready(true);
+    health.set_ready(Ok(()));
 
     let (leading_tx, mut leading) = watch::channel(false);
     let lease_client = client.clone();

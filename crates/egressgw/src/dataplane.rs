@@ -164,7 +164,7 @@ fn print(report: &Report, output: ReportOutput) -> anyhow::Result<()> {
                 out += &format!("applied  {op}\n");
             }
             for f in &report.failed {
-                out += &format!("FAILED   {}: {}\n", f.op, f.error);
+                out += &format!("FAILED   {} [{}]: {}\n", f.op, f.cause.as_str(), f.error);
             }
             for w in &report.warnings {
                 out += &format!("warning  {w}\n");

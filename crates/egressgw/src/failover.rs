@@ -174,6 +174,11 @@ impl Liveness {
     }
 
     /// How long ago each peer last answered, in milliseconds (`None`: never).
+    /// How long ago each peer probed last answered (`None`: never).
+    pub fn answer_ages(&self) -> BTreeMap<String, Option<Duration>> {
+        self.prober.last_answers()
+    }
+
     pub fn last_answers(&self) -> BTreeMap<String, Option<u128>> {
         self.prober
             .last_answers()

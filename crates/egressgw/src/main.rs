@@ -6,6 +6,7 @@ mod cluster;
 mod config;
 mod controller;
 mod dataplane;
+mod doctor;
 mod failover;
 mod render;
 
@@ -93,6 +94,16 @@ enum Command {
     /// what `egressgw bench` runs on the gateway node).
     #[command(hide = true)]
     BenchEcho(bench::echo::EchoArgs),
+    /// Check this node's part of egress and say what to do about what is wrong.
+    ///
+    /// Reads the kernel (the tunnel and its MTU, offloads on the tunnel and
+    /// its parent, reverse-path filtering, forwarding, other components'
+    /// policy rules on egressgw's mark bits) and the agent's /status on this
+    /// node (readiness, the last reconcile, the datapath, which peers answer
+    /// through the tunnel). Changes nothing. Run it on the node or with
+    /// `kubectl exec` in the agent's container; the exit status is non-zero
+    /// when a check fails.
+    Doctor(doctor::DoctorArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -189,6 +200,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(&args),
         Command::BenchClient(args) => bench::client::run(&args),
         Command::BenchEcho(args) => bench::echo::serve(&args),
+        Command::Doctor(args) => doctor::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -127,12 +127,7 @@ pub fn smoke_bench_measures_every_case_and_case_3_leaves_with_the_eip(
 
 /// Runs the deployed `egressgw bench` in the control plane's namespace.
 fn bench(lab: &Lab, output: &std::path::Path) -> anyhow::Result<()> {
-    let binary = &lab
-        .state
-        .egressgw
-        .as_ref()
-        .context("egressgw is not deployed")?
-        .binary;
+    let binary = lab.egressgw_binary()?;
     let topo = &lab.state.topology;
     let target = format!("{}:{}", topo.target.ip, topo.target.iperf3_port);
     let echo_port = topo.target.echo_port.to_string();

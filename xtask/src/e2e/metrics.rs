@@ -17,6 +17,7 @@ use crate::lab::topology::Netns;
 /// The controllers' health port (the chart's default).
 const CONTROLLER_HEALTH_PORT: u16 = 9811;
 const SCRAPE_TIMEOUT: Duration = Duration::from_secs(3);
+const GATEWAY: &str = "e2e-metrics";
 
 /// `GET /metrics` at `addr` from `ns`: its body, after checking that it is
 /// a whole OpenMetrics exposition.
@@ -47,10 +48,12 @@ fn sample(text: &str, series: &str) -> Option<f64> {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
 }
 
-fn policy_bytes(text: &str, namespace: &str, policy: &str) -> Option<f64> {
+fn policy_bytes(text: &str, namespace: &str, policy: &str, gateway: &str) -> Option<f64> {
     sample(
         text,
-        &format!("egressgw_policy_bytes_total{{namespace=\"{namespace}\",policy=\"{policy}\"}}"),
+        &format!(
+            "egressgw_policy_bytes_total{{namespace=\"{namespace}\",policy=\"{policy}\",gateway=\"{gateway}\"}}"
+        ),
     )
 }
 
@@ -64,8 +67,8 @@ fn policy_bytes(text: &str, namespace: &str, policy: &str) -> Option<f64> {
 pub fn metrics_count_a_policys_traffic_and_every_daemon_serves_them(
     run: &mut Run,
 ) -> anyhow::Result<()> {
-    let eip = setup_gateway(run, "e2e-metrics")?;
-    setup_web_policy(run, "e2e-metrics")?;
+    let eip = setup_gateway(run, GATEWAY)?;
+    setup_web_policy(run, GATEWAY)?;
     run.expect_all(&["web-3"], Expect::Source(eip))?;
 
     let nodes: Vec<String> = run
@@ -123,7 +126,7 @@ pub fn metrics_count_a_policys_traffic_and_every_daemon_serves_them(
         .as_str()
         .unwrap_or("?")
         .to_owned();
-    let before = policy_bytes(&scrape_agent(run.lab, "node-3")?, TEAM_A, "web");
+    let before = policy_bytes(&scrape_agent(run.lab, "node-3")?, TEAM_A, "web", GATEWAY);
     let iperf = IperfRun::start(&run.netns("web-3")?, run.iperf3_target(), 2)?
         .finish()
         .context("iperf3 from web-3 through team-a/web")?;
@@ -136,7 +139,7 @@ pub fn metrics_count_a_policys_traffic_and_every_daemon_serves_them(
             Duration::from_secs(20),
             || {
                 let text = scrape_agent(lab, "node-3").map_err(|e| format!("{e:#}"))?;
-                let now = policy_bytes(&text, TEAM_A, "web").ok_or("no such series")?;
+                let now = policy_bytes(&text, TEAM_A, "web", GATEWAY).ok_or("no such series")?;
                 if now - before >= sent {
                     Ok(now)
                 } else {
@@ -204,11 +207,11 @@ mod tests {
     #[test]
     fn samples_are_found_by_their_whole_series() {
         let text = "# TYPE egressgw_policy_bytes counter\n\
-            egressgw_policy_bytes_total{namespace=\"team-a\",policy=\"web\"} 1180\n\
-            egressgw_policy_bytes_total{namespace=\"team-a\",policy=\"web2\"} 7\n\
+            egressgw_policy_bytes_total{namespace=\"team-a\",policy=\"web\",gateway=\"gw\"} 1180\n\
+            egressgw_policy_bytes_total{namespace=\"team-a\",policy=\"web2\",gateway=\"gw\"} 7\n\
             egressgw_eips_held 1\n# EOF\n";
-        assert_eq!(policy_bytes(text, "team-a", "web"), Some(1180.0));
-        assert_eq!(policy_bytes(text, "team-a", "we"), None);
+        assert_eq!(policy_bytes(text, "team-a", "web", "gw"), Some(1180.0));
+        assert_eq!(policy_bytes(text, "team-a", "we", "gw"), None);
         assert_eq!(sample(text, "egressgw_eips_held"), Some(1.0));
         assert_eq!(sample(text, "egressgw_eips"), None);
     }

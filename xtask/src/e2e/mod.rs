@@ -19,6 +19,7 @@ use crate::lab::up::{self, UpArgs};
 use crate::lab::{down, process};
 
 mod bench;
+mod doctor;
 mod failover;
 mod install;
 mod metrics;

@@ -18,7 +18,7 @@ use super::{failover, install, tenancy};
 pub type Scenario = (&'static str, fn(&mut Run) -> anyhow::Result<()>);
 
 /// Every scenario, in the order they run.
-pub const ALL: [Scenario; 27] = [
+pub const ALL: [Scenario; 28] = [
     (
         "chart_is_lint_clean_and_bad_values_change_nothing",
         install::chart_is_lint_clean_and_bad_values_change_nothing,
@@ -70,6 +70,10 @@ pub const ALL: [Scenario; 27] = [
     (
         "metrics_count_a_policys_traffic_and_every_daemon_serves_them",
         super::metrics::metrics_count_a_policys_traffic_and_every_daemon_serves_them,
+    ),
+    (
+        "doctor_passes_on_a_healthy_node_and_names_what_is_broken",
+        super::doctor::doctor_passes_on_a_healthy_node_and_names_what_is_broken,
     ),
     (
         "killed_agent_keeps_traffic_flowing_and_restarts_without_changes",

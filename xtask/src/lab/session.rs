@@ -38,6 +38,16 @@ impl Lab {
         self.state.write(&self.paths)
     }
 
+    /// The egressgw binary the lab deployed.
+    pub fn egressgw_binary(&self) -> anyhow::Result<&std::path::Path> {
+        Ok(&self
+            .state
+            .egressgw
+            .as_ref()
+            .context("egressgw is not deployed")?
+            .binary)
+    }
+
     pub fn node(&self, name: &str) -> anyhow::Result<&Node> {
         self.state.topology.node(name)
     }

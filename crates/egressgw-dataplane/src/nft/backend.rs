@@ -112,7 +112,7 @@ impl Firewall for Nft {
         match self.transaction("transaction", ops) {
             Ok(()) => {
                 for op in ops {
-                    report.record(op, Ok::<(), Error>(()));
+                    report.done(op);
                 }
             }
             Err(e) => {
@@ -122,7 +122,7 @@ impl Firewall for Nft {
                 ));
                 for op in ops {
                     let result = self.transaction(&op.to_string(), std::slice::from_ref(op));
-                    report.record(op, result.map_err(|e| e.detail()));
+                    report.record(op, result);
                 }
             }
         }

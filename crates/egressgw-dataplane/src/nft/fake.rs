@@ -5,14 +5,14 @@ use super::*;
 /// An in-memory table for reconcile tests without root. It keeps what the
 /// ops describe and fails like the kernel does on the mistakes a planner
 /// can make (adding what exists, deleting what does not, deleting a chain
-/// that elements jump to, touching a missing table); ops whose display is
-/// in `fail` fail on purpose.
+/// that elements jump to, touching a missing table); the ops in `fail`
+/// fail on purpose.
 #[derive(Debug, Clone, Default)]
 pub struct FakeFirewall {
     /// The table, `None` when absent.
     pub table: Option<Observed>,
-    /// Ops (by their display) that fail.
-    pub fail: BTreeSet<String>,
+    /// Ops that fail.
+    pub fail: Vec<FwOp>,
     /// How many `apply` calls carried at least one op.
     pub transactions: usize,
     /// The keys whose unanswered connections were to be forgotten.
@@ -21,7 +21,7 @@ pub struct FakeFirewall {
 
 impl FakeFirewall {
     pub(super) fn apply_one(&mut self, op: &FwOp) -> Result<(), String> {
-        if self.fail.contains(&op.to_string()) {
+        if self.fail.contains(op) {
             return Err("injected failure".into());
         }
         if let FwOp::CreateTable { sets, chains } = op {

@@ -47,7 +47,7 @@ use ipnet::IpNet;
 use serde_json::Value;
 
 use crate::classify::Datapath;
-use crate::ops::{Change, Report, diff};
+use crate::ops::{Change, Op, OpKind, Operation, Report, diff};
 use crate::ranges::disjoint;
 use crate::{Error, Result};
 

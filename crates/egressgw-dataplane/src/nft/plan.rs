@@ -173,6 +173,26 @@ impl fmt::Display for FwOp {
     }
 }
 
+impl Operation for FwOp {
+    fn op(&self) -> Op {
+        let (kind, object) = match self {
+            FwOp::CreateTable { .. } => (OpKind::Table, format!("{FAMILY} {TABLE}")),
+            FwOp::AddSet(set) => (OpKind::Set, set.name.to_string()),
+            FwOp::AddChain(c) | FwOp::ReplaceChain(c) => (OpKind::Chain, c.name.clone()),
+            FwOp::DeleteChain(name) => (OpKind::Chain, name.clone()),
+            FwOp::Cluster(_, r) => (
+                OpKind::Element,
+                format!("{} {{ {r} }}", self.set_name().unwrap_or_default()),
+            ),
+            FwOp::Classify(_, k, _) | FwOp::Nat(_, k, _) => (
+                OpKind::Element,
+                format!("{} {{ {k} }}", self.set_name().unwrap_or_default()),
+            ),
+        };
+        Op::new(kind, object, self.to_string())
+    }
+}
+
 /// The nft script of `ops`, in order.
 pub(super) fn script(ops: &[FwOp]) -> String {
     ops.iter().map(FwOp::to_nft).collect()

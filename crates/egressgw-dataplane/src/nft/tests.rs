@@ -5,6 +5,7 @@ use egressgw_core::model::PolicyRef;
 use egressgw_core::state::{ClassifyEntry, SnatEntry};
 
 use super::*;
+use crate::ops::Cause;
 use crate::testns::{in_new_netns, root_or_skip, sh};
 
 fn ip(s: &str) -> IpAddr {
@@ -285,10 +286,16 @@ fn a_failing_op_is_reported_and_the_others_still_land() {
     let mut fw = FakeFirewall::default();
     let ops = plan(&spec(), None);
     let bad = "add element masq4 { 10.244.2.5 . 198.51.100.0/24 }";
-    fw.fail.insert(bad.into());
+    let op = ops.iter().find(|op| op.to_string() == bad).unwrap();
+    fw.fail.push(op.clone());
     let report = fw.apply(&ops);
     assert_eq!(report.failed.len(), 1);
-    assert_eq!(report.failed[0].op, bad);
+    assert_eq!(report.failed[0].op.text, bad);
+    assert_eq!(report.failed[0].op.kind, OpKind::Element);
+    assert_eq!(
+        report.failed[0].op.object,
+        "masq4 { 10.244.2.5 . 198.51.100.0/24 }"
+    );
     assert_eq!(report.applied.len(), ops.len() - 1);
     fw.fail.clear();
     let retry = plan(&spec(), fw.observe().unwrap().as_ref());
@@ -471,9 +478,10 @@ fn a_bad_op_is_reported_while_the_others_land() {
         let report = nft.apply(&ops);
         assert_eq!(report.failed.len(), 1, "{report:?}");
         assert_eq!(
-            report.failed[0].op,
+            report.failed[0].op.text,
             "add element classify4 { 10.244.1.9 . 192.0.2.0/24 : jump mark_0a000000 }"
         );
+        assert_eq!(report.failed[0].cause, Cause::Missing);
         assert!(
             report.failed[0].error.contains("No such file or directory"),
             "{report:?}"

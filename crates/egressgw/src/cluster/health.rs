@@ -1,11 +1,14 @@
 //! The daemons' HTTP endpoint: `GET /livez` (and `/healthz`, its older
-//! name) answers 200 while the process serves; `/readyz` 200 once the
-//! daemon says it is ready, 503 before; `/status` the daemon's last report
-//! as JSON; `/metrics` its metrics in the OpenMetrics text format, which
-//! Prometheus scrapes (docs/operations.md lists them).
+//! name) answers 200 while the daemon's loop runs (a daemon that beats
+//! and then stops beating for [`Health::expect_beats`]'s time gets 503);
+//! `/readyz` 200 while the daemon says it is ready, 503 with the reason
+//! otherwise; `/status` the daemon's last report as JSON; `/metrics` its
+//! metrics in the OpenMetrics text format, which Prometheus scrapes
+//! (docs/operations.md lists them).
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use axum::Router;
@@ -21,9 +24,18 @@ const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=
 /// What the endpoint reports; shared with the daemon.
 #[derive(Debug)]
 pub struct Health {
-    state: Mutex<(bool, serde_json::Value)>,
+    state: Mutex<Said>,
     /// The daemon's metrics, registered before the endpoint starts.
     registry: Registry,
+}
+
+#[derive(Debug)]
+struct Said {
+    /// `Err(why)` while not ready.
+    ready: Result<(), String>,
+    status: serde_json::Value,
+    /// The loop's last beat, and how long it may go without one.
+    beat: Option<(Instant, Duration)>,
 }
 
 impl Default for Health {
@@ -36,29 +48,57 @@ impl Health {
     /// Not ready, no status yet, and `registry`'s metrics.
     pub fn new(registry: Registry) -> Self {
         Self {
-            state: Mutex::new((false, serde_json::Value::Null)),
+            state: Mutex::new(Said {
+                ready: Err("starting".into()),
+                status: serde_json::Value::Null,
+                beat: None,
+            }),
             registry,
         }
     }
 
-    pub fn set_ready(&self, ready: bool) {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner).0 = ready;
+    fn said(&self) -> std::sync::MutexGuard<'_, Said> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Ready (`Ok`), or not and why.
+    pub fn set_ready(&self, ready: Result<(), String>) {
+        self.said().ready = ready;
     }
 
     pub fn set_status(&self, status: serde_json::Value) {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner).1 = status;
+        self.said().status = status;
     }
 
-    fn ready(&self) -> bool {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner).0
+    /// From now on `/livez` fails once the loop goes `within` without a
+    /// [`Self::beat`].
+    pub fn expect_beats(&self, within: Duration) {
+        self.said().beat = Some((Instant::now(), within));
+    }
+
+    /// The loop is alive.
+    pub fn beat(&self) {
+        if let Some((at, _)) = &mut self.said().beat {
+            *at = Instant::now();
+        }
+    }
+
+    fn live(&self) -> Result<(), String> {
+        match self.said().beat {
+            Some((at, within)) if at.elapsed() > within => Err(format!(
+                "the loop has not run for {} s",
+                at.elapsed().as_secs()
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    fn ready(&self) -> Result<(), String> {
+        self.said().ready.clone()
     }
 
     fn status(&self) -> serde_json::Value {
-        self.state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .1
-            .clone()
+        self.said().status.clone()
     }
 }
 
@@ -90,15 +130,23 @@ fn router(health: Arc<Health>) -> Router {
         .with_state(health)
 }
 
-async fn live() -> &'static str {
-    "ok\n"
+async fn live(State(health): State<Arc<Health>>) -> (StatusCode, String) {
+    match health.live() {
+        Ok(()) => (StatusCode::OK, "ok\n".into()),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not live: {why}\n"),
+        ),
+    }
 }
 
-async fn ready(State(health): State<Arc<Health>>) -> (StatusCode, &'static str) {
-    if health.ready() {
-        (StatusCode::OK, "ready\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+async fn ready(State(health): State<Arc<Health>>) -> (StatusCode, String) {
+    match health.ready() {
+        Ok(()) => (StatusCode::OK, "ready\n".into()),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {why}\n"),
+        ),
     }
 }
 
@@ -153,9 +201,26 @@ mod tests {
         assert!(get(addr, "/healthz").await.0.contains(" 200 "));
         let (status, body) = get(addr, "/readyz").await;
         assert!(status.contains(" 503 "), "{status}");
-        assert_eq!(body, "not ready\n");
-        health.set_ready(true);
+        assert_eq!(body, "not ready: starting\n");
+        health.set_ready(Ok(()));
         assert!(get(addr, "/readyz").await.0.contains(" 200 "));
+        health.set_ready(Err("gateway egw: no candidate node answers".into()));
+        let (status, body) = get(addr, "/readyz").await;
+        assert!(status.contains(" 503 "), "{status}");
+        assert_eq!(body, "not ready: gateway egw: no candidate node answers\n");
+
+        // A loop that beats is live while it beats.
+        health.expect_beats(Duration::from_millis(200));
+        assert!(get(addr, "/livez").await.0.contains(" 200 "));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (status, body) = get(addr, "/livez").await;
+        assert!(status.contains(" 503 "), "{status}");
+        assert!(
+            body.starts_with("not live: the loop has not run for"),
+            "{body}"
+        );
+        health.beat();
+        assert!(get(addr, "/livez").await.0.contains(" 200 "));
 
         health.set_status(serde_json::json!({"node": "node-1"}));
         let (_, body) = get(addr, "/status").await;

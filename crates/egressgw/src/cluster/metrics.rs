@@ -29,10 +29,23 @@ type Label = [(&'static str, &'static str); 1];
 pub struct AgentMetrics {
     reconcile_seconds: Histogram,
     reconciles: Family<Label, Counter>,
-    ops: Family<Label, Counter>,
+    ops: Family<[(&'static str, &'static str); 2], Counter>,
     last_success: Gauge<f64, AtomicU64>,
     eips: Gauge,
+    peer_up: Family<[(&'static str, String); 1], Gauge>,
+    peer_last_answer: Family<[(&'static str, String); 1], Gauge<f64, AtomicU64>>,
     traffic: Arc<PolicyTraffic>,
+}
+
+/// What a policy's selected pods on this node sent through its gateway.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PolicyCount {
+    /// The policy's EgressGateway.
+    pub gateway: String,
+    /// Packets.
+    pub packets: u64,
+    /// Bytes (whole frames).
+    pub bytes: u64,
 }
 
 impl AgentMetrics {
@@ -47,6 +60,8 @@ impl AgentMetrics {
             ops: Family::default(),
             last_success: Gauge::default(),
             eips: Gauge::default(),
+            peer_up: Family::default(),
+            peer_last_answer: Family::default(),
             traffic: Arc::default(),
         };
         registry.register(
@@ -62,7 +77,9 @@ impl AgentMetrics {
         );
         registry.register(
             "egressgw_reconcile_operations",
-            "Kernel operations reconciles carried out, by result (applied, failed).",
+            "Kernel operations reconciles carried out, by kind (link, address, neighbour, \
+             fdb, route, rule, sysctl, offload, eip, table, chain, set, element, program, \
+             map, conntrack, read) and result (applied, failed).",
             metrics.ops.clone(),
         );
         registry.register(
@@ -75,8 +92,44 @@ impl AgentMetrics {
             "Egress IPs this node holds: SNATs to and announces on its network.",
             metrics.eips.clone(),
         );
+        registry.register(
+            "egressgw_peer_up",
+            "1 while the peer node answers this node's probes through the tunnel, 0 once \
+             it counts as dead, by peer node; only peers this node probes (gateway \
+             candidates of its traffic, holders of its EIPs).",
+            metrics.peer_up.clone(),
+        );
+        registry.register(
+            "egressgw_peer_last_answer_age_seconds",
+            "Time since the peer node last answered a probe through the tunnel, by peer \
+             node (absent until it first answers).",
+            metrics.peer_last_answer.clone(),
+        );
         registry.register_collector(Box::new(Arc::clone(&metrics.traffic)));
         metrics
+    }
+
+    /// Records what the probes see: the peers probed, each with the time
+    /// since its last answer (`None`: never), and the live ones. Peers no
+    /// longer probed are dropped.
+    pub fn probed(
+        &self,
+        answers: &BTreeMap<String, Option<Duration>>,
+        live: &std::collections::BTreeSet<String>,
+    ) {
+        self.peer_up.clear();
+        self.peer_last_answer.clear();
+        for (peer, age) in answers {
+            let labels = [("peer", peer.clone())];
+            self.peer_up
+                .get_or_create(&labels)
+                .set(i64::from(live.contains(peer)));
+            if let Some(age) = age {
+                self.peer_last_answer
+                    .get_or_create(&labels)
+                    .set(age.as_secs_f64());
+            }
+        }
     }
 
     /// Records one reconcile: its report, how long it took and how many
@@ -85,12 +138,13 @@ impl AgentMetrics {
         self.reconcile_seconds.observe(took.as_secs_f64());
         let result = if report.is_ok() { "ok" } else { "failed" };
         self.reconciles.get_or_create(&[("result", result)]).inc();
-        self.ops
-            .get_or_create(&[("result", "applied")])
-            .inc_by(report.applied.len() as u64);
-        self.ops
-            .get_or_create(&[("result", "failed")])
-            .inc_by(report.failed.len() as u64);
+        for (kind, (applied, failed)) in report.by_kind() {
+            for (result, n) in [("applied", applied), ("failed", failed)] {
+                self.ops
+                    .get_or_create(&[("kind", kind.as_str()), ("result", result)])
+                    .inc_by(n);
+            }
+        }
         if report.is_ok() {
             let now = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
@@ -103,7 +157,7 @@ impl AgentMetrics {
     /// Each policy's packets and bytes as the classifier counted them
     /// (read at the end of a reconcile): what `/metrics` shows until the
     /// next.
-    pub fn set_traffic(&self, traffic: BTreeMap<PolicyRef, (u64, u64)>) {
+    pub fn set_traffic(&self, traffic: BTreeMap<PolicyRef, PolicyCount>) {
         *self
             .traffic
             .0
@@ -113,13 +167,13 @@ impl AgentMetrics {
 }
 
 /// Which of (packets, bytes) a family shows.
-type Pick = fn(&(u64, u64)) -> u64;
+type Pick = fn(&PolicyCount) -> u64;
 
 /// Per policy, the packets and bytes the eBPF classifier sent through a
 /// gateway from this node: counters the kernel keeps, exported as they
 /// were last read.
 #[derive(Debug, Default)]
-struct PolicyTraffic(Mutex<BTreeMap<PolicyRef, (u64, u64)>>);
+struct PolicyTraffic(Mutex<BTreeMap<PolicyRef, PolicyCount>>);
 
 impl Collector for PolicyTraffic {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
@@ -133,14 +187,14 @@ impl Collector for PolicyTraffic {
                 "egressgw_policy_packets",
                 "Packets of the policy's selected pods that this node sent through \
                  a gateway (eBPF datapath), by the policy's namespace (empty for an \
-                 EgressClusterPolicy) and name.",
-                |c| c.0,
+                 EgressClusterPolicy), name and EgressGateway.",
+                |c| c.packets,
             ),
             (
                 "egressgw_policy_bytes",
                 "Bytes (whole frames) of the policy's selected pods that this node \
                  sent through a gateway (eBPF datapath).",
-                |c| c.1,
+                |c| c.bytes,
             ),
         ];
         for (name, help, pick) in families {
@@ -149,6 +203,7 @@ impl Collector for PolicyTraffic {
                 let labels = [
                     ("namespace", policy.namespace.as_deref().unwrap_or("")),
                     ("policy", policy.name.as_str()),
+                    ("gateway", counts.gateway.as_str()),
                 ];
                 ConstCounter::new(pick(counts)).encode(family.encode_family(&labels)?)?;
             }
@@ -248,7 +303,7 @@ impl ControllerMetrics {
 
 #[cfg(test)]
 mod tests {
-    use egressgw_dataplane::ops::Failure;
+    use egressgw_dataplane::ops::{Op, OpKind};
 
     use super::*;
 
@@ -262,34 +317,51 @@ mod tests {
     fn a_reconcile_and_the_policies_traffic_show_in_the_agents_metrics() {
         let mut registry = Registry::default();
         let metrics = AgentMetrics::register(&mut registry);
-        let ok = Report {
-            applied: vec!["add rule".into(), "add route".into()],
-            ..Report::default()
-        };
+        let op = |kind, text: &str| Op::new(kind, "x", text);
+        let mut ok = Report::default();
+        ok.done(op(OpKind::Rule, "add rule"));
+        ok.done(op(OpKind::Route, "add route"));
         metrics.reconciled(&ok, Duration::from_millis(12), 1);
-        let failed = Report {
-            failed: vec![Failure {
-                op: "add route".into(),
-                error: "no such device".into(),
-            }],
-            ..Report::default()
-        };
+        let mut failed = Report::default();
+        failed.record(op(OpKind::Route, "add route"), Err("No such device"));
         metrics.reconciled(&failed, Duration::from_millis(3), 1);
+        let count = |gateway: &str, packets, bytes| PolicyCount {
+            gateway: gateway.into(),
+            packets,
+            bytes,
+        };
         metrics.set_traffic(BTreeMap::from([
-            (PolicyRef::namespaced("team-a", "web"), (12, 1180)),
-            (PolicyRef::cluster("batch-to-partner"), (3, 200)),
+            (
+                PolicyRef::namespaced("team-a", "web"),
+                count("egw", 12, 1180),
+            ),
+            (
+                PolicyRef::cluster("batch-to-partner"),
+                count("partner", 3, 200),
+            ),
         ]));
+        let answers = BTreeMap::from([
+            ("gw-1".to_owned(), Some(Duration::from_millis(40))),
+            ("gw-2".to_owned(), Some(Duration::from_secs(3))),
+            ("gw-3".to_owned(), None),
+        ]);
+        metrics.probed(&answers, &["gw-1".to_owned()].into());
         let out = text(&registry);
         for line in [
             "egressgw_reconciles_total{result=\"ok\"} 1",
             "egressgw_reconciles_total{result=\"failed\"} 1",
-            "egressgw_reconcile_operations_total{result=\"applied\"} 2",
-            "egressgw_reconcile_operations_total{result=\"failed\"} 1",
+            "egressgw_reconcile_operations_total{kind=\"rule\",result=\"applied\"} 1",
+            "egressgw_reconcile_operations_total{kind=\"route\",result=\"applied\"} 1",
+            "egressgw_reconcile_operations_total{kind=\"route\",result=\"failed\"} 1",
             "egressgw_reconcile_duration_seconds_count 2",
             "egressgw_eips_held 1",
-            "egressgw_policy_packets_total{namespace=\"team-a\",policy=\"web\"} 12",
-            "egressgw_policy_bytes_total{namespace=\"team-a\",policy=\"web\"} 1180",
-            "egressgw_policy_bytes_total{namespace=\"\",policy=\"batch-to-partner\"} 200",
+            "egressgw_policy_packets_total{namespace=\"team-a\",policy=\"web\",gateway=\"egw\"} 12",
+            "egressgw_policy_bytes_total{namespace=\"team-a\",policy=\"web\",gateway=\"egw\"} 1180",
+            "egressgw_policy_bytes_total{namespace=\"\",policy=\"batch-to-partner\",gateway=\"partner\"} 200",
+            "egressgw_peer_up{peer=\"gw-1\"} 1",
+            "egressgw_peer_up{peer=\"gw-2\"} 0",
+            "egressgw_peer_up{peer=\"gw-3\"} 0",
+            "egressgw_peer_last_answer_age_seconds{peer=\"gw-2\"} 3.0",
         ] {
             assert!(out.contains(line), "no {line:?} in\n{out}");
         }
@@ -303,6 +375,10 @@ mod tests {
             .and_then(|v| v.parse::<f64>().ok())
             .unwrap();
         assert!(last > 1.7e9, "{last}");
+        assert!(!out.contains("egressgw_peer_last_answer_age_seconds{peer=\"gw-3\"}"));
+        // A peer no longer probed is gone.
+        metrics.probed(&BTreeMap::new(), &Default::default());
+        assert!(!text(&registry).contains("gw-1"));
     }
 
     #[test]

@@ -205,7 +205,7 @@ status:
 /// The outcome of one reconcile, as `apply -o json` prints it.
 #[derive(Debug)]
 pub struct Reconcile {
-    /// `applied`: the ops carried out.
+    /// `applied`: the ops carried out, by their text.
     pub applied: Vec<String>,
     /// `failed`: the ops that failed, with their errors.
     pub failed: Vec<serde_json::Value>,
@@ -219,7 +219,11 @@ impl Reconcile {
             .as_array()
             .map(|a| {
                 a.iter()
-                    .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned))
+                    .map(|v| {
+                        v["text"]
+                            .as_str()
+                            .map_or_else(|| v.to_string(), str::to_owned)
+                    })
                     .collect()
             })
             .unwrap_or_else(|| panic!("no `applied` list in {json}"));

@@ -1,0 +1,193 @@
+//! `egressgw doctor` on a lab node: it passes on a healthy node, and names
+//! each thing broken by hand there (a rule of another component on
+//! egressgw's mark bits, tx checksum offload turned the other way, an
+//! underlay MTU too small for the tunnel, a gateway that stops answering).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{Context, bail, ensure};
+use serde_json::Value;
+
+use super::run::{Run, eip_holders, eventually};
+use super::scenarios::{setup_gateway, setup_web_policy};
+use super::traffic::Expect;
+use crate::lab::egressgw::{AGENT_HEALTH_PORT, set_node_underlay};
+use crate::lab::net;
+use crate::lab::session::Lab;
+
+/// The node doctor runs on: web-3's, which sends through the gateway.
+const NODE: &str = "node-3";
+/// A rule another component might add on egressgw's mark bits.
+const FOREIGN_RULE: [&str; 7] = [
+    "rule",
+    "add",
+    "priority",
+    "100",
+    "fwmark",
+    "0x1000000/0xff000000",
+    "lookup",
+];
+const FOREIGN_TABLE: &str = "100";
+
+/// Doctor's checks as (name, verdict, evidence).
+type Checks = Vec<(String, String, String)>;
+
+/// `egressgw doctor -o json` on `node`: whether it exited zero, and the
+/// checks.
+fn doctor(lab: &Lab, node: &str) -> anyhow::Result<(bool, Checks)> {
+    let binary = lab.egressgw_binary()?;
+    let n = lab.node(node)?;
+    let agent = SocketAddr::from((n.ip, AGENT_HEALTH_PORT)).to_string();
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", n.netns.as_str()])
+        .arg(binary)
+        .args(["doctor", "-o", "json", "--agent", &agent])
+        .output()
+        .context("running egressgw doctor")?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let checks: Vec<Value> = serde_json::from_str(&stdout).with_context(|| {
+        format!(
+            "doctor printed no checks: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })?;
+    let checks = checks
+        .iter()
+        .map(|c| {
+            let field = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
+            (field("name"), field("verdict"), field("evidence"))
+        })
+        .collect();
+    Ok((out.status.success(), checks))
+}
+
+/// Doctor's verdict of the check `name`, with its evidence.
+fn verdict(checks: &[(String, String, String)], name: &str) -> (String, String) {
+    checks
+        .iter()
+        .find(|(n, ..)| n == name)
+        .map(|(_, v, e)| (v.clone(), e.clone()))
+        .unwrap_or_default()
+}
+
+/// Doctor passes every check on `node` (the agent's included).
+fn passes(lab: &Lab, node: &str) -> Result<(), String> {
+    let (ok, checks) = doctor(lab, node).map_err(|e| format!("{e:#}"))?;
+    let bad: Vec<_> = checks.iter().filter(|(_, v, _)| v != "pass").collect();
+    if ok && bad.is_empty() && !checks.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("exit ok {ok}, not passed: {bad:?}"))
+    }
+}
+
+/// Breaks something with `break_it`, and expects doctor to fail with the
+/// check `name` failing with `words` in its evidence. The agent repairs
+/// some of these at its next reconcile; a repair between the break and the
+/// check is told by `broken` and tried again.
+fn names(
+    lab: &Lab,
+    name: &str,
+    words: &str,
+    mut break_it: impl FnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    for _ in 0..3 {
+        break_it()?;
+        let (ok, checks) = doctor(lab, NODE)?;
+        let (v, evidence) = verdict(&checks, name);
+        if v == "fail" && evidence.contains(words) {
+            ensure!(!ok, "doctor failed check {name} and still exited zero");
+            println!("    doctor names it: FAIL {name}: {evidence}");
+            return Ok(());
+        }
+        println!("    doctor did not name it yet ({name}: {v} {evidence}); again");
+    }
+    bail!("doctor on {NODE} never failed check {name} with {words:?}")
+}
+
+/// A healthy node passes; a foreign rule on egressgw's mark bits, tx
+/// checksum offload turned the other way on the tunnel, an underlay MTU
+/// below what the tunnel needs, and a gateway node that stops answering
+/// through the tunnel are each named by their check, and the node passes
+/// again once they are undone.
+pub fn doctor_passes_on_a_healthy_node_and_names_what_is_broken(
+    run: &mut Run,
+) -> anyhow::Result<()> {
+    let eip = setup_gateway(run, "e2e-doctor")?;
+    setup_web_policy(run, "e2e-doctor")?;
+    run.expect_all(&["web-3"], Expect::Source(eip))?;
+    let lab: &Lab = &*run.lab;
+    eventually(
+        "doctor to pass on a healthy node",
+        Duration::from_secs(20),
+        || passes(lab, NODE),
+    )?;
+    let node = lab.node(NODE)?.clone();
+    let netns = node.netns.clone();
+    let ip = |args: &[&str]| net::exec(&netns, "ip", args).map(drop);
+
+    // A rule of another component on egressgw's mark bits, before its rules.
+    let mut add: Vec<&str> = FOREIGN_RULE.to_vec();
+    add.push(FOREIGN_TABLE);
+    let named = names(
+        lab,
+        "rules",
+        "priority 100 fwmark 0x01000000/0xff000000",
+        || ip(&add),
+    );
+    let mut del = add.clone();
+    del[1] = "del";
+    ip(&del).context("removing the foreign rule")?;
+    named?;
+
+    // tx checksum offload turned the other way on the tunnel.
+    let offloads = net::exec(&netns, "ethtool", &["-k", "egress.vxlan"])?;
+    let on = offloads.lines().any(|l| l.trim() == "tx-checksumming: on");
+    let (flip, back) = if on { ("off", "on") } else { ("on", "off") };
+    let named = names(lab, "offload", "tx-checksumming should be", || {
+        net::exec(&netns, "ethtool", &["-K", "egress.vxlan", "tx", flip]).map(drop)
+    });
+    net::exec(&netns, "ethtool", &["-K", "egress.vxlan", "tx", back])?;
+    named?;
+
+    // An underlay too small for the tunnel's MTU.
+    let mtu = |m: &str| ip(&["link", "set", &node.interface, "mtu", m]);
+    let named = names(lab, "tunnel", "above the", || mtu("1400"));
+    mtu("1500").context("restoring the underlay's MTU")?;
+    named?;
+    eventually("doctor to pass again", Duration::from_secs(40), || {
+        passes(lab, NODE)
+    })?;
+
+    // A gateway node that stops answering through the tunnel.
+    let holder = eip_holders(lab, eip)?
+        .into_iter()
+        .find(|n| n != NODE)
+        .context("no other node holds the EIP")?;
+    let gateway = lab.node(&holder)?.clone();
+    let topo = &lab.state.topology;
+    set_node_underlay(topo, &gateway, false)?;
+    let named = eventually(
+        &format!("doctor on {NODE} to name {holder} as not answering"),
+        Duration::from_secs(10),
+        || {
+            let (ok, checks) = doctor(lab, NODE).map_err(|e| format!("{e:#}"))?;
+            let (v, evidence) = verdict(&checks, "peers");
+            if !ok && v == "fail" && evidence.contains(&holder) {
+                println!("    doctor names it: FAIL peers: {evidence}");
+                Ok(())
+            } else {
+                Err(format!("peers: {v} {evidence}"))
+            }
+        },
+    );
+    set_node_underlay(topo, &gateway, true)?;
+    named?;
+    eventually(
+        "doctor to pass once the gateway answers again",
+        Duration::from_secs(40),
+        || passes(lab, NODE),
+    )?;
+    run.expect_all(&["web-3"], Expect::Source(eip))
+}
