@@ -266,6 +266,160 @@ mod tests {
         );
     }
 
+    /// Every metric an expression selects, by name.
+    fn selected_metrics(expr: &promql_parser::parser::Expr) -> Vec<String> {
+        use promql_parser::parser::Expr;
+        use promql_parser::util::{ExprVisitor, walk_expr};
+
+        struct Names(Vec<String>);
+        impl ExprVisitor for Names {
+            type Error = std::convert::Infallible;
+            fn pre_visit(&mut self, expr: &Expr) -> Result<bool, Self::Error> {
+                let selector = match expr {
+                    Expr::VectorSelector(vs) => Some(vs),
+                    Expr::MatrixSelector(ms) => Some(&ms.vs),
+                    _ => None,
+                };
+                if let Some(vs) = selector {
+                    self.0.push(vs.name.clone().unwrap_or_default());
+                }
+                Ok(true)
+            }
+        }
+        let mut names = Names(Vec::new());
+        let Ok(_) = walk_expr(&mut names, expr);
+        names.0
+    }
+
+    /// `text` with Grafana's variables (`$name`, `${name}`, `${name:fmt}`)
+    /// replaced by values PromQL accepts where the dashboard uses them:
+    /// Grafana's intervals by a duration, the dashboard's own variables by a
+    /// label value. Variables that are neither are returned.
+    fn without_variables(text: &str, defined: &[&str]) -> (String, Vec<String>) {
+        let mut out = String::new();
+        let mut unknown = Vec::new();
+        let mut rest = text;
+        while let Some(i) = rest.find('$') {
+            out.push_str(&rest[..i]);
+            let after = &rest[i + 1..];
+            let (name, len) = match after.strip_prefix('{') {
+                Some(inner) => {
+                    let end = inner.find('}').unwrap_or(inner.len());
+                    let name = inner[..end].split(':').next().unwrap_or_default();
+                    (name, end + 2)
+                }
+                None => {
+                    let end = after
+                        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                        .unwrap_or(after.len());
+                    (&after[..end], end)
+                }
+            };
+            match name {
+                "__rate_interval" | "__interval" | "__range" => out.push_str("5m"),
+                n if defined.contains(&n) => out.push('x'),
+                n => {
+                    unknown.push(n.to_owned());
+                    out.push('x');
+                }
+            }
+            rest = &after[len..];
+        }
+        out.push_str(rest);
+        (out, unknown)
+    }
+
+    #[test]
+    fn grafana_variables_are_replaced_and_unknown_ones_named() {
+        let (expr, unknown) = without_variables(
+            "rate(m{a=~\"$namespace\", b=\"${policy:regex}\"}[$__rate_interval]) + $nope",
+            &["namespace", "policy"],
+        );
+        assert_eq!(expr, "rate(m{a=~\"x\", b=\"x\"}[5m]) + x");
+        assert_eq!(unknown, ["nope"]);
+    }
+
+    #[test]
+    fn every_dashboard_query_parses_and_reads_documented_metrics() {
+        let root = crate::workspace_root();
+        let dashboard = crate::dashboard::dashboard(&root).unwrap();
+        let documented = fs::read_to_string(root.join("docs/operations.md")).unwrap();
+        assert_eq!(dashboard["uid"], "egressgw");
+        assert_eq!(dashboard["schemaVersion"], 39);
+        let variables = dashboard["templating"]["list"].as_array().unwrap();
+        let defined: Vec<&str> = variables
+            .iter()
+            .map(|v| v["name"].as_str().unwrap())
+            .collect();
+        let datasource = variables.iter().find(|v| v["name"] == "datasource");
+        assert!(
+            datasource.is_some_and(|v| v["type"] == "datasource" && v["query"] == "prometheus"),
+            "no Prometheus datasource variable: {defined:?}"
+        );
+
+        // (where, PromQL): every panel query, and the selector of every
+        // `label_values(selector, label)` variable query.
+        let mut queries: Vec<(String, String)> = Vec::new();
+        let mut ids = std::collections::BTreeSet::new();
+        let panels = crate::dashboard::panels(&dashboard);
+        for panel in &panels {
+            let title = panel["title"].as_str().unwrap();
+            let id = panel["id"].as_u64().unwrap();
+            assert!(ids.insert(id), "panel id {id} ({title:?}) is not unique");
+            if panel["type"] == "row" {
+                continue;
+            }
+            assert_eq!(
+                panel["datasource"]["uid"], "${datasource}",
+                "panel {title:?} does not use the datasource variable"
+            );
+            let targets = panel["targets"].as_array().unwrap();
+            assert!(!targets.is_empty(), "panel {title:?} has no query");
+            for target in targets {
+                assert_eq!(target["datasource"]["uid"], "${datasource}", "{title:?}");
+                let expr = target["expr"].as_str().unwrap();
+                queries.push((format!("panel {title:?}"), expr.to_owned()));
+            }
+        }
+        assert!(panels.len() >= 12, "{} panels", panels.len());
+        for variable in variables.iter().filter(|v| v["type"] == "query") {
+            let name = variable["name"].as_str().unwrap();
+            assert_eq!(variable["datasource"]["uid"], "${datasource}", "{name}");
+            let query = variable["query"]["query"]
+                .as_str()
+                .or_else(|| variable["query"].as_str())
+                .unwrap();
+            assert_eq!(variable["definition"].as_str(), Some(query), "{name}");
+            let args = query
+                .strip_prefix("label_values(")
+                .and_then(|q| q.strip_suffix(')'))
+                .unwrap_or_else(|| panic!("variable {name}: {query:?} is not label_values(..)"));
+            if let Some((selector, _label)) = args.rsplit_once(',') {
+                queries.push((format!("variable {name}"), selector.to_owned()));
+            }
+        }
+
+        for (place, query) in &queries {
+            let (expr, unknown) = without_variables(query, &defined);
+            assert!(unknown.is_empty(), "{place}: unknown variables {unknown:?}");
+            let parsed = promql_parser::parser::parse(&expr)
+                .unwrap_or_else(|e| panic!("{place}: {expr:?} does not parse: {e}"));
+            let metrics = selected_metrics(&parsed);
+            assert!(!metrics.is_empty(), "{place}: {expr:?} reads no metric");
+            for metric in metrics {
+                let base = ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .find_map(|s| metric.strip_suffix(s))
+                    .unwrap_or(&metric);
+                assert!(
+                    documented.contains(&format!("`{metric}`"))
+                        || documented.contains(&format!("`{base}`")),
+                    "{place} reads {metric}, which docs/operations.md does not list"
+                );
+            }
+        }
+    }
+
     #[test]
     fn the_chart_has_a_reference_row_for_every_key() {
         let chart = crate::workspace_root().join(CHART_DIR);

@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod chart;
+mod dashboard;
 mod e2e;
 mod gen_crds;
 mod lab;
@@ -30,6 +31,10 @@ enum Task {
     /// The Helm chart: its values reference.
     #[command(subcommand)]
     Chart(chart::ChartCommand),
+    /// The chart's Grafana dashboard drawn from the lab's metrics: record
+    /// them, render the panels as SVG (see docs/operations.md).
+    #[command(subcommand)]
+    Dashboard(dashboard::DashboardCommand),
     /// A Kubernetes cluster on this machine, in network namespaces (see docs/lab.md).
     #[command(subcommand)]
     Lab(lab::LabCommand),
@@ -52,6 +57,7 @@ fn main() -> ExitCode {
         Task::Bench(args) => bench::run(&args),
         Task::GenCrds { check } => gen_crds::run(check),
         Task::Chart(command) => chart::run(&command),
+        Task::Dashboard(command) => dashboard::run(&command),
     };
     result.unwrap_or_else(|e| {
         eprintln!("error: {e:#}");

@@ -1228,6 +1228,48 @@ fn program(ebpf: &mut aya::Ebpf, role: Role) -> Result<&mut SchedClassifier, Ebp
         .map_err(failed(what))
 }
 
+/// What the classification map pinned in `dir` says for a packet from
+/// `src` to `dst` (the kernel's own longest-prefix lookup), read without
+/// loading the program or changing anything; `None` when no entry covers
+/// the pair.
+pub fn lookup_pinned(dir: &Path, src: IpAddr, dst: IpAddr) -> Result<Option<Verdict>, EbpfError> {
+    let name = if src.is_ipv4() {
+        common::CLASSIFY4
+    } else {
+        common::CLASSIFY6
+    };
+    let pin = dir.join(name);
+    let what = format!("looking up {src} -> {dst} in {}", pin.display());
+    let data = MapData::from_pin(&pin)
+        .map_err(|e| e.to_string())
+        .map_err(failed(what.clone()))?;
+    let map = aya::maps::Map::LpmTrie(data);
+    let found = match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            let trie: LpmTrie<MapData, Key4, Verdict> = LpmTrie::try_from(map)
+                .map_err(|e| e.to_string())
+                .map_err(failed(what.clone()))?;
+            trie.get(&key4(s.octets(), ipnet::Ipv4Net::from(d)), 0)
+        }
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            let trie: LpmTrie<MapData, Key6, Verdict> = LpmTrie::try_from(map)
+                .map_err(|e| e.to_string())
+                .map_err(failed(what.clone()))?;
+            trie.get(&key6(s.octets(), ipnet::Ipv6Net::from(d)), 0)
+        }
+        _ => {
+            return Err(failed(what)(
+                "the addresses are of different families".into(),
+            ));
+        }
+    };
+    match found {
+        Ok(v) => Ok(Some(v)),
+        Err(aya::maps::MapError::KeyNotFound) => Ok(None),
+        Err(e) => Err(failed(what)(e.to_string())),
+    }
+}
+
 /// The trie key of source `src` and destination network `dst`.
 fn key4(src: [u8; 4], dst: ipnet::Ipv4Net) -> Key<Key4> {
     Key::new(
@@ -1684,6 +1726,52 @@ mod kernel_tests {
             assert!(programs.is_empty(), "detached");
             send(POD, "198.51.100.1", 1);
             assert_eq!(seen("marked"), 7, "no longer classified");
+        });
+    }
+
+    #[test]
+    fn the_pinned_classification_is_looked_up_by_longest_prefix_without_loading() {
+        if !root_or_skip("the_pinned_classification_is_looked_up_by_longest_prefix_without_loading")
+        {
+            return;
+        }
+        in_new_netns(|| {
+            private_bpffs();
+            let dir = Path::new(PIN_DIR);
+            let pod: IpAddr = POD.parse().unwrap();
+            let mut c = Classifier::load_pinned(dir).unwrap();
+            c.insert(
+                pod,
+                "198.51.100.0/24".parse().unwrap(),
+                verdict(kind::MARK, 7),
+            )
+            .unwrap();
+            c.insert(
+                pod,
+                "198.51.100.128/25".parse().unwrap(),
+                verdict(kind::LEAVE, 0),
+            )
+            .unwrap();
+            let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+            let look = |dst: &str| lookup_pinned(dir, pod, ip(dst)).unwrap().map(|v| v.kind);
+            assert_eq!(look("198.51.100.7"), Some(kind::MARK));
+            assert_eq!(
+                look("198.51.100.200"),
+                Some(kind::LEAVE),
+                "the longer prefix"
+            );
+            assert_eq!(look("203.0.113.1"), None);
+            assert_eq!(
+                lookup_pinned(dir, ip("10.244.9.9"), ip("198.51.100.7")).unwrap(),
+                None,
+                "another source"
+            );
+            drop(c);
+            Classifier::remove_pins(dir).unwrap();
+            assert!(
+                lookup_pinned(dir, pod, ip("198.51.100.7")).is_err(),
+                "no pins, no map"
+            );
         });
     }
 

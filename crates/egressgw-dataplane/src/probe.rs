@@ -350,6 +350,78 @@ fn open_asking(device: &str, ipv6: bool) -> std::io::Result<Socket> {
     Ok(socket)
 }
 
+/// Whether `dst` answers an IPv4 echo request of `size` bytes (the whole
+/// IP packet) sent with Don't Fragment, out of `device` when given: a
+/// path that cannot carry packets that large drops it, or says so with an
+/// ICMP error, and either way no echo reply comes back within `timeout`.
+/// A packet above the MTU of its route (the device's, or a smaller one a
+/// router on the way reported, which the kernel remembers for a while) is
+/// refused before it leaves: also no answer. Sends `tries` requests, one
+/// at a time, and stops at the first answer.
+pub fn answers_unfragmented(
+    dst: std::net::Ipv4Addr,
+    size: u16,
+    device: Option<&str>,
+    tries: u8,
+    timeout: Duration,
+) -> std::io::Result<bool> {
+    const IP_HEADER: u16 = 20;
+    let socket = Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::ICMPV4))?;
+    if let Some(device) = device {
+        socket.bind_device(Some(device.as_bytes()))?;
+    }
+    socket.set_header_included_v4(true)?;
+    // Not the prober's identifier: its answers are not ours.
+    let ident = (std::process::id() as u16) ^ 0x5eed;
+    let to = SockAddr::from(SocketAddr::new(IpAddr::V4(dst), 0));
+    let mut buf = vec![0u8; usize::from(size) + 64];
+    for seq in 0..u16::from(tries) {
+        let mut icmp = echo_request(ident, seq, &[IpAddr::V4(dst)]);
+        let padding = usize::from(size.saturating_sub(IP_HEADER)).saturating_sub(icmp.len());
+        icmp.extend(std::iter::repeat_n(0u8, padding));
+        icmp[2..4].fill(0);
+        let sum = checksum(&icmp);
+        icmp[2..4].copy_from_slice(&sum.to_be_bytes());
+        let total = u16::try_from(usize::from(IP_HEADER) + icmp.len()).unwrap_or(u16::MAX);
+        // Version 4, 20-byte header; DF; TTL 64; ICMP. The kernel fills in
+        // the source address, the identification and the header checksum.
+        let mut packet = vec![0x45, 0];
+        packet.extend_from_slice(&total.to_be_bytes());
+        packet.extend_from_slice(&[0, 0, 0x40, 0, 64, 1, 0, 0, 0, 0, 0, 0]);
+        packet.extend_from_slice(&dst.octets());
+        packet.extend_from_slice(&icmp);
+        match socket.send_to(&packet, &to) {
+            Err(e) if e.raw_os_error() == Some(nix::libc::EMSGSIZE) => return Ok(false),
+            sent => sent?,
+        };
+        let deadline = Instant::now() + timeout;
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            socket.set_read_timeout(Some(left.max(Duration::from_millis(1))))?;
+            let Ok(len) = (&socket).read(&mut buf) else {
+                break;
+            };
+            if is_reply(&buf[..len], dst, ident, seq) {
+                return Ok(true);
+            }
+        }
+    }
+    Ok(false)
+}
+
+/// Whether `packet` (an IPv4 packet, as raw sockets deliver it) is the
+/// echo reply of `dst` to request `ident`/`seq`.
+fn is_reply(packet: &[u8], dst: std::net::Ipv4Addr, ident: u16, seq: u16) -> bool {
+    let header = usize::from(packet.first().map_or(0, |b| b & 0x0f)) * 4;
+    let (Some(from), Some(icmp)) = (packet.get(12..16), packet.get(header..)) else {
+        return false;
+    };
+    from == dst.octets()
+        && icmp.len() >= 8
+        && icmp[0] == ICMP_ECHO_REPLY
+        && icmp[4..6] == ident.to_be_bytes()
+        && icmp[6..8] == seq.to_be_bytes()
+}
+
 /// An echo request with this agent's identifier, carrying `body`: the
 /// address it is sent to (a peer probe) or the tunnel address of the
 /// candidate and the EIP (a holder question). The reply echoes it back,
@@ -504,6 +576,67 @@ mod tests {
             ..long_ago
         };
         assert!(!shared.silent_since(peer6, long_ago6, misses, down_after));
+    }
+
+    /// A path that cannot carry a packet whole drops a Don't-Fragment
+    /// probe of that size, and answers a smaller one; a probe above the
+    /// sending device's MTU is refused before it leaves. Two namespaces
+    /// joined by a veth whose far end has the smaller MTU (a switch port),
+    /// and a router behind it whose next link has a smaller MTU still,
+    /// which would fragment the probe were it not for Don't Fragment.
+    #[test]
+    fn a_dont_fragment_probe_larger_than_the_path_goes_unanswered() {
+        use crate::testns::{in_new_netns, root_or_skip, sh};
+        if !root_or_skip("a_dont_fragment_probe_larger_than_the_path_goes_unanswered") {
+            return;
+        }
+        in_new_netns(|| {
+            let peer = format!("egwpmtu{}", std::process::id() % 100_000);
+            let far = format!("{peer}f");
+            sh(&format!("ip netns add {peer} && ip netns add {far}"));
+            let result = std::panic::catch_unwind(|| {
+                sh(&format!(
+                    "ip link add name pm type veth peer name pm netns {peer}"
+                ));
+                sh("ip addr add 10.98.0.1/24 dev pm && ip link set pm up");
+                sh("ip route add 10.97.0.0/24 via 10.98.0.2");
+                sh(&format!(
+                    "ip -n {peer} addr add 10.98.0.2/24 dev pm && ip -n {peer} link set pm up && \
+                     ip -n {peer} link set lo up && ip -n {peer} link set pm mtu 1400 && \
+                     ip netns exec {peer} sysctl -qw net.ipv4.ip_forward=1 && \
+                     ip -n {peer} link add name far type veth peer name far netns {far} && \
+                     ip -n {peer} addr add 10.97.0.1/24 dev far && ip -n {peer} link set far mtu 1300 up && \
+                     ip -n {far} addr add 10.97.0.2/24 dev far && ip -n {far} link set far mtu 1300 up && \
+                     ip -n {far} route add default via 10.97.0.1"
+                ));
+                let wait = Duration::from_millis(300);
+                let probe = |dst: &str, size| {
+                    answers_unfragmented(dst.parse().unwrap(), size, Some("pm"), 3, wait)
+                };
+                let near = "10.98.0.2";
+                assert!(probe(near, 100).unwrap(), "a small probe is answered");
+                assert!(
+                    probe(near, 1400).unwrap(),
+                    "one the path carries is answered"
+                );
+                assert!(!probe(near, 1500).unwrap(), "one it cannot carry is not");
+                assert!(
+                    !probe(near, 1600).unwrap(),
+                    "one above the device's MTU is not sent"
+                );
+                // The router would fragment 1400 bytes for its 1300-byte
+                // link, and does not: the probe says Don't Fragment.
+                assert!(probe("10.97.0.2", 1300).unwrap(), "through the router");
+                assert!(
+                    !probe("10.97.0.2", 1400).unwrap(),
+                    "not fragmented on the way"
+                );
+            });
+            sh(&format!("ip netns del {peer}; ip netns del {far}"));
+            if let Err(e) = result {
+                std::panic::resume_unwind(e);
+            }
+        });
     }
 
     /// A holder question is answered by the candidate's kernel only when

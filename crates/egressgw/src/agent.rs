@@ -42,7 +42,7 @@ use tokio::sync::Notify;
 use tracing::Instrument as _;
 
 use crate::cluster::health::{self, Health};
-use crate::cluster::metrics::{AgentMetrics, PolicyCount};
+use crate::cluster::metrics::{AgentMetrics, ApiRequests, PolicyCount, Verb};
 use crate::cluster::owner::Owner;
 use crate::cluster::watch::Stores;
 use crate::cluster::{self, ClusterArgs, lease};
@@ -109,6 +109,7 @@ pub struct AgentArgs {
 struct Running {
     owner: std::sync::OnceLock<Arc<Owner>>,
     client: std::sync::OnceLock<Client>,
+    requests: std::sync::OnceLock<ApiRequests>,
     /// Whether the agent is stopping. The renewal task holds it while it
     /// renews and stops once it is set, so the last renewal at stop cannot
     /// be overwritten by one still on its way.
@@ -143,8 +144,8 @@ async fn stop(args: &AgentArgs, running: &Running, config: Config) -> anyhow::Re
         None => None,
     };
     let Some(reason) = reason else {
-        if let Some(client) = running.client.get() {
-            restart_grace(args, client).await;
+        if let (Some(client), Some(requests)) = (running.client.get(), running.requests.get()) {
+            restart_grace(args, client, requests).await;
         }
         tracing::info!("stopping; the kernel state stays as it is");
         return Ok(());
@@ -167,17 +168,20 @@ async fn stop(args: &AgentArgs, running: &Running, config: Config) -> anyhow::Re
 /// is cordoned (drained for maintenance or a shutdown: its EIPs should move
 /// now) or the grace is 0. Failures are logged: the EIPs then move after
 /// the usual timeout.
-async fn restart_grace(args: &AgentArgs, client: &Client) {
+async fn restart_grace(args: &AgentArgs, client: &Client, requests: &ApiRequests) {
     if args.restart_grace == 0 {
         return;
     }
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
-    let cordoned = tokio::time::timeout(Duration::from_secs(1), nodes.get_opt(&args.node))
-        .await
-        .ok()
-        .and_then(Result::ok)
-        .flatten()
-        .is_some_and(|n| n.spec.and_then(|s| s.unschedulable).unwrap_or(false));
+    let cordoned = tokio::time::timeout(
+        Duration::from_secs(1),
+        requests.send(Verb::Get, nodes.get_opt(&args.node)),
+    )
+    .await
+    .ok()
+    .and_then(Result::ok)
+    .flatten()
+    .is_some_and(|n| n.spec.and_then(|s| s.unschedulable).unwrap_or(false));
     if cordoned {
         tracing::info!("the node is cordoned: its EIPs move after the agent timeout");
         return;
@@ -187,7 +191,7 @@ async fn restart_grace(args: &AgentArgs, client: &Client) {
     let grace = Duration::from_secs(args.restart_grace);
     match tokio::time::timeout(
         Duration::from_secs(2),
-        lease::renew(&api, &name, &args.node, grace),
+        lease::renew(&api, requests, &name, &args.node, grace),
     )
     .await
     {
@@ -214,6 +218,7 @@ async fn agent(args: &AgentArgs, config: Config, running: &Running) -> anyhow::R
     }
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = AgentMetrics::register(&mut registry);
+    let _ = running.requests.set(metrics.api().clone());
     let health = Arc::new(Health::new(registry));
     health::serve(args.health_addr, Arc::clone(&health)).await?;
 
@@ -221,6 +226,7 @@ async fn agent(args: &AgentArgs, config: Config, running: &Running) -> anyhow::R
     let leases: Api<Lease> = Api::namespaced(client.clone(), &args.cluster.namespace);
     tokio::spawn(renew_lease(
         leases,
+        metrics.api().clone(),
         node.to_owned(),
         Duration::from_secs(args.lease_duration.max(1)),
         Arc::clone(&running.stopping),
@@ -262,6 +268,7 @@ async fn agent(args: &AgentArgs, config: Config, running: &Running) -> anyhow::R
     let (status_tx, status_rx) = tokio::sync::watch::channel(None);
     tokio::spawn(write_tunnel_status(
         client.clone(),
+        metrics.api().clone(),
         node.to_owned(),
         status_rx,
     ));
@@ -316,6 +323,7 @@ async fn agent(args: &AgentArgs, config: Config, running: &Running) -> anyhow::R
 /// nothing else: the node's EIPs stay while its peers answer.
 async fn renew_lease(
     api: Api<Lease>,
+    requests: ApiRequests,
     node: String,
     duration: Duration,
     stopping: Arc<tokio::sync::Mutex<bool>>,
@@ -330,9 +338,12 @@ async fn renew_lease(
         if *guard {
             return;
         }
-        let result = tokio::time::timeout(RENEW_EVERY, lease::renew(&api, &name, &node, duration))
-            .await
-            .unwrap_or_else(|_| Err(anyhow::anyhow!("renewing Lease {name}: timed out")));
+        let result = tokio::time::timeout(
+            RENEW_EVERY,
+            lease::renew(&api, &requests, &name, &node, duration),
+        )
+        .await
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("renewing Lease {name}: timed out")));
         drop(guard);
         match result {
             Ok(()) if failing => {
@@ -397,7 +408,9 @@ impl Agent {
             return false;
         };
         let sight = self.liveness.sight();
-        let resolved = self.memory.resolve(&planned, &sight).await;
+        let outcome = self.memory.resolve(&planned, &sight).await;
+        self.metrics.resolved(&outcome);
+        let resolved = &outcome.resolved;
         let state = &resolved.state;
         let started = Instant::now();
         let report = self.dataplane.reconcile(state).await;
@@ -600,6 +613,7 @@ impl Agent {
 /// retrying every second until the API server takes it.
 async fn write_tunnel_status(
     client: Client,
+    requests: ApiRequests,
     node: String,
     mut queued: tokio::sync::watch::Receiver<Option<EgressTunnelStatus>>,
 ) {
@@ -616,12 +630,12 @@ async fn write_tunnel_status(
                 "metadata": { "name": node },
                 "status": status,
             });
+            let params = PatchParams::apply(MANAGER).force();
             let written = tokio::time::timeout(
                 STATUS_WRITE_TIMEOUT,
-                api.patch_status(
-                    &node,
-                    &PatchParams::apply(MANAGER).force(),
-                    &Patch::Apply(&body),
+                requests.send(
+                    Verb::Patch,
+                    api.patch_status(&node, &params, &Patch::Apply(&body)),
                 ),
             )
             .await

@@ -12,7 +12,7 @@
 //! controller records where the agents report holding them.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,8 +20,8 @@ use anyhow::Context;
 use egressgw_api::status::{gateway_status, policy_status, tunnel_status};
 use egressgw_api::{EgressClusterPolicy, EgressGateway, EgressPolicy, EgressTunnel, TunnelPhase};
 use egressgw_core::Snapshot;
-use egressgw_core::model::{Config, PolicyRef};
-use egressgw_core::status::ClusterStatus;
+use egressgw_core::model::{Config, Mac, PolicyRef};
+use egressgw_core::status::{ClusterStatus, ConditionType, Reason};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::Timestamp;
@@ -35,7 +35,7 @@ use tokio::sync::{Notify, watch};
 use crate::cluster::decoded::Decoded;
 use crate::cluster::health::{self, Health};
 use crate::cluster::lease::{self, Elector, Liveness};
-use crate::cluster::metrics::ControllerMetrics;
+use crate::cluster::metrics::{ApiRequests, ControllerMetrics, Verb};
 use crate::cluster::watch::{Stores, watch as watch_kind};
 use crate::cluster::{self, ClusterArgs};
 use crate::load_config;
@@ -138,6 +138,7 @@ async fn controller(args: &ControllerArgs, config: Config) -> anyhow::Result<()>
             LEADER_LEASE,
             &identity,
             Duration::from_secs(args.leader_lease_duration.max(2)),
+            metrics.api().clone(),
         )
     };
     let election = tokio::spawn(elect(elector(), leading_tx));
@@ -164,6 +165,7 @@ async fn controller(args: &ControllerArgs, config: Config) -> anyhow::Result<()>
         unavailable: BTreeSet::new(),
         invalid_reported: HashMap::new(),
         unreachable_reported: BTreeMap::new(),
+        allocations: None,
     };
     let mut last_run = Instant::now();
     let mut pending = true;
@@ -180,6 +182,7 @@ async fn controller(args: &ControllerArgs, config: Config) -> anyhow::Result<()>
                 if !now_leading {
                     // Only the leader speaks for the objects.
                     metrics.clear_objects();
+                    control.allocations = None;
                 }
                 pending = true;
             }
@@ -258,6 +261,9 @@ struct Control {
     /// Traffic the agents report with no live gateway node, as last
     /// reported by an Event: (node, gateway, EIP) -> failClosed.
     unreachable_reported: BTreeMap<(String, String, Option<String>), bool>,
+    /// What the last plan allocated; `None` until this replica plans as
+    /// the leader.
+    allocations: Option<Allocations>,
 }
 
 impl Control {
@@ -295,7 +301,15 @@ impl Control {
             }
         }
         let plan = egressgw_core::plan(&snapshot);
-        self.metrics.set_objects(&plan.status);
+        self.count_allocations(&snapshot, &plan.status);
+        let tunnels: Vec<Option<bool>> = self
+            .stores
+            .tunnels
+            .state()
+            .iter()
+            .map(|t| t.phase().map(|p| p == TunnelPhase::Ready))
+            .collect();
+        self.metrics.set_objects(&plan.status, &tunnels);
         ok &= self.write_tunnels(&plan.status).await;
         ok &= self.write_policies(&plan.status).await;
         ok &= self.write_gateways(&plan.status).await;
@@ -322,6 +336,20 @@ impl Control {
         ok
     }
 
+    /// Counts what `status` allocated since the last plan (since what the
+    /// stored objects record, for the first plan as the leader).
+    fn count_allocations(&mut self, snapshot: &Snapshot, status: &ClusterStatus) {
+        let now = Allocations::planned(status, &self.config);
+        let before = self
+            .allocations
+            .take()
+            .unwrap_or_else(|| Allocations::recorded(snapshot));
+        for ((kind, result), n) in now.since(&before) {
+            self.metrics.allocated(kind, result, n);
+        }
+        self.allocations = Some(now);
+    }
+
     /// Marks the tunnels of unavailable agents `HeartbeatTimeout`.
     async fn mark_timeouts(&self, unavailable: &BTreeSet<String>) -> bool {
         let api: Api<EgressTunnel> = Api::all(self.client.clone());
@@ -340,11 +368,13 @@ impl Control {
                 "metadata": { "name": name },
                 "status": { "phase": TunnelPhase::HeartbeatTimeout },
             });
-            let result = api
-                .patch_status(
-                    &name,
-                    &PatchParams::apply(PHASE_MANAGER).force(),
-                    &Patch::Apply(&body),
+            let params = PatchParams::apply(PHASE_MANAGER).force();
+            let result = self
+                .metrics
+                .api()
+                .send(
+                    Verb::Patch,
+                    api.patch_status(&name, &params, &Patch::Apply(&body)),
                 )
                 .await;
             match result {
@@ -399,7 +429,12 @@ impl Control {
                     "metadata": { "name": name, "ownerReferences": owners },
                     "spec": {},
                 });
-                if let Err(e) = api.patch(name, &params, &Patch::Apply(&body)).await {
+                let created = self
+                    .metrics
+                    .api()
+                    .send(Verb::Patch, api.patch(name, &params, &Patch::Apply(&body)))
+                    .await;
+                if let Err(e) = created {
                     tracing::warn!(node = name, error = %e, "cannot create the EgressTunnel");
                     ok = false;
                     continue;
@@ -430,7 +465,15 @@ impl Control {
                 "metadata": { "name": name },
                 "status": wanted,
             });
-            match api.patch_status(name, &params, &Patch::Apply(&body)).await {
+            let written = self
+                .metrics
+                .api()
+                .send(
+                    Verb::Patch,
+                    api.patch_status(name, &params, &Patch::Apply(&body)),
+                )
+                .await;
+            match written {
                 Ok(_) => tracing::info!(node = name, "tunnel identity written"),
                 Err(e) => {
                     tracing::warn!(node = name, error = %e, "cannot write the tunnel identity");
@@ -458,8 +501,15 @@ impl Control {
                         Decoded::Undecodable { meta, .. } => (None, meta.generation),
                     };
                     let new = policy_status(s, stored, generation, now);
-                    apply_status::<EgressPolicy, _>(&self.client, Some(ns), &id.name, stored, &new)
-                        .await
+                    apply_status::<EgressPolicy, _>(
+                        &self.client,
+                        self.metrics.api(),
+                        Some(ns),
+                        &id.name,
+                        stored,
+                        &new,
+                    )
+                    .await
                 }
                 None => {
                     let current = self.stores.cluster_policies.get(&ObjectRef::new(&id.name));
@@ -471,6 +521,7 @@ impl Control {
                     let new = policy_status(s, stored, generation, now);
                     apply_status::<EgressClusterPolicy, _>(
                         &self.client,
+                        self.metrics.api(),
                         None,
                         &id.name,
                         stored,
@@ -496,6 +547,7 @@ impl Control {
             let new = gateway_status(s, current.status.as_ref(), current.metadata.generation, now);
             if let Err(e) = apply_status::<EgressGateway, _>(
                 &self.client,
+                self.metrics.api(),
                 None,
                 &s.gateway,
                 current.status.as_ref(),
@@ -774,6 +826,7 @@ fn api_version() -> String {
 /// Applies `new` as the status of `K` `name` unless it equals `current`.
 async fn apply_status<K, S>(
     client: &Client,
+    requests: &ApiRequests,
     namespace: Option<&str>,
     name: &str,
     current: Option<&S>,
@@ -801,13 +854,430 @@ where
         "metadata": metadata,
         "status": new,
     });
-    api.patch_status(
-        name,
-        &PatchParams::apply(MANAGER).force(),
-        &Patch::Apply(&body),
-    )
-    .await
-    .with_context(|| format!("applying {} {name} status", K::kind(&())))?;
+    let params = PatchParams::apply(MANAGER).force();
+    requests
+        .send(
+            Verb::Patch,
+            api.patch_status(name, &params, &Patch::Apply(&body)),
+        )
+        .await
+        .with_context(|| format!("applying {} {name} status", K::kind(&())))?;
     tracing::info!(kind = %K::kind(&()), namespace, name, "status written");
     Ok(())
+}
+
+/// What an allocation hands out: the `kind` of `egressgw_allocations_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Allocation {
+    /// A policy's EIP, from its gateway's pool.
+    Eip,
+    /// A node's tunnel address, MAC or mark.
+    Tunnel,
+    /// The node an EIP is active on.
+    GatewayNode,
+}
+
+impl Allocation {
+    pub const ALL: [Self; 3] = [Self::Eip, Self::Tunnel, Self::GatewayNode];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Eip => "eip",
+            Self::Tunnel => "tunnel",
+            Self::GatewayNode => "gateway_node",
+        }
+    }
+}
+
+/// How an allocation went: the `result` of `egressgw_allocations_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum AllocationResult {
+    /// Something new was handed out.
+    Ok,
+    /// Nothing was left: the pool, the tunnel subnet or the marks are all
+    /// taken, or no ready node can carry the EIP.
+    Exhausted,
+    /// What was asked for is another's: an EIP pinned by another namespace,
+    /// a gateway's default EIP, an address of the cluster's own, or one
+    /// another host on the segment answers for.
+    Conflict,
+}
+
+impl AllocationResult {
+    pub const ALL: [Self; 3] = [Self::Ok, Self::Exhausted, Self::Conflict];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Exhausted => "exhausted",
+            Self::Conflict => "conflict",
+        }
+    }
+}
+
+/// One value of a node's tunnel identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum TunnelValue {
+    Ipv4(Ipv4Addr),
+    Ipv6(Ipv6Addr),
+    Mac(Mac),
+    Mark(u32),
+}
+
+/// What the controller has allocated, as a plan leaves it or as the
+/// stored objects record it, and the allocations that failed. Between two
+/// of them, what is new in the later is what its plan allocated.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Allocations {
+    /// Each policy's EIPs (those reserved for a policy that cannot be
+    /// served included).
+    eips: BTreeSet<(PolicyRef, IpAddr)>,
+    /// Each node's tunnel identity, value by value.
+    tunnels: BTreeSet<(String, TunnelValue)>,
+    /// The node each EIP is active on.
+    gateway_nodes: BTreeSet<(IpAddr, String)>,
+    /// What failed to be allocated, for which object (a policy, or a node
+    /// and the value it lacks), and why.
+    failed: BTreeSet<(Allocation, String, AllocationResult)>,
+}
+
+impl Allocations {
+    /// What the stored objects record. Failures are not recorded there in
+    /// a form to compare: the first plan counts those it finds.
+    fn recorded(snapshot: &Snapshot) -> Self {
+        let eips = snapshot
+            .policies
+            .iter()
+            .flat_map(|p| p.previous_eips.iter().map(|ip| (p.id.clone(), *ip)))
+            .collect();
+        let tunnels = snapshot
+            .tunnels
+            .iter()
+            .flat_map(|t| {
+                let values = [
+                    t.ipv4.map(TunnelValue::Ipv4),
+                    t.ipv6.map(TunnelValue::Ipv6),
+                    t.mac.map(TunnelValue::Mac),
+                    t.mark.map(TunnelValue::Mark),
+                ];
+                values.into_iter().flatten().map(|v| (t.node.clone(), v))
+            })
+            .collect();
+        let gateway_nodes = snapshot
+            .gateways
+            .iter()
+            .flat_map(|g| &g.previous_nodes)
+            .map(|(ip, node)| (*ip, node.clone()))
+            .collect();
+        Self {
+            eips,
+            tunnels,
+            gateway_nodes,
+            failed: BTreeSet::new(),
+        }
+    }
+
+    /// What `status` allocates, and what it could not (by the conditions
+    /// it gives the policies, and the tunnel identities it leaves
+    /// incomplete with `config`'s families).
+    fn planned(status: &ClusterStatus, config: &Config) -> Self {
+        let mut eips = BTreeSet::new();
+        let mut failed = BTreeSet::new();
+        for p in &status.policies {
+            let ips = [p.eip_ipv4.map(IpAddr::V4), p.eip_ipv6.map(IpAddr::V6)];
+            eips.extend(ips.into_iter().flatten().map(|ip| (p.policy.clone(), ip)));
+            for c in p.conditions.iter().filter(|c| !c.status) {
+                let failure = match (c.type_, c.reason) {
+                    (ConditionType::Allocated, Reason::PoolExhausted) => {
+                        (Allocation::Eip, AllocationResult::Exhausted)
+                    }
+                    (ConditionType::Allocated, Reason::EipTaken | Reason::EipInCluster) => {
+                        (Allocation::Eip, AllocationResult::Conflict)
+                    }
+                    (ConditionType::Ready, Reason::NoReadyNode) => {
+                        (Allocation::GatewayNode, AllocationResult::Exhausted)
+                    }
+                    (ConditionType::Ready, Reason::EipInUse) => {
+                        (Allocation::GatewayNode, AllocationResult::Conflict)
+                    }
+                    _ => continue,
+                };
+                failed.insert((failure.0, describe(&p.policy), failure.1));
+            }
+        }
+        // Nodes a usable gateway selects: each needs a mark.
+        let marked: BTreeSet<&str> = status
+            .gateways
+            .iter()
+            .filter(|g| {
+                !g.conditions.iter().any(|c| {
+                    c.type_ == ConditionType::Ready
+                        && matches!(c.reason, Reason::Invalid | Reason::PoolOverlap)
+                })
+            })
+            .flat_map(|g| g.nodes.iter().map(|n| n.name.as_str()))
+            .collect();
+        let mut tunnels = BTreeSet::new();
+        for t in &status.tunnels {
+            let values = [
+                (config.enable_ipv4, "ipv4", t.ipv4.map(TunnelValue::Ipv4)),
+                (config.enable_ipv6, "ipv6", t.ipv6.map(TunnelValue::Ipv6)),
+                (true, "mac", Some(TunnelValue::Mac(t.mac))),
+                (
+                    marked.contains(t.node.as_str()),
+                    "mark",
+                    t.mark.map(TunnelValue::Mark),
+                ),
+            ];
+            for (wanted, what, value) in values {
+                match value {
+                    Some(value) => {
+                        tunnels.insert((t.node.clone(), value));
+                    }
+                    None if wanted => {
+                        let object = format!("{} {what}", t.node);
+                        failed.insert((Allocation::Tunnel, object, AllocationResult::Exhausted));
+                    }
+                    None => {}
+                }
+            }
+        }
+        let gateway_nodes = status
+            .eip_nodes
+            .iter()
+            .map(|(ip, node)| (*ip, node.clone()))
+            .collect();
+        Self {
+            eips,
+            tunnels,
+            gateway_nodes,
+            failed,
+        }
+    }
+
+    /// How many allocations of each kind and result `self` has that
+    /// `before` had not: every new allocation once, every failure once
+    /// while it lasts.
+    fn since(&self, before: &Self) -> BTreeMap<(Allocation, AllocationResult), u64> {
+        fn new<T: Ord>(now: &BTreeSet<T>, before: &BTreeSet<T>) -> u64 {
+            u64::try_from(now.difference(before).count()).unwrap_or(u64::MAX)
+        }
+        let mut counts = BTreeMap::new();
+        for (kind, n) in [
+            (Allocation::Eip, new(&self.eips, &before.eips)),
+            (Allocation::Tunnel, new(&self.tunnels, &before.tunnels)),
+            (
+                Allocation::GatewayNode,
+                new(&self.gateway_nodes, &before.gateway_nodes),
+            ),
+        ] {
+            if n > 0 {
+                counts.insert((kind, AllocationResult::Ok), n);
+            }
+        }
+        for (kind, _, result) in self.failed.difference(&before.failed) {
+            *counts.entry((*kind, *result)).or_default() += 1;
+        }
+        counts
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use egressgw_core::model::Tunnel;
+    use egressgw_core::status::{Condition, GatewayNodeStatus, GatewayStatus, TunnelAllocation};
+
+    use super::*;
+    use Allocation::{Eip, GatewayNode};
+    use AllocationResult::{Conflict, Exhausted};
+
+    /// Two nodes, n1 selected by gw1; gw1's pool holds its default EIP and
+    /// one more, and two `rr` policies want an EIP of their own each.
+    const CLUSTER: &str = r#"
+apiVersion: v1
+kind: Node
+metadata: {name: n1, labels: {egress: "true"}}
+status:
+  addresses: [{type: InternalIP, address: 192.168.1.11}]
+  conditions: [{type: Ready, status: "True"}]
+---
+apiVersion: v1
+kind: Node
+metadata: {name: n2}
+status:
+  addresses: [{type: InternalIP, address: 192.168.1.12}]
+  conditions: [{type: Ready, status: "True"}]
+---
+apiVersion: egressgw.io/v1alpha1
+kind: EgressGateway
+metadata: {name: gw1}
+spec:
+  nodeSelector: {selector: {matchLabels: {egress: "true"}}}
+  ippools: {ipv4: [10.6.1.1-10.6.1.2]}
+  clusterDefault: true
+---
+apiVersion: egressgw.io/v1alpha1
+kind: EgressPolicy
+metadata: {name: p1, namespace: shop}
+spec:
+  appliedTo: {podSelector: {matchLabels: {app: web}}}
+  egressIP: {allocatorPolicy: rr}
+---
+apiVersion: egressgw.io/v1alpha1
+kind: EgressPolicy
+metadata: {name: p2, namespace: shop}
+spec:
+  appliedTo: {podSelector: {matchLabels: {app: job}}}
+  egressIP: {allocatorPolicy: rr}
+"#;
+
+    fn snapshot() -> Snapshot {
+        egressgw_api::objects_from_yaml(CLUSTER)
+            .unwrap()
+            .into_snapshot(Config::default())
+    }
+
+    /// `snapshot` as the objects read once `status` is written.
+    fn written(mut snapshot: Snapshot, status: &ClusterStatus) -> Snapshot {
+        for p in &mut snapshot.policies {
+            let s = status.policies.iter().find(|s| s.policy == p.id).unwrap();
+            p.previous_eips = [s.eip_ipv4.map(IpAddr::V4), s.eip_ipv6.map(IpAddr::V6)]
+                .into_iter()
+                .flatten()
+                .collect();
+        }
+        for g in &mut snapshot.gateways {
+            g.previous_nodes.clone_from(&status.eip_nodes);
+        }
+        snapshot.tunnels = status
+            .tunnels
+            .iter()
+            .map(|t| Tunnel {
+                node: t.node.clone(),
+                ipv4: t.ipv4,
+                ipv6: t.ipv6,
+                mac: Some(t.mac),
+                mark: t.mark,
+            })
+            .collect();
+        snapshot
+    }
+
+    fn counts<const N: usize>(
+        list: [(Allocation, AllocationResult, u64); N],
+    ) -> BTreeMap<(Allocation, AllocationResult), u64> {
+        list.into_iter()
+            .map(|(kind, result, n)| ((kind, result), n))
+            .collect()
+    }
+
+    #[test]
+    fn a_plan_counts_what_it_allocates_anew_and_each_failure_once() {
+        let snapshot = snapshot();
+        let config = &snapshot.config;
+        let first = Allocations::planned(&egressgw_core::plan(&snapshot).status, config);
+        assert_eq!(
+            first.since(&Allocations::recorded(&snapshot)),
+            counts([
+                // One policy gets the second address; the other finds none.
+                (Eip, AllocationResult::Ok, 1),
+                (Eip, Exhausted, 1),
+                // n1: address, MAC, mark; n2 (no gateway's): address, MAC.
+                (Allocation::Tunnel, AllocationResult::Ok, 5),
+                (GatewayNode, AllocationResult::Ok, 1),
+            ])
+        );
+        let again = Allocations::planned(&egressgw_core::plan(&snapshot).status, config);
+        assert_eq!(again.since(&first), counts([]));
+    }
+
+    #[test]
+    fn a_new_leader_counts_only_the_failures_of_what_the_stored_objects_record() {
+        let snapshot = snapshot();
+        let stored = written(snapshot.clone(), &egressgw_core::plan(&snapshot).status);
+        let now = Allocations::planned(&egressgw_core::plan(&stored).status, &stored.config);
+        assert_eq!(
+            now.since(&Allocations::recorded(&stored)),
+            counts([(Eip, Exhausted, 1)])
+        );
+    }
+
+    #[test]
+    fn a_moved_eip_is_a_new_gateway_node_and_an_eip_in_use_a_conflict() {
+        let snapshot = snapshot();
+        let config = &snapshot.config;
+        let mut status = egressgw_core::plan(&snapshot).status;
+        let before = Allocations::planned(&status, config);
+        for node in status.eip_nodes.values_mut() {
+            "n2".clone_into(node);
+        }
+        let served = status
+            .policies
+            .iter_mut()
+            .find(|p| p.eip_ipv4.is_some())
+            .unwrap();
+        served.conditions[1] = Condition {
+            type_: ConditionType::Ready,
+            status: false,
+            reason: Reason::EipInUse,
+            message: String::new(),
+        };
+        assert_eq!(
+            Allocations::planned(&status, config).since(&before),
+            counts([
+                (GatewayNode, AllocationResult::Ok, 1),
+                (GatewayNode, Conflict, 1)
+            ])
+        );
+    }
+
+    #[test]
+    fn a_tunnel_short_of_an_address_or_a_usable_gateways_node_short_of_a_mark_is_exhausted() {
+        let tunnel = |node: &str, ipv4: Option<Ipv4Addr>| TunnelAllocation {
+            node: node.into(),
+            ipv4,
+            ipv6: None,
+            mac: Mac([2, 0, 0, 0, 0, 1]),
+            mark: None,
+            underlay: None,
+        };
+        let gateway = |name: &str, node: &str, reason: Reason| GatewayStatus {
+            gateway: name.into(),
+            nodes: vec![GatewayNodeStatus {
+                name: node.into(),
+                ready: false,
+                eips: Vec::new(),
+            }],
+            ip_usage: Default::default(),
+            conditions: vec![Condition {
+                type_: ConditionType::Ready,
+                status: false,
+                reason,
+                message: String::new(),
+            }],
+        };
+        let status = ClusterStatus {
+            tunnels: vec![
+                tunnel("n1", Some(Ipv4Addr::new(100, 64, 0, 2))),
+                tunnel("n2", None),
+                tunnel("n3", Some(Ipv4Addr::new(100, 64, 0, 3))),
+            ],
+            gateways: vec![
+                gateway("usable", "n1", Reason::NoReadyNode),
+                gateway("invalid", "n3", Reason::Invalid),
+            ],
+            ..ClusterStatus::default()
+        };
+        let allocations = Allocations::planned(&status, &Config::default());
+        let failed: Vec<&str> = allocations
+            .failed
+            .iter()
+            .map(|(_, object, _)| object.as_str())
+            .collect();
+        assert_eq!(failed, ["n1 mark", "n2 ipv4"]);
+        assert_eq!(
+            allocations.since(&Allocations::default())[&(Allocation::Tunnel, Exhausted)],
+            2
+        );
+    }
 }

@@ -127,7 +127,7 @@ impl Liveness {
             .collect();
         self.prober.set_targets(&targets);
         // Which candidate holds each EIP this node sends traffic to.
-        let sourced: BTreeSet<u32> = state.classify.iter().filter_map(|e| e.group).collect();
+        let sourced = sourced(state);
         let questions: Vec<HolderTarget> = state
             .groups
             .iter()
@@ -173,12 +173,12 @@ impl Liveness {
         self.prober.live(self.misses, self.down_after)
     }
 
-    /// How long ago each peer last answered, in milliseconds (`None`: never).
     /// How long ago each peer probed last answered (`None`: never).
     pub fn answer_ages(&self) -> BTreeMap<String, Option<Duration>> {
         self.prober.last_answers()
     }
 
+    /// How long ago each peer last answered, in milliseconds (`None`: never).
     pub fn last_answers(&self) -> BTreeMap<String, Option<u128>> {
         self.prober
             .last_answers()
@@ -258,16 +258,81 @@ pub struct Unreachable {
     pub since: k8s_openapi::jiff::Timestamp,
 }
 
+/// Why this node took an EIP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Takeover {
+    /// The plan makes this node the EIP's active node.
+    Planned,
+    /// This node is a standby, and every candidate before it stopped
+    /// answering through the tunnel.
+    Failover,
+}
+
+impl Takeover {
+    pub const ALL: [Self; 2] = [Self::Planned, Self::Failover];
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Planned => "planned",
+            Self::Failover => "failover",
+        }
+    }
+}
+
+/// Why this node gave an EIP up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Release {
+    /// The plan no longer has this node among the EIP's candidates (or no
+    /// longer has the EIP).
+    Planned,
+    /// This node reaches fewer than half of the nodes (fencing).
+    QuorumLost,
+}
+
+impl Release {
+    pub const ALL: [Self; 2] = [Self::Planned, Self::QuorumLost];
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Planned => "planned",
+            Self::QuorumLost => "quorum_lost",
+        }
+    }
+}
+
+/// What [`Memory::resolve`] decided: the resolved state, and what changed
+/// hands for the metrics.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// The state to reconcile, the targets and the quorum.
+    pub resolved: Resolved,
+    /// EIPs this node took in this run.
+    pub taken: Vec<(IpAddr, Takeover)>,
+    /// EIPs this node gave up in this run.
+    pub released: Vec<(IpAddr, Release)>,
+    /// For each group of this node's selected traffic that left a node
+    /// which stopped answering (for another node, or for none): how long
+    /// before the move that node had last answered.
+    pub detected: Vec<Duration>,
+    /// Each gateway this node sends selected traffic to, and whether it
+    /// has a group with no live candidate.
+    pub gateways: BTreeMap<String, bool>,
+}
+
 impl Memory {
     /// Resolves `planned` against `live`, asking the segment about every
     /// EIP this node should take over (and again about those found in use
     /// a while ago) before it counts as held.
-    pub async fn resolve(&mut self, planned: &NodeState, sight: &Sight) -> Resolved {
+    pub async fn resolve(&mut self, planned: &NodeState, sight: &Sight) -> Outcome {
+        let started = Instant::now();
         let Sight {
             live,
             holders,
             last_answers,
         } = sight;
+        let mut taken = Vec::new();
         self.forget_in_use_held_by_peers(holders);
         let held: BTreeSet<IpAddr> = self.held.keys().copied().collect();
         let fresh: BTreeSet<IpAddr> = self
@@ -312,6 +377,7 @@ impl Memory {
                         format!("taken over from {old}, which stopped answering its peers through the tunnel ({silent})")
                     });
                     tracing::info!(egress_ip = %ip, from = ?before, "taking the EIP: this node is its first live candidate and no host on the segment answers for it");
+                    taken.push((*ip, takeover_reason(planned, *ip)));
                     self.held.insert(
                         *ip,
                         Held {
@@ -357,9 +423,11 @@ impl Memory {
                 holders,
             },
         );
+        let mut released = Vec::new();
         for (ip, why) in &resolved.released {
             tracing::warn!(egress_ip = %ip, reason = why, "giving the EIP up");
             self.held.remove(ip);
+            released.push((*ip, release_reason(planned, *ip, resolved.quorum)));
         }
         // Claims still open here were refused above; they wait for the next run.
         for (key, target) in &resolved.targets {
@@ -371,6 +439,13 @@ impl Memory {
             }
         }
         self.note_unreachable(planned, &resolved);
+        let detected = silent_targets_left(planned, &self.targets, &resolved.targets, live)
+            .into_iter()
+            .filter_map(|node| last_answers.get(node).copied().flatten())
+            .map(|ms| {
+                Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX)) + started.elapsed()
+            })
+            .collect();
         self.targets = resolved
             .targets
             .iter()
@@ -379,7 +454,14 @@ impl Memory {
         // What is no longer wanted here is no longer in use for us either.
         let wanted: BTreeSet<IpAddr> = planned.groups.iter().filter_map(|g| g.eip).collect();
         self.in_use.retain(|ip, _| wanted.contains(ip));
-        resolved
+        let gateways = gateways_in_use(planned, &self.unreachable);
+        Outcome {
+            resolved,
+            taken,
+            released,
+            detected,
+            gateways,
+        }
     }
 
     /// An EIP found in use on the segment that a peer's kernel answers for
@@ -399,7 +481,7 @@ impl Memory {
     /// Follows which groups of this node's selected traffic have no live
     /// candidate, and says so when that changes.
     fn note_unreachable(&mut self, planned: &NodeState, resolved: &Resolved) {
-        let sourced: BTreeSet<u32> = planned.classify.iter().filter_map(|e| e.group).collect();
+        let sourced = sourced(planned);
         let mut now = BTreeMap::new();
         for group in planned.groups.iter().filter(|g| sourced.contains(&g.id)) {
             if !matches!(resolved.targets.get(&group.key), Some(None)) {
@@ -442,6 +524,80 @@ impl Memory {
             .map(|u| u.recheck_every().saturating_sub(u.checked.elapsed()))
             .min()
     }
+}
+
+/// The ids of the groups this node sends selected traffic to.
+fn sourced(planned: &NodeState) -> BTreeSet<u32> {
+    planned.classify.iter().filter_map(|e| e.group).collect()
+}
+
+/// Why this node takes `ip`: its plan names it the active node (the
+/// group's first candidate), or it stands in for those before it.
+fn takeover_reason(planned: &NodeState, ip: IpAddr) -> Takeover {
+    let first = planned
+        .groups
+        .iter()
+        .find(|g| g.eip == Some(ip))
+        .and_then(|g| g.candidates.first());
+    if first.is_some_and(|c| c.node == planned.node) {
+        Takeover::Planned
+    } else {
+        Takeover::Failover
+    }
+}
+
+/// Why this node gives `ip` up, by the rule of
+/// [`egressgw_core::failover::resolve`]: a candidate keeps what it holds
+/// while `quorum` allows it, so a candidate that gives an EIP up lost the
+/// quorum; any other node was taken off the EIP by the plan.
+fn release_reason(planned: &NodeState, ip: IpAddr, quorum: failover::Quorum) -> Release {
+    let candidate = planned
+        .groups
+        .iter()
+        .filter(|g| g.eip == Some(ip))
+        .any(|g| g.candidates.iter().any(|c| c.node == planned.node));
+    if candidate && !quorum.may_keep() {
+        Release::QuorumLost
+    } else {
+        Release::Planned
+    }
+}
+
+/// The peers that carried a group of this node's selected traffic at the
+/// last resolve (`previous`), are no longer live, and carry it no more
+/// (`now`: it went to another node, or to none): one per group.
+fn silent_targets_left<'a>(
+    planned: &NodeState,
+    previous: &'a BTreeMap<String, String>,
+    now: &BTreeMap<String, Option<String>>,
+    live: &BTreeSet<String>,
+) -> Vec<&'a String> {
+    let sourced = sourced(planned);
+    planned
+        .groups
+        .iter()
+        .filter(|g| sourced.contains(&g.id))
+        .filter_map(|g| {
+            let before = previous.get(&g.key)?;
+            let stays = now.get(&g.key).is_some_and(|n| n.as_ref() == Some(before));
+            let silent = *before != planned.node && !live.contains(before);
+            (silent && !stays).then_some(before)
+        })
+        .collect()
+}
+
+/// Each gateway of a group this node sends selected traffic to, and
+/// whether one of its groups has no live candidate (`unreachable`).
+fn gateways_in_use(
+    planned: &NodeState,
+    unreachable: &BTreeMap<String, Unreachable>,
+) -> BTreeMap<String, bool> {
+    let sourced = sourced(planned);
+    let mut gateways = BTreeMap::new();
+    for group in planned.groups.iter().filter(|g| sourced.contains(&g.id)) {
+        *gateways.entry(group.gateway.clone()).or_default() |= unreachable.contains_key(&group.key);
+    }
+    gateways
 }
 
 #[cfg(test)]
@@ -488,6 +644,133 @@ mod tests {
                 total: 2,
             },
         }
+    }
+
+    fn candidate(node: &str) -> Candidate {
+        Candidate {
+            node: node.to_owned(),
+            mark: 0x0100_0000,
+        }
+    }
+
+    /// Node `me` with groups 0 (`gw/a`, candidates g1 then me) and 1
+    /// (`gw/b`, me then g1), sending selected traffic to the `sourced` ones.
+    fn two_groups(me: &str, sourced: &[u32]) -> NodeState {
+        let mut a = group(0, "gw/a", true);
+        a.candidates = vec![candidate("g1"), candidate(me)];
+        let mut b = group(1, "gw/b", true);
+        b.candidates = vec![candidate(me), candidate("g1")];
+        NodeState {
+            node: me.to_owned(),
+            groups: vec![a, b],
+            classify: sourced
+                .iter()
+                .map(|id| ClassifyEntry {
+                    src: IpAddr::from([10, 244, 1, 5]),
+                    dst: "203.0.113.0/24".parse().unwrap(),
+                    action: Action::Local,
+                    policy: None,
+                    group: Some(*id),
+                })
+                .collect(),
+            ..NodeState::default()
+        }
+    }
+
+    fn eip(state: &NodeState, id: usize) -> IpAddr {
+        state.groups[id].eip.unwrap()
+    }
+
+    #[test]
+    fn an_eip_is_taken_as_planned_by_its_first_candidate_and_by_failover_by_a_standby() {
+        let planned = two_groups("n1", &[]);
+        assert_eq!(
+            takeover_reason(&planned, eip(&planned, 1)),
+            Takeover::Planned
+        );
+        assert_eq!(
+            takeover_reason(&planned, eip(&planned, 0)),
+            Takeover::Failover
+        );
+    }
+
+    #[test]
+    fn a_candidate_gives_an_eip_up_for_the_quorum_and_any_other_node_for_the_plan() {
+        let planned = two_groups("n1", &[]);
+        let cut_off = failover::Quorum {
+            reached: 1,
+            total: 3,
+        };
+        let elsewhere = IpAddr::from([198, 51, 100, 200]);
+        assert_eq!(
+            release_reason(&planned, eip(&planned, 0), cut_off),
+            Release::QuorumLost
+        );
+        assert_eq!(
+            release_reason(&planned, elsewhere, cut_off),
+            Release::Planned
+        );
+        let mut moved = planned.clone();
+        moved.groups[0].candidates.retain(|c| c.node != "n1");
+        assert_eq!(
+            release_reason(&moved, eip(&moved, 0), cut_off),
+            Release::Planned
+        );
+    }
+
+    #[test]
+    fn traffic_that_left_a_silent_node_counts_once_per_group_this_node_sources() {
+        let planned = two_groups("n1", &[0]);
+        let previous = BTreeMap::from([
+            ("gw/a".to_owned(), "g1".to_owned()),
+            ("gw/b".to_owned(), "g1".to_owned()),
+        ]);
+        let to = |a: Option<&str>, b: Option<&str>| {
+            BTreeMap::from([
+                ("gw/a".to_owned(), a.map(str::to_owned)),
+                ("gw/b".to_owned(), b.map(str::to_owned)),
+            ])
+        };
+        let live = BTreeSet::new();
+        // g1 went silent: gw/a moved here; gw/b is not this node's traffic.
+        assert_eq!(
+            silent_targets_left(&planned, &previous, &to(Some("n1"), Some("n1")), &live),
+            ["g1"]
+        );
+        // Or to no node at all: marked unreachable.
+        assert_eq!(
+            silent_targets_left(&planned, &previous, &to(None, None), &live),
+            ["g1"]
+        );
+        // A move away from a node that still answers is no detection.
+        let live = BTreeSet::from(["g1".to_owned()]);
+        assert!(silent_targets_left(&planned, &previous, &to(Some("n1"), None), &live).is_empty());
+        // Traffic that went nowhere before did not leave anyone.
+        let nowhere = BTreeMap::new();
+        assert!(
+            silent_targets_left(&planned, &nowhere, &to(None, None), &BTreeSet::new()).is_empty()
+        );
+    }
+
+    #[test]
+    fn every_gateway_in_use_is_listed_and_unreachable_while_one_of_its_groups_is() {
+        let mut planned = two_groups("n1", &[0, 1]);
+        planned.groups.push(Group {
+            gateway: "other".to_owned(),
+            ..group(2, "other/c", false)
+        });
+        let mut memory = Memory::default();
+        memory.note_unreachable(&planned, &resolved(&planned, &[]));
+        assert_eq!(
+            gateways_in_use(&planned, &memory.unreachable),
+            BTreeMap::from([("gw".to_owned(), false)])
+        );
+        planned.groups[0].candidates.truncate(1);
+        memory.note_unreachable(&planned, &resolved(&planned, &["g1"]));
+        assert_eq!(
+            gateways_in_use(&planned, &memory.unreachable),
+            BTreeMap::from([("gw".to_owned(), true)])
+        );
     }
 
     #[test]

@@ -98,9 +98,12 @@ enum Command {
     ///
     /// Reads the kernel (the tunnel and its MTU, offloads on the tunnel and
     /// its parent, reverse-path filtering, forwarding, other components'
-    /// policy rules on egressgw's mark bits) and the agent's /status on this
-    /// node (readiness, the last reconcile, the datapath, which peers answer
-    /// through the tunnel). Changes nothing. Run it on the node or with
+    /// policy rules on egressgw's mark bits, Don't-Fragment probes of the
+    /// path to each peer) and the agent's /status on this node (readiness,
+    /// the last reconcile, the datapath, which peers answer through the
+    /// tunnel). With --pod and --dst, also which policy, EIP and gateway
+    /// node decide that Pod's traffic and whether the kernel agrees.
+    /// Changes nothing. Run it on the node or with
     /// `kubectl exec` in the agent's container; the exit status is non-zero
     /// when a check fails.
     Doctor(doctor::DoctorArgs),

@@ -3,7 +3,6 @@
 //! egressgw's mark bits, tx checksum offload turned the other way, an
 //! underlay MTU too small for the tunnel, a gateway that stops answering).
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
@@ -12,7 +11,7 @@ use serde_json::Value;
 use super::run::{Run, eip_holders, eventually};
 use super::scenarios::{setup_gateway, setup_web_policy};
 use super::traffic::Expect;
-use crate::lab::egressgw::{AGENT_HEALTH_PORT, set_node_underlay};
+use crate::lab::egressgw::{exec_in_agent, set_node_underlay};
 use crate::lab::net;
 use crate::lab::session::Lab;
 
@@ -33,18 +32,12 @@ const FOREIGN_TABLE: &str = "100";
 /// Doctor's checks as (name, verdict, evidence).
 type Checks = Vec<(String, String, String)>;
 
-/// `egressgw doctor -o json` on `node`: whether it exited zero, and the
-/// checks.
-fn doctor(lab: &Lab, node: &str) -> anyhow::Result<(bool, Checks)> {
-    let binary = lab.egressgw_binary()?;
-    let n = lab.node(node)?;
-    let agent = SocketAddr::from((n.ip, AGENT_HEALTH_PORT)).to_string();
-    let out = std::process::Command::new("ip")
-        .args(["netns", "exec", n.netns.as_str()])
-        .arg(binary)
-        .args(["doctor", "-o", "json", "--agent", &agent])
-        .output()
-        .context("running egressgw doctor")?;
+/// `egressgw doctor -o json ARGS` in the agent of `node`'s container (as
+/// `kubectl exec` runs it): whether it exited zero, and the checks.
+fn doctor_with(lab: &Lab, node: &str, args: &[&str]) -> anyhow::Result<(bool, Checks)> {
+    let mut all = vec!["doctor", "-o", "json"];
+    all.extend_from_slice(args);
+    let out = exec_in_agent(lab, node, &all)?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let checks: Vec<Value> = serde_json::from_str(&stdout).with_context(|| {
         format!(
@@ -60,6 +53,11 @@ fn doctor(lab: &Lab, node: &str) -> anyhow::Result<(bool, Checks)> {
         })
         .collect();
     Ok((out.status.success(), checks))
+}
+
+/// `egressgw doctor -o json` on `node`.
+fn doctor(lab: &Lab, node: &str) -> anyhow::Result<(bool, Checks)> {
+    doctor_with(lab, node, &[])
 }
 
 /// Doctor's verdict of the check `name`, with its evidence.
@@ -88,13 +86,14 @@ fn passes(lab: &Lab, node: &str) -> Result<(), String> {
 /// check is told by `broken` and tried again.
 fn names(
     lab: &Lab,
+    args: &[&str],
     name: &str,
     words: &str,
     mut break_it: impl FnMut() -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
     for _ in 0..3 {
         break_it()?;
-        let (ok, checks) = doctor(lab, NODE)?;
+        let (ok, checks) = doctor_with(lab, NODE, args)?;
         let (v, evidence) = verdict(&checks, name);
         if v == "fail" && evidence.contains(words) {
             ensure!(!ok, "doctor failed check {name} and still exited zero");
@@ -127,11 +126,65 @@ pub fn doctor_passes_on_a_healthy_node_and_names_what_is_broken(
     let netns = node.netns.clone();
     let ip = |args: &[&str]| net::exec(&netns, "ip", args).map(drop);
 
+    // One Pod's traffic, explained: the policy, its EIP and gateway node,
+    // the kernel's classification, rule and route, the counters.
+    let target = lab.state.topology.target.ip.to_string();
+    let web = ["--pod", "team-a/web-3", "--dst", target.as_str()];
+    let (ok, checks) = doctor_with(lab, NODE, &web)?;
+    let (v, matched) = verdict(&checks, "match");
+    ensure!(
+        ok && v == "pass"
+            && matched.contains("policy team-a/web")
+            && matched.contains(&eip.to_string()),
+        "doctor --pod team-a/web-3: {checks:?}"
+    );
+    let (v, kernel) = verdict(&checks, "kernel");
+    ensure!(
+        v == "pass",
+        "doctor --pod team-a/web-3, kernel: {v} {kernel}"
+    );
+    println!("    team-a/web-3: {matched}\n    kernel: {kernel}");
+    let (v, counted) = verdict(&checks, "counters");
+    ensure!(v == "pass" || v == "skip", "counters: {v} {counted}");
+    let batch = ["--pod", "team-b/batch-3", "--dst", target.as_str()];
+    let (ok, checks) = doctor_with(lab, NODE, &batch)?;
+    let (v, matched) = verdict(&checks, "match");
+    ensure!(
+        ok && v == "pass" && matched.contains("no policy selects"),
+        "doctor --pod team-b/batch-3: {checks:?}"
+    );
+    // The rule for the gateway node's mark taken away: the kernel no
+    // longer does what the plan says.
+    let mark = kernel
+        .split_whitespace()
+        .skip_while(|w| *w != "fwmark")
+        .nth(1)
+        .context("no fwmark in the kernel check's evidence")?
+        .to_owned();
+    let priority = kernel
+        .split_whitespace()
+        .skip_while(|w| *w != "priority")
+        .nth(1)
+        .context("no priority in the kernel check's evidence")?
+        .to_owned();
+    names(lab, &web, "kernel", "no rule sends mark", || {
+        ip(&["rule", "del", "priority", &priority, "fwmark", &mark])
+    })?;
+    eventually(
+        "doctor --pod to pass once the agent restored the rule",
+        Duration::from_secs(40),
+        || {
+            let (ok, checks) = doctor_with(lab, NODE, &web).map_err(|e| format!("{e:#}"))?;
+            ok.then_some(()).ok_or(format!("{checks:?}"))
+        },
+    )?;
+
     // A rule of another component on egressgw's mark bits, before its rules.
     let mut add: Vec<&str> = FOREIGN_RULE.to_vec();
     add.push(FOREIGN_TABLE);
     let named = names(
         lab,
+        &[],
         "rules",
         "priority 100 fwmark 0x01000000/0xff000000",
         || ip(&add),
@@ -145,7 +198,7 @@ pub fn doctor_passes_on_a_healthy_node_and_names_what_is_broken(
     let offloads = net::exec(&netns, "ethtool", &["-k", "egress.vxlan"])?;
     let on = offloads.lines().any(|l| l.trim() == "tx-checksumming: on");
     let (flip, back) = if on { ("off", "on") } else { ("on", "off") };
-    let named = names(lab, "offload", "tx-checksumming should be", || {
+    let named = names(lab, &[], "offload", "tx-checksumming should be", || {
         net::exec(&netns, "ethtool", &["-K", "egress.vxlan", "tx", flip]).map(drop)
     });
     net::exec(&netns, "ethtool", &["-K", "egress.vxlan", "tx", back])?;
@@ -153,20 +206,39 @@ pub fn doctor_passes_on_a_healthy_node_and_names_what_is_broken(
 
     // An underlay too small for the tunnel's MTU.
     let mtu = |m: &str| ip(&["link", "set", &node.interface, "mtu", m]);
-    let named = names(lab, "tunnel", "above the", || mtu("1400"));
+    let named = names(lab, &[], "tunnel", "above the", || mtu("1400"));
     mtu("1500").context("restoring the underlay's MTU")?;
     named?;
     eventually("doctor to pass again", Duration::from_secs(40), || {
         passes(lab, NODE)
     })?;
 
-    // A gateway node that stops answering through the tunnel.
+    // A network between the nodes that carries less than the nodes'
+    // MTU: the switch port of the EIP holder.
     let holder = eip_holders(lab, eip)?
         .into_iter()
         .find(|n| n != NODE)
         .context("no other node holds the EIP")?;
     let gateway = lab.node(&holder)?.clone();
     let topo = &lab.state.topology;
+    let port = |m: &str| {
+        let args = ["link", "set", gateway.underlay_port.as_str(), "mtu", m];
+        net::exec(&topo.underlay.netns, "ip", &args).map(drop)
+    };
+    port("1400")?;
+    let named = doctor(lab, NODE).and_then(|(ok, checks)| {
+        let (v, evidence) = verdict(&checks, "path");
+        ensure!(
+            !ok && v == "fail" && evidence.contains("1450-byte packets do not cross the tunnel"),
+            "doctor on {NODE} with {holder}'s switch port at MTU 1400: path {v} {evidence}"
+        );
+        println!("    doctor names it: FAIL path: {evidence}");
+        Ok(())
+    });
+    port("1500").context("restoring the switch port's MTU")?;
+    named?;
+
+    // A gateway node that stops answering through the tunnel.
     set_node_underlay(topo, &gateway, false)?;
     let named = eventually(
         &format!("doctor on {NODE} to name {holder} as not answering"),

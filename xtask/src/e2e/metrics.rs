@@ -57,13 +57,16 @@ fn policy_bytes(text: &str, namespace: &str, policy: &str, gateway: &str) -> Opt
     )
 }
 
-/// Every agent and controller serves `/metrics`; after an iperf3 run from
+/// Every agent and controller serves `/metrics`, each agent with its Lease
+/// renewals in `egressgw_api_requests_total`; after an iperf3 run from
 /// web-3 through policy team-a/web, node-3's agent counts at least the
 /// bytes the target received in `egressgw_policy_bytes_total` (eBPF
-/// datapath; the nftables datapath exports no policy series); the node
-/// holding the EIP says so in `egressgw_eips_held`; exactly one controller
-/// leads, and it alone exports the policy's readiness (1) and the
-/// gateway's ready nodes (2).
+/// datapath; the nftables datapath exports no policy series) and reaches
+/// the gateway (`egressgw_gateway_unreachable` 0); the node holding the
+/// EIP says so in `egressgw_eips_held` and counted taking it; exactly one
+/// controller leads, and it alone exports the policy's readiness (1), the
+/// gateway's ready nodes (2) and the objects by readiness, and counts its
+/// status writes and the EIP it allocated.
 pub fn metrics_count_a_policys_traffic_and_every_daemon_serves_them(
     run: &mut Run,
 ) -> anyhow::Result<()> {
@@ -84,6 +87,14 @@ pub fn metrics_count_a_policys_traffic_and_every_daemon_serves_them(
         ensure!(
             sample(&text, "egressgw_reconciles_total{result=\"ok\"}").is_some_and(|n| n >= 1.0),
             "the agent of {node} reports no successful reconcile:\n{text}"
+        );
+        ensure!(
+            sample(
+                &text,
+                "egressgw_api_requests_total{verb=\"patch\",result=\"ok\"}"
+            )
+            .is_some_and(|n| n >= 1.0),
+            "the agent of {node} counts no successful write to the API server:\n{text}"
         );
     }
     let controllers = controllers(run.lab)?;
@@ -112,14 +123,29 @@ pub fn metrics_count_a_policys_traffic_and_every_daemon_serves_them(
             sample(leader, series)
         );
     }
-    ensure!(
-        controllers
-            .iter()
-            .filter(|text| text.contains("egressgw_policy_ready{"))
-            .count()
-            == 1,
-        "more than one controller exports the policies' readiness"
-    );
+    for series in [
+        "egressgw_objects{kind=\"EgressPolicy\",condition=\"true\"}",
+        "egressgw_objects{kind=\"EgressGateway\",condition=\"true\"}",
+        "egressgw_objects{kind=\"EgressTunnel\",condition=\"true\"}",
+        "egressgw_allocations_total{kind=\"eip\",result=\"ok\"}",
+        "egressgw_api_requests_total{verb=\"patch\",result=\"ok\"}",
+    ] {
+        ensure!(
+            sample(leader, series).is_some_and(|n| n >= 1.0),
+            "the leading controller exports {series} = {:?}, want at least 1",
+            sample(leader, series)
+        );
+    }
+    for family in ["egressgw_policy_ready{", "egressgw_objects{"] {
+        ensure!(
+            controllers
+                .iter()
+                .filter(|text| text.contains(family))
+                .count()
+                == 1,
+            "more than one controller exports {family}..}}"
+        );
+    }
 
     let tunnel = run.get("egresstunnel", None, "node-3")?;
     let datapath = tunnel["status"]["datapath"]["name"]
@@ -162,12 +188,32 @@ pub fn metrics_count_a_policys_traffic_and_every_daemon_serves_them(
         format!("{datapath} datapath: no policy series, as documented")
     };
 
+    let unreachable = format!("egressgw_gateway_unreachable{{gateway=\"{GATEWAY}\"}}");
+    let text = scrape_agent(run.lab, "node-3")?;
+    ensure!(
+        sample(&text, &unreachable) == Some(0.0),
+        "node-3 sends web-3's traffic through {GATEWAY}, yet exports {unreachable} = {:?}",
+        sample(&text, &unreachable)
+    );
     for holder in eip_holders(run.lab, eip)? {
         let text = scrape_agent(run.lab, &holder)?;
         ensure!(
             sample(&text, "egressgw_eips_held").is_some_and(|n| n >= 1.0),
             "{holder} holds {eip} but egressgw_eips_held says {:?}",
             sample(&text, "egressgw_eips_held")
+        );
+        let taken: f64 = ["planned", "failover"]
+            .iter()
+            .filter_map(|reason| {
+                sample(
+                    &text,
+                    &format!("egressgw_eip_takeovers_total{{reason=\"{reason}\"}}"),
+                )
+            })
+            .sum();
+        ensure!(
+            taken >= 1.0,
+            "{holder} took {eip} in this scenario but egressgw_eip_takeovers_total says {taken}"
         );
     }
     run.note(format!(

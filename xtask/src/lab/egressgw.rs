@@ -303,6 +303,47 @@ pub fn agent(command: &AgentCommand, paths: &Paths) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs the agent of `node`'s own program with `args` inside its
+/// container, as `kubectl exec` would: in its mount, network and UTS
+/// namespaces, with its environment. Returns the output, whatever the
+/// exit status.
+pub fn exec_in_agent(lab: &Lab, node: &str, args: &[&str]) -> anyhow::Result<std::process::Output> {
+    let pid = agent_pid(lab, node)?;
+    let read = |what: &str| {
+        fs::read(format!("/proc/{pid}/{what}"))
+            .with_context(|| format!("reading /proc/{pid}/{what} of the agent of {node}"))
+    };
+    let split = |bytes: Vec<u8>| -> Vec<String> {
+        bytes
+            .split(|b| *b == 0)
+            .filter(|s| !s.is_empty())
+            .map(|s| String::from_utf8_lossy(s).into_owned())
+            .collect()
+    };
+    let program = split(read("cmdline")?)
+        .into_iter()
+        .next()
+        .with_context(|| format!("the agent of {node} has no command line"))?;
+    let env = split(read("environ")?);
+    kubelet::enter_container(pid)
+        .arg(&program)
+        .args(args)
+        .env_clear()
+        .envs(env.iter().filter_map(|kv| kv.split_once('=')))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .with_context(|| format!("running {program} {args:?} in the agent of {node}"))
+}
+
+/// The process of the agent of `node`'s container.
+fn agent_pid(lab: &Lab, node: &str) -> anyhow::Result<u32> {
+    agent_pod(lab, node)?
+        .containers
+        .first()
+        .and_then(|c| c.pid)
+        .with_context(|| format!("the agent of {node} is not running"))
+}
+
 /// The agent pod of `node`, as the stand-in runs it.
 fn agent_pod(lab: &Lab, node: &str) -> anyhow::Result<Record> {
     lab.node(node)?;
@@ -452,12 +493,7 @@ pub fn freeze_controllers(lab: &Lab, frozen: bool) -> anyhow::Result<Vec<u32>> {
 
 /// Freezes (SIGSTOP) or thaws (SIGCONT) the agent of `node`; returns its pid.
 pub fn freeze_agent(lab: &Lab, node: &str, frozen: bool) -> anyhow::Result<u32> {
-    let pod = agent_pod(lab, node)?;
-    let pid = pod
-        .containers
-        .first()
-        .and_then(|c| c.pid)
-        .with_context(|| format!("the agent of {node} is not running"))?;
+    let pid = agent_pid(lab, node)?;
     signal(pid, frozen).with_context(|| format!("signalling the agent of {node} (pid {pid})"))?;
     Ok(pid)
 }

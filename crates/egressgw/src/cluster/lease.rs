@@ -15,6 +15,8 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 
+use crate::cluster::metrics::{ApiRequests, Verb};
+
 /// Name of an agent's Lease.
 pub fn agent_lease_name(node: &str) -> String {
     format!("egressgw-agent-{node}")
@@ -23,6 +25,7 @@ pub fn agent_lease_name(node: &str) -> String {
 /// Renews (creating it if needed) the Lease `name` held by `holder`.
 pub async fn renew(
     api: &Api<Lease>,
+    requests: &ApiRequests,
     name: &str,
     holder: &str,
     duration: Duration,
@@ -38,7 +41,8 @@ pub async fn renew(
         },
     });
     let params = PatchParams::apply("egressgw-agent").force();
-    api.patch(name, &params, &Patch::Apply(&lease))
+    requests
+        .send(Verb::Patch, api.patch(name, &params, &Patch::Apply(&lease)))
         .await
         .with_context(|| format!("renewing Lease {name}"))?;
     Ok(())
@@ -119,6 +123,7 @@ pub struct Elector {
     name: String,
     identity: String,
     duration: Duration,
+    requests: ApiRequests,
     /// The record last read and when it was first seen unchanged.
     observed: Option<(LeaseSpec, Instant)>,
 }
@@ -130,12 +135,14 @@ impl Elector {
         name: &str,
         identity: &str,
         duration: Duration,
+        requests: ApiRequests,
     ) -> Self {
         Self {
             api: Api::namespaced(client, namespace),
             name: name.to_owned(),
             identity: identity.to_owned(),
             duration,
+            requests,
             observed: None,
         }
     }
@@ -145,8 +152,8 @@ impl Elector {
     pub async fn try_acquire_or_renew(&mut self) -> anyhow::Result<bool> {
         let now = Instant::now();
         let current = self
-            .api
-            .get_opt(&self.name)
+            .requests
+            .send(Verb::Get, self.api.get_opt(&self.name))
             .await
             .with_context(|| format!("reading Lease {}", self.name))?;
         let Some(lease) = current else {
@@ -157,7 +164,14 @@ impl Elector {
                 },
                 spec: Some(self.spec(None)),
             };
-            return match self.api.create(&PostParams::default(), &lease).await {
+            let created = self
+                .requests
+                .send(
+                    Verb::Create,
+                    self.api.create(&PostParams::default(), &lease),
+                )
+                .await;
+            return match created {
                 Ok(_) => Ok(true),
                 Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
                 Err(e) => Err(e).context(format!("creating Lease {}", self.name)),
@@ -191,8 +205,12 @@ impl Elector {
         updated.spec = Some(self.spec(Some(&spec)));
         // The resourceVersion in `updated` makes this a compare-and-swap.
         match self
-            .api
-            .replace(&self.name, &PostParams::default(), &updated)
+            .requests
+            .send(
+                Verb::Update,
+                self.api
+                    .replace(&self.name, &PostParams::default(), &updated),
+            )
             .await
         {
             Ok(_) => Ok(true),
@@ -204,7 +222,11 @@ impl Elector {
     /// Gives the Lease up if this process holds it, so that another
     /// replica takes over at once instead of after the Lease's duration.
     pub async fn release(&self) -> anyhow::Result<()> {
-        let Some(mut lease) = self.api.get_opt(&self.name).await? else {
+        let Some(mut lease) = self
+            .requests
+            .send(Verb::Get, self.api.get_opt(&self.name))
+            .await?
+        else {
             return Ok(());
         };
         let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
@@ -213,8 +235,11 @@ impl Elector {
         }
         spec.holder_identity = None;
         spec.lease_duration_seconds = Some(1);
-        self.api
-            .replace(&self.name, &PostParams::default(), &lease)
+        self.requests
+            .send(
+                Verb::Update,
+                self.api.replace(&self.name, &PostParams::default(), &lease),
+            )
             .await
             .with_context(|| format!("releasing Lease {}", self.name))?;
         Ok(())

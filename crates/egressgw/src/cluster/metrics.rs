@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use egressgw_core::model::PolicyRef;
-use egressgw_core::status::{ClusterStatus, ConditionType};
+use egressgw_core::status::{ClusterStatus, Condition, ConditionType};
 use egressgw_dataplane::ops::Report;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -21,20 +21,30 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use crate::controller::{Allocation, AllocationResult};
+use crate::failover::{Outcome, Release, Takeover};
+
 /// A label set of one label.
 type Label = [(&'static str, &'static str); 1];
+/// A label set of two labels.
+type Labels2 = [(&'static str, &'static str); 2];
 
 /// An agent's metrics.
 #[derive(Debug, Clone)]
 pub struct AgentMetrics {
     reconcile_seconds: Histogram,
     reconciles: Family<Label, Counter>,
-    ops: Family<[(&'static str, &'static str); 2], Counter>,
+    ops: Family<Labels2, Counter>,
     last_success: Gauge<f64, AtomicU64>,
     eips: Gauge,
     peer_up: Family<[(&'static str, String); 1], Gauge>,
     peer_last_answer: Family<[(&'static str, String); 1], Gauge<f64, AtomicU64>>,
     traffic: Arc<PolicyTraffic>,
+    takeovers: Family<Label, Counter>,
+    releases: Family<Label, Counter>,
+    detection_seconds: Histogram,
+    gateway_unreachable: Family<[(&'static str, String); 1], Gauge>,
+    api: ApiRequests,
 }
 
 /// What a policy's selected pods on this node sent through its gateway.
@@ -63,7 +73,29 @@ impl AgentMetrics {
             peer_up: Family::default(),
             peer_last_answer: Family::default(),
             traffic: Arc::default(),
+            takeovers: Family::default(),
+            releases: Family::default(),
+            // About the default detection time (300 ms) finely, up to
+            // probe settings a hundred times slower.
+            detection_seconds: Histogram::new([
+                0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0,
+            ]),
+            gateway_unreachable: Family::default(),
+            api: ApiRequests::register(registry),
         };
+        // Rare events start at 0, so that the first one is an increase.
+        for reason in Takeover::ALL {
+            metrics
+                .takeovers
+                .get_or_create(&[("reason", reason.as_str())])
+                .inc_by(0);
+        }
+        for reason in Release::ALL {
+            metrics
+                .releases
+                .get_or_create(&[("reason", reason.as_str())])
+                .inc_by(0);
+        }
         registry.register(
             "egressgw_reconcile_duration_seconds",
             "Time a reconcile of this node's kernel state took (read back, plan, apply).",
@@ -105,8 +137,64 @@ impl AgentMetrics {
              node (absent until it first answers).",
             metrics.peer_last_answer.clone(),
         );
+        registry.register(
+            "egressgw_eip_takeovers",
+            "EIPs this node took, by reason (planned: the plan makes it the EIP's active \
+             node; failover: every candidate before it stopped answering through the tunnel).",
+            metrics.takeovers.clone(),
+        );
+        registry.register(
+            "egressgw_eip_releases",
+            "EIPs this node gave up, by reason (planned: the plan took it off the EIP; \
+             quorum_lost: it reaches fewer than half of the nodes).",
+            metrics.releases.clone(),
+        );
+        registry.register(
+            "egressgw_failover_detection_seconds",
+            "For traffic of this node's selected pods, time from the last answer of the \
+             node carrying it to the moment this node sent it elsewhere (or found no live \
+             candidate), once that node stopped answering.",
+            metrics.detection_seconds.clone(),
+        );
+        registry.register(
+            "egressgw_gateway_unreachable",
+            "1 while an EgressGateway this node sends selected traffic to has an EIP (or \
+             useNodeIP policy) with no candidate node answering through the tunnel, 0 \
+             otherwise, by gateway; only gateways this node sends traffic to.",
+            metrics.gateway_unreachable.clone(),
+        );
         registry.register_collector(Box::new(Arc::clone(&metrics.traffic)));
         metrics
+    }
+
+    /// Counts the agent's requests to the API server.
+    pub fn api(&self) -> &ApiRequests {
+        &self.api
+    }
+
+    /// Records what a resolve decided: EIPs taken and given up, failovers
+    /// detected, and which gateways in use have no live candidate
+    /// (gateways no longer in use are dropped).
+    pub fn resolved(&self, outcome: &Outcome) {
+        for (_, reason) in &outcome.taken {
+            self.takeovers
+                .get_or_create(&[("reason", reason.as_str())])
+                .inc();
+        }
+        for (_, reason) in &outcome.released {
+            self.releases
+                .get_or_create(&[("reason", reason.as_str())])
+                .inc();
+        }
+        for took in &outcome.detected {
+            self.detection_seconds.observe(took.as_secs_f64());
+        }
+        self.gateway_unreachable.clear();
+        for (gateway, unreachable) in &outcome.gateways {
+            self.gateway_unreachable
+                .get_or_create(&[("gateway", gateway.clone())])
+                .set(i64::from(*unreachable));
+        }
     }
 
     /// Records what the probes see: the peers probed, each with the time
@@ -212,6 +300,144 @@ impl Collector for PolicyTraffic {
     }
 }
 
+/// What a request to the API server does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verb {
+    Get,
+    Create,
+    Update,
+    Patch,
+}
+
+impl Verb {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Get => "get",
+            Self::Create => "create",
+            Self::Update => "update",
+            Self::Patch => "patch",
+        }
+    }
+}
+
+/// Counts the requests a daemon sends to the API server (its writes and
+/// the reads they depend on; not its watches), by verb and outcome.
+/// Clones count into the same series.
+#[derive(Debug, Clone)]
+pub struct ApiRequests {
+    requests: Family<Labels2, Counter>,
+    errors: Family<[(&'static str, String); 2], Counter>,
+}
+
+impl ApiRequests {
+    fn register(registry: &mut Registry) -> Self {
+        let api = Self {
+            requests: Family::default(),
+            errors: Family::default(),
+        };
+        registry.register(
+            "egressgw_api_requests",
+            "Requests this daemon sent to the API server (writes, and the reads they \
+             depend on; not its watches), by verb (get, create, update, patch) and result \
+             (ok, error).",
+            api.requests.clone(),
+        );
+        registry.register(
+            "egressgw_api_errors",
+            "Requests to the API server that failed, by verb and code: the HTTP status \
+             the API server answered, or timeout, transport (no answer: connection, TLS, \
+             authentication), decode (an answer that does not parse), other.",
+            api.errors.clone(),
+        );
+        api
+    }
+
+    /// Sends `request` and counts it when it completes. A request dropped
+    /// before it completes (its caller's timeout ran out) counts as an
+    /// error with the code `timeout`.
+    pub async fn send<T>(
+        &self,
+        verb: Verb,
+        request: impl Future<Output = kube::Result<T>>,
+    ) -> kube::Result<T> {
+        let mut unfinished = Unfinished(Some((self, verb)));
+        let result = request.await;
+        unfinished.0 = None;
+        self.count(verb, result.as_ref().err().map(error_code));
+        result
+    }
+
+    /// Counts one request; `error` is the code of its failure.
+    fn count(&self, verb: Verb, error: Option<String>) {
+        let result = if error.is_some() { "error" } else { "ok" };
+        self.requests
+            .get_or_create(&[("verb", verb.as_str()), ("result", result)])
+            .inc();
+        if let Some(code) = error {
+            self.errors
+                .get_or_create(&[("verb", verb.as_str().to_owned()), ("code", code)])
+                .inc();
+        }
+    }
+}
+
+/// Counts a request as timed out unless it is defused (set to `None`)
+/// before it drops.
+struct Unfinished<'a>(Option<(&'a ApiRequests, Verb)>);
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        if let Some((api, verb)) = self.0.take() {
+            api.count(verb, Some("timeout".to_owned()));
+        }
+    }
+}
+
+/// The `code` label of a failed request.
+fn error_code(error: &kube::Error) -> String {
+    use kube::Error as E;
+    let timed_out = std::iter::successors(Some(error as &(dyn std::error::Error + 'static)), |e| {
+        e.source()
+    })
+    .any(|e| {
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::TimedOut)
+    });
+    let code = match error {
+        E::Api(status) => return status.code.to_string(),
+        _ if timed_out => "timeout",
+        E::HyperError(_)
+        | E::Service(_)
+        | E::HttpError(_)
+        | E::ReadEvents(_)
+        | E::RustlsTls(_)
+        | E::TlsRequired
+        | E::Auth(_)
+        | E::ProxyProtocolUnsupported { .. }
+        | E::ProxyProtocolDisabled { .. } => "transport",
+        E::SerdeError(_) | E::FromUtf8(_) | E::LinesCodecMaxLineLengthExceeded => "decode",
+        _ => "other",
+    };
+    code.to_owned()
+}
+
+/// An object's `Ready` condition as the `condition` label says it.
+fn ready_label(ready: Option<bool>) -> &'static str {
+    match ready {
+        Some(true) => "true",
+        Some(false) => "false",
+        None => "unknown",
+    }
+}
+
+/// The kinds `egressgw_objects` counts.
+const OBJECT_KINDS: [&str; 4] = [
+    "EgressGateway",
+    "EgressPolicy",
+    "EgressClusterPolicy",
+    "EgressTunnel",
+];
+
 /// The controller's metrics.
 #[derive(Debug, Clone)]
 pub struct ControllerMetrics {
@@ -219,6 +445,9 @@ pub struct ControllerMetrics {
     policy_ready: Family<Vec<(&'static str, String)>, Gauge>,
     gateway_ready_nodes: Family<Vec<(&'static str, String)>, Gauge>,
     eip_moves: Family<Vec<(&'static str, String)>, Counter>,
+    allocations: Family<Labels2, Counter>,
+    objects: Family<Labels2, Gauge>,
+    api: ApiRequests,
 }
 
 impl ControllerMetrics {
@@ -229,7 +458,20 @@ impl ControllerMetrics {
             policy_ready: Family::default(),
             gateway_ready_nodes: Family::default(),
             eip_moves: Family::default(),
+            allocations: Family::default(),
+            objects: Family::default(),
+            api: ApiRequests::register(registry),
         };
+        // Failures are rare events: each series starts at 0, so that the
+        // first one is an increase.
+        for kind in Allocation::ALL {
+            for result in AllocationResult::ALL {
+                metrics
+                    .allocations
+                    .get_or_create(&[("kind", kind.as_str()), ("result", result.as_str())])
+                    .inc_by(0);
+            }
+        }
         registry.register(
             "egressgw_controller_leader",
             "1 while this replica holds the leader Lease and allocates, 0 while it waits.",
@@ -253,7 +495,34 @@ impl ControllerMetrics {
             "EIPs that moved from one gateway node to another, by EgressGateway.",
             metrics.eip_moves.clone(),
         );
+        registry.register(
+            "egressgw_allocations",
+            "What the controller's plans allocated, by kind (eip: a policy's EIP; tunnel: \
+             a node's tunnel address, MAC or mark; gateway_node: the node an EIP is active \
+             on) and result (ok: a new allocation; exhausted: nothing left to allocate; \
+             conflict: the address asked for is another's or in use), each failure counted \
+             once when a plan first finds it.",
+            metrics.allocations.clone(),
+        );
+        registry.register(
+            "egressgw_objects",
+            "egressgw's objects by kind and Ready condition (true, false, unknown; for an \
+             EgressTunnel, whether its phase is Ready); exported by the leading controller.",
+            metrics.objects.clone(),
+        );
         metrics
+    }
+
+    /// Counts the controller's requests to the API server.
+    pub fn api(&self) -> &ApiRequests {
+        &self.api
+    }
+
+    /// Counts `n` allocations of `kind` with `result`.
+    pub fn allocated(&self, kind: Allocation, result: AllocationResult, n: u64) {
+        self.allocations
+            .get_or_create(&[("kind", kind.as_str()), ("result", result.as_str())])
+            .inc_by(n);
     }
 
     pub fn set_leader(&self, leading: bool) {
@@ -261,15 +530,16 @@ impl ControllerMetrics {
     }
 
     /// The objects' state as the last plan left it: every policy's
-    /// readiness and every gateway's ready nodes (objects gone since drop
-    /// out).
-    pub fn set_objects(&self, status: &ClusterStatus) {
+    /// readiness, every gateway's ready nodes, and the objects of each kind
+    /// by readiness, with `tunnels` the readiness of each EgressTunnel
+    /// (`None`: no phase yet). Objects gone since drop out.
+    pub fn set_objects(&self, status: &ClusterStatus, tunnels: &[Option<bool>]) {
         self.clear_objects();
+        for (labels, n) in &object_counts(status, tunnels) {
+            self.objects.get_or_create(labels).set(*n);
+        }
         for p in &status.policies {
-            let ready = p
-                .conditions
-                .iter()
-                .any(|c| c.type_ == ConditionType::Ready && c.status);
+            let ready = ready_condition(&p.conditions) == Some(true);
             let labels = vec![
                 ("namespace", p.policy.namespace.clone().unwrap_or_default()),
                 ("policy", p.policy.name.clone()),
@@ -291,6 +561,7 @@ impl ControllerMetrics {
     pub fn clear_objects(&self) {
         self.policy_ready.clear();
         self.gateway_ready_nodes.clear();
+        self.objects.clear();
     }
 
     /// An EIP of `gateway` moved to another node.
@@ -299,6 +570,44 @@ impl ControllerMetrics {
             .get_or_create(&vec![("gateway", gateway.to_owned())])
             .inc();
     }
+}
+
+/// The objects of each kind by readiness (every pair, 0 included), from
+/// the plan's `status` and each EgressTunnel's readiness.
+fn object_counts(status: &ClusterStatus, tunnels: &[Option<bool>]) -> BTreeMap<Labels2, i64> {
+    let labels = |kind, ready| [("kind", kind), ("condition", ready_label(ready))];
+    let mut counts = BTreeMap::new();
+    for kind in OBJECT_KINDS {
+        for ready in [Some(true), Some(false), None] {
+            counts.insert(labels(kind, ready), 0);
+        }
+    }
+    let policies = status.policies.iter().map(|p| {
+        let kind = if p.policy.namespace.is_some() {
+            "EgressPolicy"
+        } else {
+            "EgressClusterPolicy"
+        };
+        (kind, ready_condition(&p.conditions))
+    });
+    let gateways = status
+        .gateways
+        .iter()
+        .map(|g| ("EgressGateway", ready_condition(&g.conditions)));
+    let tunnels = tunnels.iter().map(|ready| ("EgressTunnel", *ready));
+    for (kind, ready) in policies.chain(gateways).chain(tunnels) {
+        *counts.entry(labels(kind, ready)).or_default() += 1;
+    }
+    counts
+}
+
+/// Whether the `Ready` condition among `conditions` holds (`None`: there
+/// is none).
+fn ready_condition(conditions: &[Condition]) -> Option<bool> {
+    conditions
+        .iter()
+        .find(|c| c.type_ == ConditionType::Ready)
+        .map(|c| c.status)
 }
 
 #[cfg(test)]
@@ -381,6 +690,126 @@ mod tests {
         assert!(!text(&registry).contains("gw-1"));
     }
 
+    /// What a resolve decided, with no state to reconcile.
+    fn outcome(
+        taken: Vec<(std::net::IpAddr, Takeover)>,
+        released: Vec<(std::net::IpAddr, Release)>,
+        detected: Vec<Duration>,
+        gateways: &[(&str, bool)],
+    ) -> Outcome {
+        Outcome {
+            resolved: egressgw_core::failover::Resolved {
+                state: Default::default(),
+                targets: BTreeMap::new(),
+                claims: Vec::new(),
+                released: Vec::new(),
+                quorum: egressgw_core::failover::Quorum {
+                    reached: 1,
+                    total: 1,
+                },
+            },
+            taken,
+            released,
+            detected,
+            gateways: gateways
+                .iter()
+                .map(|(g, unreachable)| ((*g).to_owned(), *unreachable))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn takeovers_releases_detections_and_unreachable_gateways_show_in_the_agents_metrics() {
+        let mut registry = Registry::default();
+        let metrics = AgentMetrics::register(&mut registry);
+        let ip = std::net::IpAddr::from([198, 51, 100, 7]);
+        metrics.resolved(&outcome(
+            vec![(ip, Takeover::Failover)],
+            vec![(ip, Release::QuorumLost)],
+            vec![Duration::from_millis(340)],
+            &[("egw", true), ("partner", false)],
+        ));
+        let out = text(&registry);
+        for line in [
+            "egressgw_eip_takeovers_total{reason=\"failover\"} 1",
+            "egressgw_eip_takeovers_total{reason=\"planned\"} 0",
+            "egressgw_eip_releases_total{reason=\"quorum_lost\"} 1",
+            "egressgw_eip_releases_total{reason=\"planned\"} 0",
+            "egressgw_failover_detection_seconds_count 1",
+            "egressgw_failover_detection_seconds_bucket{le=\"0.3\"} 0",
+            "egressgw_failover_detection_seconds_bucket{le=\"0.4\"} 1",
+            "egressgw_gateway_unreachable{gateway=\"egw\"} 1",
+            "egressgw_gateway_unreachable{gateway=\"partner\"} 0",
+        ] {
+            assert!(out.contains(line), "no {line:?} in\n{out}");
+        }
+        assert!(
+            out.contains("# TYPE egressgw_failover_detection_seconds histogram"),
+            "{out}"
+        );
+        // A gateway no longer in use is gone.
+        metrics.resolved(&outcome(
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            &[("egw", false)],
+        ));
+        let out = text(&registry);
+        assert!(
+            out.contains("egressgw_gateway_unreachable{gateway=\"egw\"} 0"),
+            "{out}"
+        );
+        assert!(!out.contains("partner"), "{out}");
+    }
+
+    #[tokio::test]
+    async fn api_requests_are_counted_by_verb_and_result_and_errors_by_code() {
+        let mut registry = Registry::default();
+        let metrics = AgentMetrics::register(&mut registry);
+        let api = metrics.api();
+        let conflict = kube::Error::Api(
+            kube::core::Status::failure("the object has been modified", "Conflict")
+                .with_code(409)
+                .boxed(),
+        );
+        api.send(Verb::Patch, async { Ok(()) }).await.unwrap();
+        api.send(Verb::Patch, async { Ok(()) }).await.unwrap();
+        api.send(Verb::Update, async { Err::<(), _>(conflict) })
+            .await
+            .unwrap_err();
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        api.send(Verb::Get, async {
+            Err::<(), _>(kube::Error::ReadEvents(refused))
+        })
+        .await
+        .unwrap_err();
+        // Given up by its caller before it completes.
+        let pending = api.send(Verb::Patch, std::future::pending::<kube::Result<()>>());
+        tokio::time::timeout(Duration::from_millis(1), pending)
+            .await
+            .unwrap_err();
+        let out = text(&registry);
+        for line in [
+            "egressgw_api_requests_total{verb=\"patch\",result=\"ok\"} 2",
+            "egressgw_api_requests_total{verb=\"patch\",result=\"error\"} 1",
+            "egressgw_api_requests_total{verb=\"update\",result=\"error\"} 1",
+            "egressgw_api_requests_total{verb=\"get\",result=\"error\"} 1",
+            "egressgw_api_errors_total{verb=\"update\",code=\"409\"} 1",
+            "egressgw_api_errors_total{verb=\"get\",code=\"transport\"} 1",
+            "egressgw_api_errors_total{verb=\"patch\",code=\"timeout\"} 1",
+        ] {
+            assert!(out.contains(line), "no {line:?} in\n{out}");
+        }
+    }
+
+    #[test]
+    fn a_timeout_deep_in_an_errors_sources_is_a_timeout() {
+        let timed_out = std::io::Error::from(std::io::ErrorKind::TimedOut);
+        assert_eq!(error_code(&kube::Error::ReadEvents(timed_out)), "timeout");
+        let json = serde_json::from_str::<u8>("x").unwrap_err();
+        assert_eq!(error_code(&kube::Error::SerdeError(json)), "decode");
+    }
+
     #[test]
     fn the_controller_says_whether_it_leads() {
         let mut registry = Registry::default();
@@ -436,19 +865,39 @@ mod tests {
             }],
             ..Default::default()
         };
-        metrics.set_objects(&status);
+        metrics.set_objects(&status, &[Some(true), Some(true), None]);
         metrics.eip_moved("lab");
+        metrics.allocated(Allocation::Eip, AllocationResult::Ok, 2);
+        metrics.allocated(Allocation::Eip, AllocationResult::Exhausted, 1);
         let out = text(&registry);
         for line in [
             "egressgw_policy_ready{namespace=\"team-a\",policy=\"web\"} 1",
             "egressgw_policy_ready{namespace=\"\",policy=\"batch-to-partner\"} 0",
             "egressgw_gateway_ready_nodes{gateway=\"lab\"} 1",
             "egressgw_eip_moves_total{gateway=\"lab\"} 1",
+            "egressgw_objects{kind=\"EgressPolicy\",condition=\"true\"} 1",
+            "egressgw_objects{kind=\"EgressPolicy\",condition=\"false\"} 0",
+            "egressgw_objects{kind=\"EgressClusterPolicy\",condition=\"false\"} 1",
+            "egressgw_objects{kind=\"EgressGateway\",condition=\"unknown\"} 1",
+            "egressgw_objects{kind=\"EgressTunnel\",condition=\"true\"} 2",
+            "egressgw_objects{kind=\"EgressTunnel\",condition=\"unknown\"} 1",
+            "egressgw_allocations_total{kind=\"eip\",result=\"ok\"} 2",
+            "egressgw_allocations_total{kind=\"eip\",result=\"exhausted\"} 1",
+            "egressgw_allocations_total{kind=\"tunnel\",result=\"exhausted\"} 0",
+            "egressgw_allocations_total{kind=\"gateway_node\",result=\"conflict\"} 0",
         ] {
             assert!(out.contains(line), "no {line:?} in\n{out}");
         }
         status.policies.remove(0);
-        metrics.set_objects(&status);
-        assert!(!text(&registry).contains("policy=\"web\""));
+        metrics.set_objects(&status, &[]);
+        let out = text(&registry);
+        assert!(!out.contains("policy=\"web\""), "{out}");
+        assert!(
+            out.contains("egressgw_objects{kind=\"EgressPolicy\",condition=\"true\"} 0"),
+            "{out}"
+        );
+        // A replica that stops leading no longer speaks for the objects.
+        metrics.clear_objects();
+        assert!(!text(&registry).contains("egressgw_objects{"));
     }
 }

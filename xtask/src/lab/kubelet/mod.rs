@@ -59,6 +59,7 @@ pub fn node_bpf_path(paths: &Paths, node: &str, path: &str) -> PathBuf {
 
 pub use hold::{hold, release};
 pub use pod::LAB_POD_IMAGE;
+pub use probes::enter as enter_container;
 pub use record::Record;
 pub use sandbox::{is_pod_netns, netns_name as pod_netns};
 pub use server::KUBELET_PORT;

@@ -270,6 +270,16 @@ pub fn port(port: &IntOrString, named: &BTreeMap<String, u16>) -> anyhow::Result
     }
 }
 
+/// `nsenter` into the mount, network and UTS namespaces, root and working
+/// directory of the container process `pid`; the program and its
+/// arguments follow.
+pub fn enter(pid: u32) -> Command {
+    let mut command = Command::new("nsenter");
+    command.args(["--target", &pid.to_string()]);
+    command.args(["--mount", "--net", "--uts", "--root", "--wd", "--"]);
+    command
+}
+
 /// `exec`: the command in the container's mount, network and UTS
 /// namespaces, with its identity and environment (`nsenter`, then
 /// `setpriv`); success is exit status 0 within the timeout.
@@ -280,18 +290,8 @@ fn exec(target: &Target, timeout: Duration) -> anyhow::Result<()> {
     let mut spec = spec.clone();
     spec.argv.clone_from(argv);
     let setpriv = super::shim::privileges(std::path::Path::new("setpriv"), &spec);
-    let mut command = Command::new("nsenter");
+    let mut command = enter(*pid);
     command
-        .args([
-            "--target",
-            &pid.to_string(),
-            "--mount",
-            "--net",
-            "--uts",
-            "--root",
-            "--wd",
-            "--",
-        ])
         .arg(setpriv.get_program())
         .args(setpriv.get_args())
         .env_clear()

@@ -1,13 +1,16 @@
 //! `egressgw doctor`: checks this node's part of egress, each with a
 //! verdict, the evidence and what to do. It reads the kernel (the tunnel,
 //! its offloads and its parent's, reverse-path filtering, forwarding,
-//! other components' policy rules) and the agent's `/status` on this node
-//! (readiness, the last reconcile, the datapath, the peers' probes), and
-//! changes nothing. docs/operations.md lists the checks.
+//! other components' policy rules, the path's MTU to each peer) and the
+//! agent's `/status` on this node (readiness, the last reconcile, the
+//! datapath, the peers' probes), and changes nothing. With `--pod`/`--dst` it also explains one Pod's
+//! traffic ([`pod`]). docs/operations.md lists the checks.
+
+pub mod pod;
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -33,6 +36,22 @@ pub struct DoctorArgs {
     /// The agent's health endpoint on this node.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9812")]
     agent: SocketAddr,
+    /// Explain this Pod's traffic (`NAMESPACE/NAME`) to `--dst`: the policy
+    /// that decides it, its gateway and EIP, whether this node's kernel
+    /// agrees, and the policy's counters. Reads the objects from the API
+    /// server; the Pod must run on this node.
+    #[arg(long, value_name = "NAMESPACE/NAME", requires = "dst")]
+    pod: Option<String>,
+    /// The destination the Pod sends to (with `--pod`).
+    #[arg(long, value_name = "ADDR", requires = "pod")]
+    dst: Option<IpAddr>,
+    /// This node's name (the chart sets NODE_NAME in the agent's container).
+    #[arg(long, value_name = "NODE", env = "NODE_NAME")]
+    node: Option<String>,
+    /// Kubeconfig file, for `--pod`; without it, the in-cluster service
+    /// account (or `~/.kube/config`).
+    #[arg(long, value_name = "FILE", env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
     /// Output format: text for people, json for tools.
     #[arg(short, long, value_enum, default_value_t = ReportOutput::Text)]
     output: ReportOutput,
@@ -108,6 +127,16 @@ pub struct Settings {
 }
 
 impl Settings {
+    /// What egressgw may touch, by these settings.
+    fn scope(&self) -> Scope {
+        Scope {
+            vxlan: self.vxlan.clone(),
+            rule_priority: self.rule_priority,
+            mark_mask: self.mark_mask,
+            ..Scope::new(&Config::default())
+        }
+    }
+
     /// The settings of `config`.
     pub fn of(config: &Config) -> Self {
         Settings {
@@ -149,6 +178,21 @@ pub struct Facts {
     pub forwarding: (Option<u8>, Option<u8>),
     /// Rules that are not egressgw's.
     pub other_rules: Result<Vec<OtherRule>, String>,
+    /// What Don't-Fragment probes to each peer found.
+    pub paths: Vec<PathSeen>,
+}
+
+/// Whether a peer answers small and full-size packets sent whole: over
+/// the underlay to its address, and through the tunnel to its tunnel
+/// address. Each is `(small answered, full size answered)`.
+#[derive(Debug, Clone)]
+pub struct PathSeen {
+    pub tunnel: Ipv4Addr,
+    pub underlay: Ipv4Addr,
+    /// The full sizes: the parent's MTU, the tunnel's MTU.
+    pub sizes: (u16, u16),
+    pub over_underlay: Result<(bool, bool), String>,
+    pub through_tunnel: Result<(bool, bool), String>,
 }
 
 /// Runs every check and prints them; fails when one fails.
@@ -159,7 +203,12 @@ pub(crate) fn run(args: &DoctorArgs) -> anyhow::Result<()> {
         .context("starting the async runtime")?;
     let checks = runtime.block_on(async {
         let facts = gather(args).await?;
-        anyhow::Ok(checks(&facts))
+        let mut all = checks(&facts);
+        if let (Some(pod), Some(dst)) = (&args.pod, args.dst) {
+            let seen = gather_pod(args, &facts, pod, dst).await?;
+            all.extend(pod::checks(&seen, &facts.agent));
+        }
+        anyhow::Ok(all)
     })?;
     let text = match args.output {
         ReportOutput::Json => serde_json::to_string_pretty(&checks)? + "\n",
@@ -203,21 +252,30 @@ async fn gather(args: &DoctorArgs) -> anyhow::Result<Facts> {
             .and_then(|a| serde_json::from_value(a.status["settings"].clone()).ok())
             .unwrap_or_else(|| Settings::of(&Config::default())),
     };
-    let scope = Scope {
-        vxlan: settings.vxlan.clone(),
-        rule_priority: settings.rule_priority,
-        mark_mask: settings.mark_mask,
-        ..Scope::new(&Config::default())
-    };
+    let scope = settings.scope();
     let mut netlink = args.kernel.netlink()?;
-    let tunnel = netlink
-        .observe(&scope)
-        .await
-        .map(|k| k.vxlan)
-        .map_err(|e| e.to_string());
+    let observed = netlink.observe(&scope).await.map_err(|e| e.to_string());
+    let tunnel = observed
+        .as_ref()
+        .map(|k| k.vxlan.clone())
+        .map_err(Clone::clone);
     let parent = match &tunnel {
         Ok(Some(link)) => netlink.parent(link.identity.local).await.ok().flatten(),
         _ => None,
+    };
+    let paths = match (&observed, &tunnel, &parent) {
+        (Ok(k), Ok(Some(link)), Some(parent)) => {
+            let sizes = (
+                u16::try_from(parent.mtu).unwrap_or(u16::MAX),
+                u16::try_from(tunnel_mtu(link, parent)).unwrap_or(u16::MAX),
+            );
+            let peers = path_peers(k);
+            let device = link.name.clone();
+            tokio::task::spawn_blocking(move || probe_paths(&peers, &device, sizes))
+                .await
+                .unwrap_or_default()
+        }
+        _ => Vec::new(),
     };
     let offloads = |dev: String| async move {
         ethtool::read_offloads(&dev)
@@ -250,6 +308,158 @@ async fn gather(args: &DoctorArgs) -> anyhow::Result<Facts> {
         parent,
         tunnel_offloads,
         parent_offloads,
+        paths,
+    })
+}
+
+/// At most this many peers are probed for their path.
+const PATH_PEERS: usize = 16;
+/// How long a path probe waits for its answer, and how often it asks.
+const PATH_WAIT: Duration = Duration::from_millis(500);
+const PATH_TRIES: u8 = 2;
+/// The size of a probe any path carries.
+const SMALL: u16 = 100;
+
+/// The IPv4 peers of the tunnel as the kernel has them: (tunnel address,
+/// underlay address), from the neighbour and FDB entries egressgw wrote.
+fn path_peers(k: &egressgw_dataplane::kernel::KernelState) -> Vec<(Ipv4Addr, Ipv4Addr)> {
+    k.neighbours
+        .iter()
+        .filter_map(|(ip, mac)| match (ip, k.fdb.get(mac)?) {
+            (IpAddr::V4(tunnel), IpAddr::V4(underlay)) => Some((*tunnel, *underlay)),
+            _ => None,
+        })
+        .take(PATH_PEERS)
+        .collect()
+}
+
+/// Probes each peer at once: small and full-size packets, with Don't
+/// Fragment, over the underlay (`sizes.0`, the parent's MTU) and through
+/// the tunnel (`sizes.1`, the tunnel's).
+fn probe_paths(peers: &[(Ipv4Addr, Ipv4Addr)], device: &str, sizes: (u16, u16)) -> Vec<PathSeen> {
+    use egressgw_dataplane::probe::answers_unfragmented as answers;
+    std::thread::scope(|s| {
+        let running: Vec<_> = peers
+            .iter()
+            .map(|&(tunnel, underlay)| {
+                s.spawn(move || {
+                    let ask = |dst, size, dev| {
+                        answers(dst, size, dev, PATH_TRIES, PATH_WAIT).map_err(|e| e.to_string())
+                    };
+                    PathSeen {
+                        tunnel,
+                        underlay,
+                        sizes,
+                        over_underlay: ask(underlay, SMALL, None)
+                            .and_then(|small| Ok((small, ask(underlay, sizes.0, None)?))),
+                        through_tunnel: ask(tunnel, SMALL, Some(device))
+                            .and_then(|small| Ok((small, ask(tunnel, sizes.1, Some(device))?))),
+                    }
+                })
+            })
+            .collect();
+        running.into_iter().filter_map(|t| t.join().ok()).collect()
+    })
+}
+
+/// What `--pod`/`--dst` need: the objects (listed from the API server),
+/// this node's plan of them, and what this node's kernel classifies the
+/// Pod's packet to `dst` as.
+async fn gather_pod(
+    args: &DoctorArgs,
+    facts: &Facts,
+    pod: &str,
+    dst: IpAddr,
+) -> anyhow::Result<pod::PodFacts> {
+    let (namespace, name) = pod
+        .split_once('/')
+        .with_context(|| format!("--pod {pod}: write NAMESPACE/NAME"))?;
+    let node = args
+        .node
+        .clone()
+        .context("--pod needs this node's name: --node NODE (or NODE_NAME)")?;
+    let config = match &args.config {
+        Some(path) => crate::load_config(Some(path))?,
+        None => Config::default(),
+    };
+    let client = crate::cluster::client(args.kubeconfig.as_deref()).await?;
+    let changed = std::sync::Arc::new(tokio::sync::Notify::new());
+    let (stores, tasks) =
+        crate::cluster::watch::Stores::start(&client, &changed, Duration::from_secs(600));
+    let listed = tokio::time::timeout(Duration::from_secs(20), stores.ready()).await;
+    let snapshot = stores.snapshot(config.clone());
+    for task in tasks {
+        task.abort();
+    }
+    listed
+        .context("the API server did not list the objects within 20 s")?
+        .context("listing the objects")?;
+    let family = if dst.is_ipv4() { "IPv4" } else { "IPv6" };
+    let found = snapshot
+        .pods
+        .iter()
+        .find(|p| p.namespace == namespace && p.name == name)
+        .ok_or_else(|| format!("there is no Pod {pod}"))
+        .and_then(|p| {
+            let ip = p
+                .ips
+                .iter()
+                .find(|ip| ip.is_ipv4() == dst.is_ipv4())
+                .ok_or_else(|| format!("Pod {pod} has no {family} address yet"))?;
+            let on = p
+                .node
+                .clone()
+                .ok_or_else(|| format!("Pod {pod} is not scheduled yet"))?;
+            Ok((*ip, on))
+        });
+    let plan = egressgw_core::plan_node(&snapshot, &node)
+        .nodes
+        .get(&node)
+        .cloned();
+    let datapath = facts
+        .agent
+        .as_ref()
+        .ok()
+        .and_then(|a| a.status["datapath"]["name"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| {
+            let pinned = args
+                .kernel
+                .bpf_pins
+                .join(egressgw_common::CLASSIFY4)
+                .exists();
+            if pinned { "ebpf" } else { "nftables" }.to_owned()
+        });
+    let (kernel, routing) = match &found {
+        Ok((src, on)) if *on == node => {
+            let read = if datapath == "ebpf" {
+                egressgw_dataplane::ebpf::lookup_pinned(&args.kernel.bpf_pins, *src, dst)
+                    .map(|v| v.map(pod::Classified::of_ebpf))
+                    .map_err(|e| e.to_string())
+            } else {
+                use egressgw_dataplane::nft::Firewall as _;
+                egressgw_dataplane::nft::Nft::new()
+                    .observe()
+                    .map(|o| o.and_then(|o| pod::nft_classified(&o, *src, dst)))
+                    .map_err(|e| e.to_string())
+            };
+            let mut netlink = args.kernel.netlink()?;
+            let routing = netlink
+                .observe(&facts.settings.scope())
+                .await
+                .map_err(|e| e.to_string());
+            (Some((datapath, read)), Some(routing))
+        }
+        _ => (None, None),
+    };
+    Ok(pod::PodFacts {
+        pod: pod.to_owned(),
+        dst,
+        found,
+        node,
+        plan,
+        local_mark: config.local_mark(),
+        kernel,
+        routing,
     })
 }
 
@@ -324,7 +534,60 @@ pub fn checks(f: &Facts) -> Vec<Check> {
         forwarding(f),
         rules(f),
         peers(f),
+        path(f),
     ]
+}
+
+fn path(f: &Facts) -> Check {
+    if f.paths.is_empty() {
+        return Check::new("path", Verdict::Skip, "no IPv4 peer of the tunnel to probe");
+    }
+    let mut broken = Vec::new();
+    let mut narrow = Vec::new();
+    let mut silent = Vec::new();
+    let mut whole = 0;
+    for p in &f.paths {
+        let (underlay, tunnel) = match (&p.over_underlay, &p.through_tunnel) {
+            (Ok(u), Ok(t)) => (*u, *t),
+            (Err(e), _) | (_, Err(e)) => {
+                silent.push(format!("{} (cannot probe: {e})", p.underlay));
+                continue;
+            }
+        };
+        match (underlay, tunnel) {
+            ((false, _), (false, _)) => silent.push(format!("{} (no answer at all)", p.underlay)),
+            (_, (true, false)) => broken.push(format!(
+                "{}-byte packets do not cross the tunnel to {} (at {}), smaller ones do",
+                p.sizes.1, p.tunnel, p.underlay
+            )),
+            ((true, false), _) => narrow.push(format!(
+                "{}-byte packets do not reach {} whole over the underlay",
+                p.sizes.0, p.underlay
+            )),
+            _ => whole += 1,
+        }
+    }
+    let fix = "make the network between the nodes carry packets of the parent interface's MTU \
+               (a switch, VPC or VPN with a smaller MTU), or lower the parent's MTU: the \
+               tunnel's follows it";
+    if !broken.is_empty() {
+        return Check::new("path", Verdict::Fail, broken.join("; ")).fix(fix);
+    }
+    if !narrow.is_empty() {
+        return Check::new("path", Verdict::Warn, narrow.join("; ")).fix(fix);
+    }
+    let (parent, tunnel) = f.paths[0].sizes;
+    let mut evidence = format!(
+        "{whole} peer(s) answer {parent}-byte packets over the underlay and {tunnel}-byte \
+         packets through the tunnel, unfragmented"
+    );
+    if !silent.is_empty() {
+        evidence += &format!(
+            "; not probed: {} (see the `peers` check)",
+            silent.join(", ")
+        );
+    }
+    Check::new("path", Verdict::Pass, evidence)
 }
 
 const AGENT_FIX: &str = "kubectl -n <namespace> logs the agent Pod of this node";
@@ -792,6 +1055,13 @@ mod tests {
                 mark: None,
                 selective: false,
             }]),
+            paths: vec![PathSeen {
+                tunnel: "172.31.0.1".parse().unwrap(),
+                underlay: "172.18.0.11".parse().unwrap(),
+                sizes: (1500, 1450),
+                over_underlay: Ok((true, true)),
+                through_tunnel: Ok((true, true)),
+            }],
         }
     }
 
@@ -809,7 +1079,7 @@ mod tests {
             .collect();
         assert!(not_passed.is_empty(), "{not_passed:#?}");
         assert!(
-            render(&checks).ends_with("10 check(s): 10 passed, 0 warned, 0 failed, 0 skipped\n")
+            render(&checks).ends_with("11 check(s): 11 passed, 0 warned, 0 failed, 0 skipped\n")
         );
     }
 
@@ -901,6 +1171,18 @@ mod tests {
                     selective: false,
                 });
             }),
+            (
+                "path",
+                Verdict::Fail,
+                "1450-byte packets do not cross the tunnel to 172.31.0.1",
+                |f| f.paths[0].through_tunnel = Ok((true, false)),
+            ),
+            (
+                "path",
+                Verdict::Warn,
+                "1500-byte packets do not reach 172.18.0.11 whole",
+                |f| f.paths[0].over_underlay = Ok((true, false)),
+            ),
             (
                 "peers",
                 Verdict::Fail,
