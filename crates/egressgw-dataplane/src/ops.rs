@@ -36,6 +36,8 @@ pub enum OpKind {
     Set,
     /// An element of an nftables set or map.
     Element,
+    /// A policy's nftables counter object.
+    Counter,
     /// An eBPF program attached or detached.
     Program,
     /// The eBPF classifier's map entries.
@@ -48,6 +50,28 @@ pub enum OpKind {
 }
 
 impl OpKind {
+    /// Every kind.
+    pub const ALL: [OpKind; 18] = [
+        OpKind::Link,
+        OpKind::Address,
+        OpKind::Neighbour,
+        OpKind::Fdb,
+        OpKind::Route,
+        OpKind::Rule,
+        OpKind::Sysctl,
+        OpKind::Offload,
+        OpKind::Eip,
+        OpKind::Table,
+        OpKind::Chain,
+        OpKind::Set,
+        OpKind::Element,
+        OpKind::Counter,
+        OpKind::Program,
+        OpKind::Map,
+        OpKind::Conntrack,
+        OpKind::Read,
+    ];
+
     /// The kind as metrics and logs write it.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -64,6 +88,7 @@ impl OpKind {
             OpKind::Chain => "chain",
             OpKind::Set => "set",
             OpKind::Element => "element",
+            OpKind::Counter => "counter",
             OpKind::Program => "program",
             OpKind::Map => "map",
             OpKind::Conntrack => "conntrack",
@@ -398,6 +423,15 @@ mod tests {
             r.by_kind(),
             BTreeMap::from([(OpKind::Route, (1, 0)), (OpKind::Rule, (1, 1))])
         );
+    }
+
+    #[test]
+    fn every_kind_is_listed_once_under_a_name_of_its_own() {
+        let names: std::collections::BTreeSet<&str> =
+            OpKind::ALL.iter().map(|k| k.as_str()).collect();
+        assert_eq!(names.len(), OpKind::ALL.len());
+        let kinds: std::collections::BTreeSet<OpKind> = OpKind::ALL.into_iter().collect();
+        assert_eq!(kinds.len(), OpKind::ALL.len());
     }
 
     #[test]

@@ -36,6 +36,9 @@ pub struct Dataplane<N, F> {
     /// On the nftables datapath: whether an eBPF classifier a predecessor
     /// pinned has been looked for (and removed) yet.
     pins_checked: bool,
+    /// On the nftables datapath: the policy each of the table's counter
+    /// objects counts, as the last reconcile wrote them.
+    counted: BTreeMap<String, PolicyRef>,
 }
 
 impl<N: Netlink, F: Firewall> Dataplane<N, F> {
@@ -51,6 +54,7 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
             ebpf_pins: None,
             classifier: None,
             pins_checked: false,
+            counted: BTreeMap::new(),
         }
     }
 
@@ -71,10 +75,23 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
         }
     }
 
-    /// Packets and bytes the eBPF classifier sent through a gateway, per
-    /// policy; `None` on the nftables datapath.
-    pub fn policy_counters(&self) -> Option<Result<BTreeMap<PolicyRef, Counter>, String>> {
-        self.classifier.as_ref().map(|c| c.policy_counters())
+    /// Packets and bytes sent through a gateway (or dropped failing
+    /// closed), per policy with traffic to classify on this node: the eBPF
+    /// classifier's counters, or the nftables table's counter objects of
+    /// the policies the last reconcile wrote.
+    pub fn policy_counters(&self) -> Result<BTreeMap<PolicyRef, Counter>, String> {
+        if let Some(classifier) = &self.classifier {
+            return classifier.policy_counters();
+        }
+        let counters = blocking(|| self.firewall.counters()).map_err(|e| e.to_string())?;
+        Ok(self
+            .counted
+            .iter()
+            .map(|(name, policy)| {
+                let counted = counters.get(name).copied().unwrap_or_default();
+                (policy.clone(), counted)
+            })
+            .collect())
     }
 
     /// Makes [`Self::cleanup`] also detach the eBPF classifier and remove
@@ -329,6 +346,7 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
                     report.merge(self.firewall.apply(&ops));
                     self.forget_unanswered(&ops, report);
                 }
+                self.counted = spec.counters;
             }
             Err(e) => report.record(
                 Op::new(
@@ -632,7 +650,26 @@ mod tests {
                 FirewallSpec::for_datapath(&state, &Config::default(), Datapath::Ebpf).chains(),
                 "the datapaths' chains differ"
             );
-            assert!(dp.policy_counters().is_none());
+            // Every packet of a selected source counts in its policy's
+            // counter object; the reconcile knows which object is whose.
+            let web = PolicyRef::namespaced("team-a", "web");
+            let name = nft::counter_name(&web);
+            assert_eq!(spec.counters.keys().collect::<Vec<_>>(), [&name]);
+            assert!(observed.counters.contains(&name));
+            assert!(spec.count.values().all(|c| *c == name));
+            dp.firewall.counted.insert(
+                name,
+                Counter {
+                    packets: 3,
+                    bytes: 180,
+                },
+            );
+            let counters = dp.policy_counters().unwrap();
+            assert_eq!(counters[&web].packets, 3);
+            assert_eq!(counters[&web].bytes, 180);
+            // Beside the eBPF program the table counts nothing.
+            let ebpf = FirewallSpec::for_datapath(&state, &Config::default(), Datapath::Ebpf);
+            assert!(ebpf.count.is_empty() && ebpf.counters.is_empty());
         });
     }
 

@@ -219,7 +219,7 @@ async fn agent(args: &AgentArgs, config: Config, running: &Running) -> anyhow::R
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = AgentMetrics::register(&mut registry);
     let _ = running.requests.set(metrics.api().clone());
-    let health = Arc::new(Health::new(registry));
+    let health = Arc::new(Health::new(registry).with_sink());
     health::serve(args.health_addr, Arc::clone(&health)).await?;
 
     let changed = Arc::new(Notify::new());
@@ -287,6 +287,7 @@ async fn agent(args: &AgentArgs, config: Config, running: &Running) -> anyhow::R
         status_tx,
         reported: None,
         reconciles: 0,
+        recovering: Vec::new(),
         datapath,
     };
     let mut retry = Backoff::default();
@@ -379,6 +380,9 @@ struct Agent {
     /// The tunnel status last queued, and when.
     reported: Option<(EgressTunnelStatus, Instant)>,
     reconciles: u64,
+    /// When the silent node of each failover carried out but not yet in
+    /// the kernel last answered (a failed reconcile keeps them).
+    recovering: Vec<Instant>,
     /// What classifies pod traffic here, and why.
     datapath: TunnelDatapath,
 }
@@ -410,6 +414,13 @@ impl Agent {
         let sight = self.liveness.sight();
         let outcome = self.memory.resolve(&planned, &sight).await;
         self.metrics.resolved(&outcome);
+        let now = Instant::now();
+        self.recovering.extend(
+            outcome
+                .recovering
+                .iter()
+                .filter_map(|d| now.checked_sub(*d)),
+        );
         let resolved = &outcome.resolved;
         let state = &resolved.state;
         let started = Instant::now();
@@ -418,6 +429,11 @@ impl Agent {
         let took = started.elapsed();
         log_report(&report, state, took);
         self.metrics.reconciled(&report, took, state.eips.len());
+        if report.is_ok() {
+            for since in self.recovering.drain(..) {
+                self.metrics.recovered(since.elapsed());
+            }
+        }
         self.metrics
             .probed(&self.liveness.answer_ages(), &sight.live);
         let ok = report.is_ok();
@@ -455,15 +471,14 @@ impl Agent {
         ok
     }
 
-    /// Packets and bytes the eBPF classifier sent through a gateway, per
-    /// policy (`namespace/name`, or the name of a cluster policy), read
-    /// at the end of a reconcile (`at`; one runs at least every 30 s);
-    /// `null` on the nftables datapath.
+    /// Packets and bytes sent through a gateway, per policy
+    /// (`namespace/name`, or the name of a cluster policy), from the eBPF
+    /// classifier's counters or the nftables table's, read at the end of a
+    /// reconcile (`at`; one runs at least every 30 s).
     fn policy_traffic(&self) -> serde_json::Value {
         let policies = match self.dataplane.policy_counters() {
-            None => return serde_json::Value::Null,
-            Some(Err(e)) => return serde_json::json!({ "error": e }),
-            Some(Ok(counters)) => counters
+            Err(e) => return serde_json::json!({ "error": e }),
+            Ok(counters) => counters
                 .into_iter()
                 .map(|(policy, c)| {
                     let counts = serde_json::json!({ "packets": c.packets, "bytes": c.bytes });
@@ -479,7 +494,7 @@ impl Agent {
     fn refresh_metrics(&self) {
         self.metrics
             .probed(&self.liveness.answer_ages(), &self.liveness.live());
-        let Some(Ok(counters)) = self.dataplane.policy_counters() else {
+        let Ok(counters) = self.dataplane.policy_counters() else {
             return;
         };
         let gateways = self

@@ -99,8 +99,7 @@ pub(crate) fn apply(args: &ApplyArgs) -> anyhow::Result<()> {
                 .facts
                 .insert("datapath".into(), format!("{} ({why})", dp.datapath()));
             match dp.policy_counters() {
-                None => {}
-                Some(Ok(counters)) => {
+                Ok(counters) => {
                     for (policy, c) in counters {
                         report.facts.insert(
                             format!("traffic of {policy}"),
@@ -108,7 +107,7 @@ pub(crate) fn apply(args: &ApplyArgs) -> anyhow::Result<()> {
                         );
                     }
                 }
-                Some(Err(e)) => report.warn(format!("cannot read the eBPF counters: {e}")),
+                Err(e) => report.warn(format!("cannot read the policies' counters: {e}")),
             }
             print(&report, args.output)?;
             match args.every {

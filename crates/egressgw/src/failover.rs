@@ -316,6 +316,12 @@ pub struct Outcome {
     /// which stopped answering (for another node, or for none): how long
     /// before the move that node had last answered.
     pub detected: Vec<Duration>,
+    /// For each failover this node carries out in this run (its traffic
+    /// moved from a silent node to a live one, an EIP taken over from a
+    /// silent node): how long ago the silent node last answered. The
+    /// failover has recovered once the reconcile of this run has put it in
+    /// the kernel.
+    pub recovering: Vec<Duration>,
     /// Each gateway this node sends selected traffic to, and whether it
     /// has a group with no live candidate.
     pub gateways: BTreeMap<String, bool>,
@@ -333,6 +339,7 @@ impl Memory {
             last_answers,
         } = sight;
         let mut taken = Vec::new();
+        let mut recovering = Vec::new();
         self.forget_in_use_held_by_peers(holders);
         let held: BTreeSet<IpAddr> = self.held.keys().copied().collect();
         let fresh: BTreeSet<IpAddr> = self
@@ -377,7 +384,14 @@ impl Memory {
                         format!("taken over from {old}, which stopped answering its peers through the tunnel ({silent})")
                     });
                     tracing::info!(egress_ip = %ip, from = ?before, "taking the EIP: this node is its first live candidate and no host on the segment answers for it");
-                    taken.push((*ip, takeover_reason(planned, *ip)));
+                    let reason = takeover_reason(planned, *ip);
+                    if reason == Takeover::Failover
+                        && let Some(ms) =
+                            before.and_then(|old| last_answers.get(old).copied().flatten())
+                    {
+                        recovering.push(silence(ms) + started.elapsed());
+                    }
+                    taken.push((*ip, reason));
                     self.held.insert(
                         *ip,
                         Held {
@@ -439,13 +453,17 @@ impl Memory {
             }
         }
         self.note_unreachable(planned, &resolved);
-        let detected = silent_targets_left(planned, &self.targets, &resolved.targets, live)
-            .into_iter()
-            .filter_map(|node| last_answers.get(node).copied().flatten())
-            .map(|ms| {
-                Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX)) + started.elapsed()
-            })
-            .collect();
+        let mut detected = Vec::new();
+        for (node, moved) in silent_targets_left(planned, &self.targets, &resolved.targets, live) {
+            let Some(ms) = last_answers.get(node).copied().flatten() else {
+                continue;
+            };
+            let silent_for = silence(ms) + started.elapsed();
+            detected.push(silent_for);
+            if moved {
+                recovering.push(silent_for);
+            }
+        }
         self.targets = resolved
             .targets
             .iter()
@@ -460,6 +478,7 @@ impl Memory {
             taken,
             released,
             detected,
+            recovering,
             gateways,
         }
     }
@@ -571,7 +590,7 @@ fn silent_targets_left<'a>(
     previous: &'a BTreeMap<String, String>,
     now: &BTreeMap<String, Option<String>>,
     live: &BTreeSet<String>,
-) -> Vec<&'a String> {
+) -> Vec<(&'a String, bool)> {
     let sourced = sourced(planned);
     planned
         .groups
@@ -579,11 +598,17 @@ fn silent_targets_left<'a>(
         .filter(|g| sourced.contains(&g.id))
         .filter_map(|g| {
             let before = previous.get(&g.key)?;
-            let stays = now.get(&g.key).is_some_and(|n| n.as_ref() == Some(before));
+            let after = now.get(&g.key).and_then(Option::as_ref);
+            let stays = after == Some(before);
             let silent = *before != planned.node && !live.contains(before);
-            (silent && !stays).then_some(before)
+            (silent && !stays).then_some((before, after.is_some()))
         })
         .collect()
+}
+
+/// A peer's silence as the probes report it (milliseconds).
+fn silence(ms: u128) -> Duration {
+    Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX))
 }
 
 /// Each gateway of a group this node sends selected traffic to, and
@@ -732,15 +757,17 @@ mod tests {
             ])
         };
         let live = BTreeSet::new();
-        // g1 went silent: gw/a moved here; gw/b is not this node's traffic.
+        let g1 = "g1".to_owned();
+        // g1 went silent: gw/a moved here (a failover to recover from);
+        // gw/b is not this node's traffic.
         assert_eq!(
             silent_targets_left(&planned, &previous, &to(Some("n1"), Some("n1")), &live),
-            ["g1"]
+            [(&g1, true)]
         );
-        // Or to no node at all: marked unreachable.
+        // Or to no node at all: marked unreachable, nothing to recover to.
         assert_eq!(
             silent_targets_left(&planned, &previous, &to(None, None), &live),
-            ["g1"]
+            [(&g1, false)]
         );
         // A move away from a node that still answers is no detection.
         let live = BTreeSet::from(["g1".to_owned()]);

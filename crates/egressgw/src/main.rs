@@ -102,7 +102,9 @@ enum Command {
     /// path to each peer) and the agent's /status on this node (readiness,
     /// the last reconcile, the datapath, which peers answer through the
     /// tunnel). With --pod and --dst, also which policy, EIP and gateway
-    /// node decide that Pod's traffic and whether the kernel agrees.
+    /// node decide that Pod's traffic and whether the kernel agrees; with
+    /// --throughput, how fast this node sends to its peers over the
+    /// underlay and through the tunnel.
     /// Changes nothing. Run it on the node or with
     /// `kubectl exec` in the agent's container; the exit status is non-zero
     /// when a check fails.

@@ -246,19 +246,19 @@ fn only_selected_traffic_takes_the_tunnel(config: &str) {
 /// The packets the eBPF classifier counted for the test's policy, as the
 /// next `apply` on `node` reports them; that apply changes nothing.
 fn ebpf_packets(gw: &Egressgw, ns: &Netns, node: &str) -> u64 {
-    ebpf_traffic(gw, ns, node).0
+    policy_traffic(gw, ns, node, "ebpf").0
 }
 
-/// The packets and bytes node `node`'s eBPF classifier counted for
-/// team-a/web, read by a one-shot apply (which must change nothing).
-fn ebpf_traffic(gw: &Egressgw, ns: &Netns, node: &str) -> (u64, u64) {
+/// The packets and bytes node `node`'s `datapath` counted for team-a/web,
+/// read by a one-shot apply (which must change nothing).
+fn policy_traffic(gw: &Egressgw, ns: &Netns, node: &str, datapath: &str) -> (u64, u64) {
     let report = gw.apply_ok(ns, node);
     assert!(report.applied.is_empty(), "{node}: {:?}", report.applied);
     let facts = &report.json["facts"];
     assert!(
         facts["datapath"]
             .as_str()
-            .is_some_and(|d| d.starts_with("ebpf")),
+            .is_some_and(|d| d.starts_with(datapath)),
         "{node}: {facts}"
     );
     // "N packets, M bytes"
@@ -322,26 +322,47 @@ fn with_the_ebpf_datapath_a_policys_counter_holds_what_iperf3_sent_and_its_heade
     {
         return;
     }
+    assert_the_counter_holds_what_iperf3_sent(EBPF_CONFIG, "ebpf");
+}
+
+#[test]
+fn with_the_nftables_datapath_a_policys_counter_holds_what_iperf3_sent_and_its_headers() {
+    if !have_root(
+        "with_the_nftables_datapath_a_policys_counter_holds_what_iperf3_sent_and_its_headers",
+    ) {
+        return;
+    }
+    assert_the_counter_holds_what_iperf3_sent(DEFAULT_CONFIG, "nftables");
+}
+
+/// On `datapath` (chosen by `config`), the test policy's counter on the
+/// source node rises by what a 2 s iperf3 upload of pod-a1 sent, and by no
+/// more than that with its headers.
+fn assert_the_counter_holds_what_iperf3_sent(config: &str, datapath: &str) {
     let topo = Topology::new(Masquerade::Nft);
     let _target = Server::start(&topo.target, Service::Whoami);
-    let gw = apply_both(&topo, &Policy::default(), EBPF_CONFIG);
+    let gw = apply_both(&topo, &Policy::default(), config);
     assert_seen_as(&topo.pod_a1, TARGET_IP, eip(&gw), "selected");
     let seconds = 2;
-    let (packets_before, bytes_before) = ebpf_traffic(&gw, &topo.node_a, "node-a");
+    let (packets_before, bytes_before) = policy_traffic(&gw, &topo.node_a, "node-a", datapath);
     let report = {
         let _server = iperf3_server(&topo.target);
         iperf3_report(iperf3_client(&topo.pod_a1, TARGET_IP, seconds), seconds)
             .unwrap_or_else(|e| panic!("iperf3 pod-a1 -> target: {e}"))
     };
-    let (packets_after, bytes_after) = ebpf_traffic(&gw, &topo.node_a, "node-a");
+    let (packets_after, bytes_after) = policy_traffic(&gw, &topo.node_a, "node-a", datapath);
     let (packets, counted) = (packets_after - packets_before, bytes_after - bytes_before);
     let end = &report["end"];
-    let sent = end["sum_sent"]["bytes"].as_u64().unwrap();
-    let received = end["sum_received"]["bytes"].as_u64().unwrap();
+    let sent = end["sum_sent"]["bytes"]
+        .as_u64()
+        .expect("iperf3 reports the bytes sent");
+    let received = end["sum_received"]["bytes"]
+        .as_u64()
+        .expect("iperf3 reports the bytes received");
     let retransmits = end["sum_sent"]["retransmits"].as_u64().unwrap_or(0);
-    // What the pod sent through the program: the test's payload (every byte
-    // the target received went by it), each packet's Ethernet, IP and TCP
-    // headers at most once per packet counted (a segmentation offload's
+    // What the pod sent through the classifier: the test's payload (every
+    // byte the target received went by it), each packet's Ethernet (eBPF
+    // only), IP and TCP headers at most once per packet counted (a segmentation offload's
     // packet carries one set for many segments), segments sent again, and
     // the control connection iperf3 opens beside the test's.
     const HEADERS: u64 = 14 + 60 + 60;
@@ -349,7 +370,7 @@ fn with_the_ebpf_datapath_a_policys_counter_holds_what_iperf3_sent_and_its_heade
     let most = sent + packets * HEADERS + retransmits * 1500 + CONTROL;
     eprintln!(
         "iperf3 sent {sent} bytes, the target received {received}, {retransmits} retransmits; \
-         the program counted {packets} packets, {counted} bytes (at most {most})"
+         {datapath} counted {packets} packets, {counted} bytes (at most {most})"
     );
     assert!(received > 0, "iperf3 moved no data");
     assert!(

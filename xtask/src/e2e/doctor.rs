@@ -126,6 +126,33 @@ pub fn doctor_passes_on_a_healthy_node_and_names_what_is_broken(
     let netns = node.netns.clone();
     let ip = |args: &[&str]| net::exec(&netns, "ip", args).map(drop);
 
+    // The kernel takes egressgw's whole table; on the eBPF datapath the
+    // program can run in the agent's container (the chart mounts the
+    // host's bpf filesystem there).
+    let (_, checks) = doctor_with(lab, NODE, &[])?;
+    let (v, features) = verdict(&checks, "features");
+    let ebpf = verdict(&checks, "datapath").1.starts_with("ebpf");
+    ensure!(
+        v == "pass"
+            && features.contains("egressgw's table passes the kernel's check")
+            && (!ebpf || features.contains("eBPF: can run")),
+        "doctor, features: {v} {features}"
+    );
+    println!("    features: {features}");
+
+    // How fast node-3 sends to its peers, over the underlay and through
+    // the tunnel (2 s each way, to the peers' agents).
+    let (_, checks) = doctor_with(lab, NODE, &["--throughput"])?;
+    let (v, measured) = verdict(&checks, "throughput");
+    ensure!(
+        (v == "pass" || v == "warn")
+            && measured.contains("Gbit/s")
+            && !measured.contains("failed")
+            && !measured.contains("cannot measure"),
+        "doctor --throughput: {v} {measured}"
+    );
+    println!("    throughput ({v}): {measured}");
+
     // One Pod's traffic, explained: the policy, its EIP and gateway node,
     // the kernel's classification, rule and route, the counters.
     let target = lab.state.topology.target.ip.to_string();
@@ -145,7 +172,13 @@ pub fn doctor_passes_on_a_healthy_node_and_names_what_is_broken(
     );
     println!("    team-a/web-3: {matched}\n    kernel: {kernel}");
     let (v, counted) = verdict(&checks, "counters");
-    ensure!(v == "pass" || v == "skip", "counters: {v} {counted}");
+    // Both datapaths count per policy (the metrics scenario checks the
+    // counts against iperf3).
+    ensure!(
+        v == "pass" && counted.contains("policy team-a/web"),
+        "counters: {v} {counted}"
+    );
+    println!("    counters: {counted}");
     let batch = ["--pod", "team-b/batch-3", "--dst", target.as_str()];
     let (ok, checks) = doctor_with(lab, NODE, &batch)?;
     let (v, matched) = verdict(&checks, "match");

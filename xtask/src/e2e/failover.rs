@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail, ensure};
 use serde_json::json;
 
+use super::metrics::{sample, scrape_agent};
 use super::objects::{app, policy};
 use super::run::{PolicyStatus, Run, SETTLE, eip_holders, eventually};
 use super::scenarios::{setup_gateway, setup_web_policy};
@@ -210,6 +211,27 @@ pub fn failover_after_links_down_is_back_within_a_second(run: &mut Run) -> anyho
             "{from} came back and the EIP left {to}: a recovered node must not take it back"
         );
     }
+    // web-3's node detected each failover and recovered from it: its
+    // traffic went to the new holder once the old one fell silent.
+    let text = scrape_agent(run.lab, "node-3")?;
+    let count = |histogram: &str| sample(&text, &format!("{histogram}_count")).unwrap_or(0.0);
+    let sum = |histogram: &str| sample(&text, &format!("{histogram}_sum")).unwrap_or(0.0);
+    let (detection, recovery) = (
+        "egressgw_failover_detection_seconds",
+        "egressgw_failover_recovery_seconds",
+    );
+    ensure!(
+        count(detection) >= TRIALS as f64 && count(recovery) >= TRIALS as f64,
+        "node-3 counted {} detections and {} recoveries in {TRIALS} failovers",
+        count(detection),
+        count(recovery)
+    );
+    run.note(format!(
+        "node-3's metrics: {} failovers detected after {:.2} s on average, recovered after {:.2} s",
+        count(detection),
+        sum(detection) / count(detection),
+        sum(recovery) / count(recovery)
+    ));
     times.sort_unstable();
     run.note(format!(
         "failover over {TRIALS} trials, probes every {} ms: p50 {:.2} s, p99 {:.2} s, max {:.2} s",

@@ -21,6 +21,10 @@ pub trait Firewall {
     /// Deletes the conntrack entries under `keys` that never saw an answer
     /// (see [`crate::conntrack`]); returns how many went.
     fn forget_unanswered(&mut self, keys: &[ElemKey]) -> std::io::Result<usize>;
+
+    /// The packets and bytes of each counter object, by name (none when
+    /// the table does not exist).
+    fn counters(&self) -> Result<BTreeMap<String, Counter>>;
 }
 
 /// The real backend: runs the `nft` binary in the caller's network
@@ -77,6 +81,27 @@ impl Nft {
         }
     }
 
+    /// Asks the kernel whether it takes `spec`'s whole table, creating
+    /// nothing: the table, under the name `egressgw_check`, goes to the
+    /// kernel in a check-only transaction (`nft -c`), which the kernel
+    /// validates expression by expression and then aborts.
+    pub fn check(&self, spec: &FirewallSpec) -> Result<()> {
+        let table = format!("{FAMILY} {TABLE}");
+        let script: String = spec
+            .render()
+            .lines()
+            .map(|line| {
+                let renamed = match line.strip_suffix(table.as_str()) {
+                    Some(head) => format!("{head}{table}_check"),
+                    None => line.replacen(&format!("{table} "), &format!("{table}_check "), 1),
+                };
+                renamed + "\n"
+            })
+            .collect();
+        self.run("check the table", &["-c", "-f", "-"], &script)
+            .map(drop)
+    }
+
     /// Runs one transaction.
     pub(super) fn transaction(&self, what: &str, ops: &[FwOp]) -> Result<()> {
         self.run(what, &["-f", "-"], &script(ops)).map(drop)
@@ -129,6 +154,16 @@ impl Firewall for Nft {
         report
     }
 
+    fn counters(&self) -> Result<BTreeMap<String, Counter>> {
+        let what = format!("list counters table {FAMILY} {TABLE}");
+        let args = ["-j", "list", "counters", "table", FAMILY, TABLE];
+        match self.run(&what, &args, "") {
+            Ok(json) => parse_counters(&json),
+            Err(e) if is_missing(&e) => Ok(BTreeMap::new()),
+            Err(e) => Err(e),
+        }
+    }
+
     fn remove(&mut self) -> Result<bool> {
         let what = format!("delete table {FAMILY} {TABLE}");
         match self.run(&what, &["delete", "table", FAMILY, TABLE], "") {
@@ -146,19 +181,13 @@ impl Firewall for Nft {
 /// prefix); all three become an [`IpRange`]. Elements egressgw cannot
 /// read (a source that is not one address) are skipped with a warning.
 pub fn parse_table(json: &str) -> Result<Observed> {
-    let bad = |message: String| Error::Nft {
-        what: format!("parse list table {FAMILY} {TABLE}"),
-        message,
-    };
-    let root: Value = serde_json::from_str(json).map_err(|e| bad(e.to_string()))?;
-    let items = root
-        .get("nftables")
-        .and_then(Value::as_array)
-        .ok_or_else(|| bad("no \"nftables\" array".into()))?;
+    let items = listing(json, "table")?;
     let mut obs = Observed::default();
     for item in items {
         if let Some(set) = item.get("set").or_else(|| item.get("map")) {
             parse_set(set, &mut obs);
+        } else if let Some(counter) = item.get("counter") {
+            obs.counters.insert(str_field(counter, "name"));
         } else if let Some(chain) = item.get("chain") {
             let name = str_field(chain, "name");
             let hook = chain.get("hook").map(|h| Hook {
@@ -180,6 +209,36 @@ pub fn parse_table(json: &str) -> Result<Observed> {
         }
     }
     Ok(obs)
+}
+
+/// Parses `nft -j list counters table inet egressgw`: each counter
+/// object's packets and bytes, by name.
+pub fn parse_counters(json: &str) -> Result<BTreeMap<String, Counter>> {
+    Ok(listing(json, "counters table")?
+        .iter()
+        .filter_map(|item| item.get("counter"))
+        .map(|c| {
+            let number = |key: &str| c.get(key).and_then(Value::as_u64).unwrap_or_default();
+            let counter = Counter {
+                packets: number("packets"),
+                bytes: number("bytes"),
+            };
+            (str_field(c, "name"), counter)
+        })
+        .collect())
+}
+
+/// The items of `nft -j list <what> inet egressgw`.
+fn listing(json: &str, what: &str) -> Result<Vec<Value>> {
+    let bad = |message: String| Error::Nft {
+        what: format!("parse list {what} {FAMILY} {TABLE}"),
+        message,
+    };
+    let mut root: Value = serde_json::from_str(json).map_err(|e| bad(e.to_string()))?;
+    match root.get_mut("nftables").map(Value::take) {
+        Some(Value::Array(items)) => Ok(items),
+        _ => Err(bad("no \"nftables\" array".into())),
+    }
 }
 
 pub(super) fn str_field(v: &Value, key: &str) -> String {
@@ -233,6 +292,11 @@ pub(super) fn parse_set(set: &Value, obs: &mut Observed) {
             }
             ("masq4" | "masq6", None) => {
                 obs.nat.insert(k, Nat::Masquerade);
+            }
+            ("count4" | "count6", Some(v)) => {
+                if let Some(counter) = v.as_str() {
+                    obs.count.insert(k, counter.to_owned());
+                }
             }
             _ => {}
         }

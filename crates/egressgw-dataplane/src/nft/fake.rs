@@ -17,6 +17,9 @@ pub struct FakeFirewall {
     pub transactions: usize,
     /// The keys whose unanswered connections were to be forgotten.
     pub forgotten: Vec<ElemKey>,
+    /// What the counter objects have counted, by name (an existing counter
+    /// missing here reads as zero).
+    pub counted: BTreeMap<String, Counter>,
 }
 
 impl FakeFirewall {
@@ -79,6 +82,28 @@ impl FakeFirewall {
                     ElemChange::Delete => t.nat.remove(k),
                 };
             }
+            FwOp::AddCounter(name) => {
+                exists(t.counters.contains(name), ElemChange::Add)?;
+                t.counters.insert(name.clone());
+            }
+            FwOp::DeleteCounter(name) => {
+                if t.count.values().any(|c| c == name) {
+                    return Err("Device or resource busy".into());
+                }
+                exists(t.counters.contains(name), ElemChange::Delete)?;
+                t.counters.remove(name);
+                self.counted.remove(name);
+            }
+            FwOp::Count(change, k, counter) => {
+                exists(t.count.contains_key(k), *change)?;
+                if *change == ElemChange::Add && !t.counters.contains(counter) {
+                    return Err("No such file or directory".into());
+                }
+                match change {
+                    ElemChange::Add => t.count.insert(*k, counter.clone()),
+                    ElemChange::Delete => t.count.remove(k),
+                };
+            }
         }
         Ok(())
     }
@@ -106,7 +131,22 @@ impl Firewall for FakeFirewall {
         report
     }
 
+    fn counters(&self) -> Result<BTreeMap<String, Counter>> {
+        let Some(table) = &self.table else {
+            return Ok(BTreeMap::new());
+        };
+        Ok(table
+            .counters
+            .iter()
+            .map(|name| {
+                let counted = self.counted.get(name).copied().unwrap_or_default();
+                (name.clone(), counted)
+            })
+            .collect())
+    }
+
     fn remove(&mut self) -> Result<bool> {
+        self.counted.clear();
         Ok(self.table.take().is_some())
     }
 }

@@ -15,9 +15,13 @@
 //! - `snat4`/`snat6` (`src . dst-range : eip`), `masq4`/`masq6` (`src .
 //!   dst-range`, for `useNodeIP`), `cluster4`/`cluster6` (in-cluster
 //!   prefixes: never classified, never SNATed).
+//! - `count4`/`count6` (`src . dst-range : counter`) and one named counter
+//!   object per policy (`policy_<fingerprint>`): every selected packet
+//!   counts in its policy's counter (on the nftables datapath; the eBPF
+//!   program counts itself).
 //! - `prerouting` (filter, mangle priority): saves the reply mark on
-//!   connections that come out of the tunnel, puts it on their replies, and
-//!   classifies original-direction traffic.
+//!   connections that come out of the tunnel, puts it on their replies,
+//!   counts and classifies original-direction traffic.
 //! - `postrouting_nat` (nat, priority 90 = srcnat - 10, before iptables'
 //!   srcnat): identity SNAT for packets entering the tunnel, so a CNI's later
 //!   MASQUERADE cannot rewrite the pod source (the first NAT binding of a
@@ -40,7 +44,8 @@ use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::process::{Command, Stdio};
 
-use egressgw_core::model::Config;
+use egressgw_common::Counter;
+use egressgw_core::model::{Config, PolicyRef};
 use egressgw_core::net::IpRange;
 use egressgw_core::state::{Action, NodeState, SnatTo};
 use ipnet::IpNet;

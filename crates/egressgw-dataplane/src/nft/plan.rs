@@ -17,6 +17,10 @@ pub struct Observed {
     pub classify: BTreeMap<ElemKey, Verdict>,
     /// `snat4` / `snat6` / `masq4` / `masq6` elements.
     pub nat: BTreeMap<ElemKey, Nat>,
+    /// `count4` / `count6` elements: the counter each names.
+    pub count: BTreeMap<ElemKey, String>,
+    /// Names of the counter objects.
+    pub counters: BTreeSet<String>,
 }
 
 /// A chain as read back: its hook and its rules' fingerprints (a rule
@@ -79,6 +83,14 @@ pub enum FwOp {
     Classify(ElemChange, ElemKey, Verdict),
     /// Add or delete a SNAT or masquerade element.
     Nat(ElemChange, ElemKey, Nat),
+    /// Add a policy's counter object.
+    AddCounter(String),
+    /// Delete a counter object no policy uses any more (after the elements
+    /// that name it).
+    DeleteCounter(String),
+    /// Add or delete a count element: which counter a source and
+    /// destination count in.
+    Count(ElemChange, ElemKey, String),
 }
 
 pub(super) fn family_suffix(ip: IpAddr) -> char {
@@ -93,6 +105,7 @@ impl FwOp {
             FwOp::Classify(_, k, _) => format!("classify{}", family_suffix(k.src)),
             FwOp::Nat(_, k, Nat::Snat(_)) => format!("snat{}", family_suffix(k.src)),
             FwOp::Nat(_, k, Nat::Masquerade) => format!("masq{}", family_suffix(k.src)),
+            FwOp::Count(_, k, _) => format!("count{}", family_suffix(k.src)),
             _ => return None,
         })
     }
@@ -103,7 +116,8 @@ impl FwOp {
             FwOp::Cluster(_, r) => r.to_string(),
             FwOp::Classify(ElemChange::Add, k, v) => format!("{k} : {v}"),
             FwOp::Nat(ElemChange::Add, k, Nat::Snat(to)) => format!("{k} : {to}"),
-            FwOp::Classify(_, k, _) | FwOp::Nat(_, k, _) => k.to_string(),
+            FwOp::Count(ElemChange::Add, k, counter) => format!("{k} : \"{counter}\""),
+            FwOp::Classify(_, k, _) | FwOp::Nat(_, k, _) | FwOp::Count(_, k, _) => k.to_string(),
             _ => return None,
         })
     }
@@ -135,7 +149,12 @@ impl FwOp {
             FwOp::DeleteChain(name) => format!(
                 "flush chain {FAMILY} {TABLE} {name}\ndelete chain {FAMILY} {TABLE} {name}\n"
             ),
-            FwOp::Cluster(change, _) | FwOp::Classify(change, ..) | FwOp::Nat(change, ..) => {
+            FwOp::AddCounter(name) => format!("add counter {FAMILY} {TABLE} {name}\n"),
+            FwOp::DeleteCounter(name) => format!("delete counter {FAMILY} {TABLE} {name}\n"),
+            FwOp::Cluster(change, _)
+            | FwOp::Classify(change, ..)
+            | FwOp::Nat(change, ..)
+            | FwOp::Count(change, ..) => {
                 format!(
                     "{change} element {FAMILY} {TABLE} {} {{ {} }}\n",
                     self.set_name().unwrap_or_default(),
@@ -161,7 +180,12 @@ impl fmt::Display for FwOp {
                 write!(f, "replace chain {} ({} rules)", c.name, c.rules.len())
             }
             FwOp::DeleteChain(name) => write!(f, "delete chain {name}"),
-            FwOp::Cluster(change, ..) | FwOp::Classify(change, ..) | FwOp::Nat(change, ..) => {
+            FwOp::AddCounter(name) => write!(f, "add counter {name}"),
+            FwOp::DeleteCounter(name) => write!(f, "delete counter {name}"),
+            FwOp::Cluster(change, ..)
+            | FwOp::Classify(change, ..)
+            | FwOp::Nat(change, ..)
+            | FwOp::Count(change, ..) => {
                 write!(
                     f,
                     "{change} element {} {{ {} }}",
@@ -180,11 +204,12 @@ impl Operation for FwOp {
             FwOp::AddSet(set) => (OpKind::Set, set.name.to_string()),
             FwOp::AddChain(c) | FwOp::ReplaceChain(c) => (OpKind::Chain, c.name.clone()),
             FwOp::DeleteChain(name) => (OpKind::Chain, name.clone()),
+            FwOp::AddCounter(name) | FwOp::DeleteCounter(name) => (OpKind::Counter, name.clone()),
             FwOp::Cluster(_, r) => (
                 OpKind::Element,
                 format!("{} {{ {r} }}", self.set_name().unwrap_or_default()),
             ),
-            FwOp::Classify(_, k, _) | FwOp::Nat(_, k, _) => (
+            FwOp::Classify(_, k, _) | FwOp::Nat(_, k, _) | FwOp::Count(_, k, _) => (
                 OpKind::Element,
                 format!("{} {{ {k} }}", self.set_name().unwrap_or_default()),
             ),
@@ -203,7 +228,9 @@ pub(super) fn script(ops: &[FwOp]) -> String {
 /// (interval sets reject an added element that overlaps one not yet
 /// deleted, even in the same transaction), then element additions, then
 /// chain deletions (a chain cannot go while elements jump to it). A changed
-/// element value is a deletion plus an addition. Equal states plan nothing.
+/// element value is a deletion plus an addition. Counter objects are added
+/// with the structure and deleted last (an element may name one until its
+/// deletion). Equal states plan nothing.
 pub fn plan(desired: &FirewallSpec, observed: Option<&Observed>) -> Vec<FwOp> {
     let chains = desired.chains();
     let empty = Observed::default();
@@ -234,6 +261,13 @@ pub fn plan(desired: &FirewallSpec, observed: Option<&Observed>) -> Vec<FwOp> {
             o
         }
     };
+    ops.extend(
+        desired
+            .counters
+            .keys()
+            .filter(|name| !observed.counters.contains(*name))
+            .map(|name| FwOp::AddCounter(name.clone())),
+    );
     let mut adds = Vec::new();
     let cluster_desired = desired.cluster.iter().map(|r| (*r, ())).collect();
     let cluster_observed = observed.cluster.iter().map(|r| (*r, ())).collect();
@@ -246,6 +280,9 @@ pub fn plan(desired: &FirewallSpec, observed: Option<&Observed>) -> Vec<FwOp> {
     for change in diff(&desired.nat, &observed.nat) {
         split(change, &mut ops, &mut adds, FwOp::Nat);
     }
+    for change in diff(&desired.count, &observed.count) {
+        split(change, &mut ops, &mut adds, FwOp::Count);
+    }
     ops.extend(adds);
     let wanted: BTreeSet<&str> = chains.iter().map(|c| c.name.as_str()).collect();
     ops.extend(
@@ -254,6 +291,13 @@ pub fn plan(desired: &FirewallSpec, observed: Option<&Observed>) -> Vec<FwOp> {
             .keys()
             .filter(|name| !wanted.contains(name.as_str()))
             .map(|name| FwOp::DeleteChain(name.clone())),
+    );
+    ops.extend(
+        observed
+            .counters
+            .iter()
+            .filter(|name| !desired.counters.contains_key(*name))
+            .map(|name| FwOp::DeleteCounter(name.clone())),
     );
     ops
 }

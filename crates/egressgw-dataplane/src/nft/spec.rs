@@ -186,7 +186,7 @@ pub struct SetDecl {
 }
 
 /// Every set and map of the table.
-pub const SETS: [SetDecl; 8] = [
+pub const SETS: [SetDecl; 10] = [
     SetDecl {
         kind: "map",
         name: "classify4",
@@ -227,7 +227,24 @@ pub const SETS: [SetDecl; 8] = [
         name: "cluster6",
         body: "type ipv6_addr; flags interval;",
     },
+    SetDecl {
+        kind: "map",
+        name: "count4",
+        body: "type ipv4_addr . ipv4_addr : counter; flags interval;",
+    },
+    SetDecl {
+        kind: "map",
+        name: "count6",
+        body: "type ipv6_addr . ipv6_addr : counter; flags interval;",
+    },
 ];
+
+/// The name of `policy`'s counter object: `policy_` and a fingerprint of
+/// `namespace/name` (object names are limited in length and characters;
+/// [`FirewallSpec::counters`] maps them back).
+pub fn counter_name(policy: &PolicyRef) -> String {
+    format!("policy_{}", fingerprint(&policy.to_string()))
+}
 
 impl SetDecl {
     pub(super) fn render(&self) -> String {
@@ -266,6 +283,12 @@ pub struct FirewallSpec {
     pub nat: BTreeMap<ElemKey, Nat>,
     /// The EIPs this node SNATs to: what tunnelled traffic may leave with.
     pub eips: BTreeSet<IpAddr>,
+    /// `count4` / `count6` elements: which policy's counter a selected
+    /// packet counts in (the table classifies; empty beside the eBPF
+    /// program, which counts itself).
+    pub count: BTreeMap<ElemKey, String>,
+    /// The counter objects, by name, with the policy each counts.
+    pub counters: BTreeMap<String, PolicyRef>,
 }
 
 /// A disjoint range as an element key and its value.
@@ -321,6 +344,36 @@ impl FirewallSpec {
         .into_iter()
         .map(|r| r.dst)
         .collect();
+        // Each selected source and destination counts in its policy's
+        // counter, with the same precedence as classification: a bypass is
+        // a hole here too.
+        let (count, counters) = if datapath == Datapath::Nftables {
+            let count: BTreeMap<ElemKey, String> = disjoint(state.classify.iter().map(|e| {
+                let counted = match e.action {
+                    Action::Bypass => None,
+                    Action::Tunnel { .. } | Action::Local | Action::Drop => {
+                        e.policy.as_ref().map(counter_name)
+                    }
+                };
+                (e.src, e.dst, counted)
+            }))
+            .into_iter()
+            .map(keyed)
+            .collect();
+            let used: BTreeSet<&String> = count.values().collect();
+            let counters = state
+                .classify
+                .iter()
+                .filter(|e| e.action != Action::Bypass)
+                .filter_map(|e| e.policy.as_ref())
+                .map(|p| (counter_name(p), p))
+                .filter(|(name, _)| used.contains(name))
+                .map(|(name, p)| (name, p.clone()))
+                .collect();
+            (count, counters)
+        } else {
+            (BTreeMap::new(), BTreeMap::new())
+        };
         let eips = state
             .snat
             .iter()
@@ -350,6 +403,8 @@ impl FirewallSpec {
             classify,
             nat,
             eips,
+            count,
+            counters,
         }
     }
 
@@ -440,6 +495,10 @@ impl FirewallSpec {
                 format!("ct state != new ct mark & {mask:#010x} == {reply:#010x} return"),
                 "ip daddr @cluster4 return".into(),
                 "ip6 daddr @cluster6 return".into(),
+                // Every selected packet, of a new connection or not, counts
+                // in its policy's counter (a bypass has no element).
+                "counter name ip saddr . ip daddr map @count4".into(),
+                "counter name ip6 saddr . ip6 daddr map @count6".into(),
                 "ip saddr . ip daddr vmap @classify4".into(),
                 "ip6 saddr . ip6 daddr vmap @classify6".into(),
             ],

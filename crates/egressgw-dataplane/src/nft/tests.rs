@@ -118,6 +118,8 @@ add set inet egressgw masq4 { type ipv4_addr . ipv4_addr; flags interval; }
 add set inet egressgw masq6 { type ipv6_addr . ipv6_addr; flags interval; }
 add set inet egressgw cluster4 { type ipv4_addr; flags interval; }
 add set inet egressgw cluster6 { type ipv6_addr; flags interval; }
+add map inet egressgw count4 { type ipv4_addr . ipv4_addr : counter; flags interval; }
+add map inet egressgw count6 { type ipv6_addr . ipv6_addr : counter; flags interval; }
 add chain inet egressgw mark_01000000
 add rule inet egressgw mark_01000000 meta mark set meta mark & 0x00ffffff | 0x01000000 comment "6f6c06158d7f4b4e"
 add rule inet egressgw mark_01000000 ct mark set ct mark & 0x00ffffff | 0x01000000 comment "aca70d19992d4876"
@@ -149,6 +151,8 @@ add rule inet egressgw prerouting ct state != new ct mark & 0xff000000 == 0 retu
 add rule inet egressgw prerouting ct state != new ct mark & 0xff000000 == 0xff000000 return comment "8d06e14406291b4f"
 add rule inet egressgw prerouting ip daddr @cluster4 return comment "4547dd9262c4ecad"
 add rule inet egressgw prerouting ip6 daddr @cluster6 return comment "99893f885d8ae25d"
+add rule inet egressgw prerouting counter name ip saddr . ip daddr map @count4 comment "5d2c76043023d9d8"
+add rule inet egressgw prerouting counter name ip6 saddr . ip6 daddr map @count6 comment "dc25b67d7c779330"
 add rule inet egressgw prerouting ip saddr . ip daddr vmap @classify4 comment "7e5e38da85c648ac"
 add rule inet egressgw prerouting ip6 saddr . ip6 daddr vmap @classify6 comment "e827b1ba3d30ff44"
 add chain inet egressgw postrouting_nat { type nat hook postrouting priority 90; policy accept; }
@@ -160,10 +164,13 @@ add chain inet egressgw postrouting_mark { type filter hook postrouting priority
 add rule inet egressgw postrouting_mark oifname "egress.vxlan" meta mark set meta mark & 0x00ffffff comment "a5a5f4c5e6650e08"
 add rule inet egressgw postrouting_mark iifname "egress.vxlan" oifname != "egress.vxlan" jump gateway_guard comment "689bf374f71a3445"
 add rule inet egressgw postrouting_mark meta mark & 0xff000000 == 0xfe000000 oifname != "egress.vxlan" jump gateway_guard comment "0b5ca3bb4a430a9f"
+add counter inet egressgw policy_e620b1190468b0cb
 add element inet egressgw cluster4 { 10.244.0.0/16 }
 add element inet egressgw classify4 { 10.244.1.2 . 0.0.0.0-203.0.113.191 : jump mark_01000000 }
 add element inet egressgw classify4 { 10.244.1.2 . 203.0.114.0-255.255.255.255 : jump mark_01000000 }
 add element inet egressgw snat4 { 10.244.2.5 . 198.51.100.0/24 : 192.0.2.10 }
+add element inet egressgw count4 { 10.244.1.2 . 0.0.0.0-203.0.113.191 : "policy_e620b1190468b0cb" }
+add element inet egressgw count4 { 10.244.1.2 . 203.0.114.0-255.255.255.255 : "policy_e620b1190468b0cb" }
 "#
     );
 }
@@ -173,11 +180,12 @@ fn an_absent_table_is_created_then_filled() {
     let ops = plan(&spec(), None);
     assert_eq!(
         ops[0].to_string(),
-        "add table inet egressgw (8 sets, 9 chains)"
+        "add table inet egressgw (10 sets, 9 chains)"
     );
     assert_eq!(
         shown(&ops[1..]),
         [
+            "add counter policy_e620b1190468b0cb",
             "add element cluster4 { 10.96.0.0/12 }",
             "add element cluster4 { 10.244.0.0/16 }",
             "add element cluster6 { fd00:10::/48 }",
@@ -191,6 +199,10 @@ fn an_absent_table_is_created_then_filled() {
             "add element masq4 { 10.244.2.5 . 198.51.100.0/24 }",
             "add element snat4 { 10.244.2.5 . 198.51.101.0-255.255.255.255 : 192.0.2.10 }",
             "add element snat6 { fd00:10::5 . 2001:db8::/32 : 2001:db8:ff::10 }",
+            "add element count4 { 10.244.1.2 . 0.0.0.0-203.0.113.191 : \"policy_e620b1190468b0cb\" }",
+            "add element count4 { 10.244.1.2 . 203.0.114.0-255.255.255.255 : \"policy_e620b1190468b0cb\" }",
+            "add element count6 { fd00:10::2 . ::-2001:db7:ffff:ffff:ffff:ffff:ffff:ffff : \"policy_e620b1190468b0cb\" }",
+            "add element count6 { fd00:10::2 . 2001:db9::-ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff : \"policy_e620b1190468b0cb\" }",
         ]
     );
 }
@@ -229,6 +241,50 @@ fn a_changed_element_value_is_deleted_then_added() {
         ),
         []
     );
+}
+
+#[test]
+fn a_policy_taking_over_a_source_gets_a_counter_first_and_the_unused_one_goes_last() {
+    let mut fw = applied(&spec());
+    let (p, q) = (
+        PolicyRef::namespaced("a", "p"),
+        PolicyRef::namespaced("a", "q"),
+    );
+    let mut state = state();
+    for entry in &mut state.classify {
+        entry.policy = Some(q.clone());
+    }
+    let desired = FirewallSpec::new(&state, &Config::default());
+    let ops = plan(&desired, fw.observe().unwrap().as_ref());
+    let shown = shown(&ops);
+    assert_eq!(
+        shown.first(),
+        Some(&format!("add counter {}", counter_name(&q)))
+    );
+    assert_eq!(
+        shown.last(),
+        Some(&format!("delete counter {}", counter_name(&p)))
+    );
+    // Only the count elements change: classification stays as it was.
+    assert!(
+        ops[1..ops.len() - 1]
+            .iter()
+            .all(|op| matches!(op, FwOp::Count(..))),
+        "{shown:?}"
+    );
+    assert!(fw.apply(&ops).is_ok());
+    assert_eq!(plan(&desired, fw.observe().unwrap().as_ref()), []);
+    // A bypass counts in no counter, and a source selected by nothing has
+    // none.
+    assert!(
+        !desired
+            .count
+            .keys()
+            .any(|k| k.dst.contains(ip("203.0.113.200")))
+    );
+    state.classify.clear();
+    let nothing = FirewallSpec::new(&state, &Config::default());
+    assert!(nothing.count.is_empty() && nothing.counters.is_empty());
 }
 
 #[test]
@@ -271,7 +327,7 @@ fn a_renamed_tunnel_device_replaces_only_the_chains_that_name_it() {
     assert_eq!(
         shown(&ops),
         [
-            "replace chain prerouting (10 rules)",
+            "replace chain prerouting (12 rules)",
             "replace chain postrouting_nat (4 rules)",
             "replace chain postrouting_mark (3 rules)",
         ]
@@ -380,6 +436,11 @@ fn assert_holds(nft: &mut Nft, spec: &FirewallSpec) {
     assert_eq!(obs.classify, spec.classify);
     assert_eq!(obs.nat, spec.nat);
     assert_eq!(obs.cluster, spec.cluster);
+    assert_eq!(obs.count, spec.count);
+    assert_eq!(
+        obs.counters,
+        spec.counters.keys().cloned().collect::<BTreeSet<_>>()
+    );
     let chains: BTreeMap<String, ChainState> = spec
         .chains()
         .iter()
@@ -401,6 +462,39 @@ fn an_applied_table_reads_back_as_desired_and_plans_nothing() {
         assert!(report.is_ok(), "{report:?}");
         assert!(report.warnings.is_empty(), "{report:?}");
         assert_holds(&mut nft, &spec());
+    });
+}
+
+#[test]
+fn the_kernel_checks_the_whole_table_and_keeps_nothing() {
+    if !root_or_skip("the_kernel_checks_the_whole_table_and_keeps_nothing") {
+        return;
+    }
+    in_new_netns(|| {
+        let nft = Nft::new();
+        assert_eq!(nft.check(&spec()).map_err(|e| e.to_string()), Ok(()));
+        assert_eq!(sh("nft list tables").trim(), "");
+        // Beside egressgw's own table, which it leaves alone.
+        let mut real = Nft::new();
+        assert!(real.apply(&plan(&spec(), None)).is_ok());
+        assert_eq!(nft.check(&spec()).map_err(|e| e.to_string()), Ok(()));
+        assert_eq!(sh("nft list tables").trim(), "table inet egressgw");
+        // What the kernel refuses is an error: an element overlapping
+        // another of the same map, in the table checked.
+        let mut overlapping = spec();
+        let (key, verdict) = overlapping
+            .classify
+            .iter()
+            .next()
+            .map(|(k, v)| (*k, v.clone()))
+            .unwrap();
+        let wider = ElemKey {
+            src: key.src,
+            dst: IpRange::of_net(net("0.0.0.0/1")),
+        };
+        overlapping.classify.insert(wider, verdict);
+        let refused = nft.check(&overlapping).unwrap_err().to_string();
+        assert!(refused.contains("exists"), "{refused}");
     });
 }
 
@@ -445,6 +539,11 @@ fn a_changed_spec_lands_in_one_transaction_and_reads_back_as_desired() {
         state.classify[1].dst = net("203.0.112.0/23");
         state.classify[2].action = tunnel(0x0300_0000);
         state.classify.retain(|e| !e.src.is_ipv6());
+        // Another policy takes over the source: its counter comes, the old
+        // one goes once no element names it.
+        let q = Some(PolicyRef::namespaced("a", "q"));
+        state.classify[0].policy.clone_from(&q);
+        state.classify[2].policy = q;
         state.snat[0].to = SnatTo::Eip(ip("192.0.2.11"));
         state.snat[1].to = SnatTo::Eip(ip("192.0.2.12"));
         state.cluster_cidrs.push(net("10.245.0.0/16"));
@@ -456,6 +555,13 @@ fn a_changed_spec_lands_in_one_transaction_and_reads_back_as_desired() {
         assert!(report.is_ok(), "{report:?}");
         assert!(report.warnings.is_empty(), "{report:?}");
         assert_holds(&mut nft, &desired);
+        let counters: Vec<_> = nft.counters().unwrap().into_keys().collect();
+        assert_eq!(
+            counters,
+            [counter_name(&PolicyRef::namespaced("a", "q"))],
+            "{:?}",
+            shown(&ops)
+        );
         let listing = sh("nft list chain inet egressgw postrouting_mark");
         assert!(listing.contains("oifname \"egw0\""), "{listing}");
     });

@@ -4,7 +4,10 @@
 //! `/readyz` 200 while the daemon says it is ready, 503 with the reason
 //! otherwise; `/status` the daemon's last report as JSON; `/metrics` its
 //! metrics in the OpenMetrics text format, which Prometheus scrapes
-//! (docs/operations.md lists them).
+//! (docs/operations.md lists them). An agent also takes `POST /sink`: it
+//! reads the body and says how many bytes came in how long, which is how
+//! `egressgw doctor --throughput` on another node measures the way here
+//! (one at a time, at most [`SINK_LIMIT`]).
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -21,12 +24,17 @@ use prometheus_client::registry::Registry;
 /// The content type of `/metrics`.
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
+/// How long one `POST /sink` may last.
+pub const SINK_LIMIT: Duration = Duration::from_secs(10);
+
 /// What the endpoint reports; shared with the daemon.
 #[derive(Debug)]
 pub struct Health {
     state: Mutex<Said>,
     /// The daemon's metrics, registered before the endpoint starts.
     registry: Registry,
+    /// Taken by the one `POST /sink` running; `None`: no sink here.
+    sink: Option<tokio::sync::Semaphore>,
 }
 
 #[derive(Debug)]
@@ -54,7 +62,14 @@ impl Health {
                 beat: None,
             }),
             registry,
+            sink: None,
         }
+    }
+
+    /// Also takes `POST /sink` (an agent).
+    pub fn with_sink(mut self) -> Self {
+        self.sink = Some(tokio::sync::Semaphore::new(1));
+        self
     }
 
     fn said(&self) -> std::sync::MutexGuard<'_, Said> {
@@ -127,6 +142,7 @@ fn router(health: Arc<Health>) -> Router {
         .route("/readyz", get(ready))
         .route("/status", get(status))
         .route("/metrics", get(metrics))
+        .route("/sink", axum::routing::post(sink))
         .with_state(health)
 }
 
@@ -148,6 +164,32 @@ async fn ready(State(health): State<Arc<Health>>) -> (StatusCode, String) {
             format!("not ready: {why}\n"),
         ),
     }
+}
+
+/// Reads the body for at most [`SINK_LIMIT`] and answers
+/// `{"bytes": N, "seconds": S}`: what arrived, from the first byte to the
+/// last.
+async fn sink(State(health): State<Arc<Health>>, body: axum::body::Body) -> Response {
+    use futures_util::StreamExt as _;
+    let Some(one) = &health.sink else {
+        return (StatusCode::NOT_FOUND, "no sink here\n").into_response();
+    };
+    let Ok(_running) = one.try_acquire() else {
+        return (StatusCode::TOO_MANY_REQUESTS, "a measurement is running\n").into_response();
+    };
+    let mut data = body.into_data_stream();
+    let mut bytes: u64 = 0;
+    let mut first: Option<Instant> = None;
+    let mut last = Instant::now();
+    let deadline = tokio::time::Instant::now() + SINK_LIMIT;
+    while let Ok(Some(Ok(chunk))) = tokio::time::timeout_at(deadline, data.next()).await {
+        last = Instant::now();
+        first.get_or_insert(last);
+        bytes += chunk.len() as u64;
+    }
+    let seconds = first.map_or(0.0, |f| (last - f).as_secs_f64());
+    let body = serde_json::json!({ "bytes": bytes, "seconds": seconds }).to_string();
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
 async fn status(State(health): State<Arc<Health>>) -> Response {

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use egressgw_core::model::PolicyRef;
 use egressgw_core::status::{ClusterStatus, Condition, ConditionType};
-use egressgw_dataplane::ops::Report;
+use egressgw_dataplane::ops::{OpKind, Report};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
@@ -29,6 +29,12 @@ type Label = [(&'static str, &'static str); 1];
 /// A label set of two labels.
 type Labels2 = [(&'static str, &'static str); 2];
 
+/// Buckets of the failover times: about the default detection time
+/// (300 ms) finely, up to probe settings a hundred times slower.
+const FAILOVER_BUCKETS: [f64; 14] = [
+    0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0,
+];
+
 /// An agent's metrics.
 #[derive(Debug, Clone)]
 pub struct AgentMetrics {
@@ -43,6 +49,7 @@ pub struct AgentMetrics {
     takeovers: Family<Label, Counter>,
     releases: Family<Label, Counter>,
     detection_seconds: Histogram,
+    recovery_seconds: Histogram,
     gateway_unreachable: Family<[(&'static str, String); 1], Gauge>,
     api: ApiRequests,
 }
@@ -75,11 +82,8 @@ impl AgentMetrics {
             traffic: Arc::default(),
             takeovers: Family::default(),
             releases: Family::default(),
-            // About the default detection time (300 ms) finely, up to
-            // probe settings a hundred times slower.
-            detection_seconds: Histogram::new([
-                0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0,
-            ]),
+            detection_seconds: Histogram::new(FAILOVER_BUCKETS),
+            recovery_seconds: Histogram::new(FAILOVER_BUCKETS),
             gateway_unreachable: Family::default(),
             api: ApiRequests::register(registry),
         };
@@ -95,6 +99,22 @@ impl AgentMetrics {
                 .releases
                 .get_or_create(&[("reason", reason.as_str())])
                 .inc_by(0);
+        }
+        // So are reconciles and their operations: a restarted agent's
+        // rates start from its first scrape, not from its first change.
+        for result in ["ok", "failed"] {
+            metrics
+                .reconciles
+                .get_or_create(&[("result", result)])
+                .inc_by(0);
+        }
+        for kind in OpKind::ALL {
+            for result in ["applied", "failed"] {
+                metrics
+                    .ops
+                    .get_or_create(&[("kind", kind.as_str()), ("result", result)])
+                    .inc_by(0);
+            }
         }
         registry.register(
             "egressgw_reconcile_duration_seconds",
@@ -157,6 +177,14 @@ impl AgentMetrics {
             metrics.detection_seconds.clone(),
         );
         registry.register(
+            "egressgw_failover_recovery_seconds",
+            "For each failover this node carried out (its selected traffic sent from a node \
+             that stopped answering to a live one, an EIP taken over from such a node): time \
+             from that node's last answer to the end of the reconcile that put the new path \
+             in the kernel.",
+            metrics.recovery_seconds.clone(),
+        );
+        registry.register(
             "egressgw_gateway_unreachable",
             "1 while an EgressGateway this node sends selected traffic to has an EIP (or \
              useNodeIP policy) with no candidate node answering through the tunnel, 0 \
@@ -170,6 +198,12 @@ impl AgentMetrics {
     /// Counts the agent's requests to the API server.
     pub fn api(&self) -> &ApiRequests {
         &self.api
+    }
+
+    /// A failover this node carried out is in the kernel, `took` after the
+    /// silent node's last answer.
+    pub fn recovered(&self, took: Duration) {
+        self.recovery_seconds.observe(took.as_secs_f64());
     }
 
     /// Records what a resolve decided: EIPs taken and given up, failovers
@@ -664,6 +698,7 @@ mod tests {
             "egressgw_reconcile_operations_total{kind=\"route\",result=\"failed\"} 1",
             "egressgw_reconcile_duration_seconds_count 2",
             "egressgw_eips_held 1",
+            "egressgw_reconcile_operations_total{kind=\"fdb\",result=\"failed\"} 0",
             "egressgw_policy_packets_total{namespace=\"team-a\",policy=\"web\",gateway=\"egw\"} 12",
             "egressgw_policy_bytes_total{namespace=\"team-a\",policy=\"web\",gateway=\"egw\"} 1180",
             "egressgw_policy_bytes_total{namespace=\"\",policy=\"batch-to-partner\",gateway=\"partner\"} 200",
@@ -710,6 +745,7 @@ mod tests {
             },
             taken,
             released,
+            recovering: detected.clone(),
             detected,
             gateways: gateways
                 .iter()
@@ -729,6 +765,7 @@ mod tests {
             vec![Duration::from_millis(340)],
             &[("egw", true), ("partner", false)],
         ));
+        metrics.recovered(Duration::from_millis(1200));
         let out = text(&registry);
         for line in [
             "egressgw_eip_takeovers_total{reason=\"failover\"} 1",
@@ -738,6 +775,9 @@ mod tests {
             "egressgw_failover_detection_seconds_count 1",
             "egressgw_failover_detection_seconds_bucket{le=\"0.3\"} 0",
             "egressgw_failover_detection_seconds_bucket{le=\"0.4\"} 1",
+            "egressgw_failover_recovery_seconds_count 1",
+            "egressgw_failover_recovery_seconds_bucket{le=\"1.0\"} 0",
+            "egressgw_failover_recovery_seconds_bucket{le=\"1.5\"} 1",
             "egressgw_gateway_unreachable{gateway=\"egw\"} 1",
             "egressgw_gateway_unreachable{gateway=\"partner\"} 0",
         ] {

@@ -6,7 +6,9 @@
 //! datapath, the peers' probes), and changes nothing. With `--pod`/`--dst` it also explains one Pod's
 //! traffic ([`pod`]). docs/operations.md lists the checks.
 
+pub mod features;
 pub mod pod;
+pub mod throughput;
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
@@ -52,6 +54,11 @@ pub struct DoctorArgs {
     /// account (or `~/.kube/config`).
     #[arg(long, value_name = "FILE", env = "KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
+    /// Also measure how fast this node sends to up to three peers over the
+    /// underlay and through the tunnel (2 s each way, to the peer agent's
+    /// health port) and compare the two.
+    #[arg(long)]
+    throughput: bool,
     /// Output format: text for people, json for tools.
     #[arg(short, long, value_enum, default_value_t = ReportOutput::Text)]
     output: ReportOutput,
@@ -180,6 +187,8 @@ pub struct Facts {
     pub other_rules: Result<Vec<OtherRule>, String>,
     /// What Don't-Fragment probes to each peer found.
     pub paths: Vec<PathSeen>,
+    /// What the kernel and this build offer (`None`: not asked).
+    pub features: Option<features::Features>,
 }
 
 /// Whether a peer answers small and full-size packets sent whole: over
@@ -204,6 +213,11 @@ pub(crate) fn run(args: &DoctorArgs) -> anyhow::Result<()> {
     let checks = runtime.block_on(async {
         let facts = gather(args).await?;
         let mut all = checks(&facts);
+        if args.throughput {
+            let peers: Vec<_> = facts.paths.iter().map(|p| (p.tunnel, p.underlay)).collect();
+            let measured = throughput::measure(&peers, args.agent.port()).await;
+            all.push(throughput::check(&measured));
+        }
         if let (Some(pod), Some(dst)) = (&args.pod, args.dst) {
             let seen = gather_pod(args, &facts, pod, dst).await?;
             all.extend(pod::checks(&seen, &facts.agent));
@@ -290,6 +304,10 @@ async fn gather(args: &DoctorArgs) -> anyhow::Result<Facts> {
         Some(p) => Some(offloads(p.name.clone()).await),
         None => None,
     };
+    let pins = args.kernel.bpf_pins.clone();
+    let features = tokio::task::spawn_blocking(move || features::gather(&pins))
+        .await
+        .ok();
     let sysctl = |path: &str| read_sysctl(&args.kernel.sysctl_net, path);
     Ok(Facts {
         rp_filter: (
@@ -309,6 +327,7 @@ async fn gather(args: &DoctorArgs) -> anyhow::Result<Facts> {
         tunnel_offloads,
         parent_offloads,
         paths,
+        features,
     })
 }
 
@@ -494,6 +513,20 @@ async fn ask_agent(addr: SocketAddr) -> Result<AgentView, String> {
 
 /// `GET path` over HTTP/1.1: the status code and the body.
 async fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
+    let request = hyper::Request::get(path)
+        .header(hyper::header::HOST, addr.to_string())
+        .body(http_body_util::Empty::<hyper::body::Bytes>::new())
+        .map_err(|e| e.to_string())?;
+    send(addr, request).await
+}
+
+/// Sends `request` to `addr` over HTTP/1.1: the status code and the body.
+async fn send<B>(addr: SocketAddr, request: hyper::Request<B>) -> Result<(u16, String), String>
+where
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     use http_body_util::BodyExt as _;
     let stream = tokio::net::TcpStream::connect(addr)
         .await
@@ -503,10 +536,6 @@ async fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String), String>
             .await
             .map_err(|e| e.to_string())?;
     tokio::spawn(conn);
-    let request = hyper::Request::get(path)
-        .header(hyper::header::HOST, addr.to_string())
-        .body(http_body_util::Empty::<hyper::body::Bytes>::new())
-        .map_err(|e| e.to_string())?;
     let response = sender
         .send_request(request)
         .await
@@ -526,6 +555,7 @@ pub fn checks(f: &Facts) -> Vec<Check> {
     vec![
         agent(f),
         datapath(f),
+        features(f),
         reconcile(f),
         tunnel(f),
         offload(f),
@@ -638,6 +668,20 @@ fn datapath(f: &Facts) -> Check {
             "the agent reports no datapath yet",
         ),
     }
+}
+
+fn features(f: &Facts) -> Check {
+    let Some(found) = &f.features else {
+        return Check::new("features", Verdict::Skip, "the kernel was not asked");
+    };
+    let datapath = f.agent.as_ref().ok().and_then(|view| {
+        let d = &view.status["datapath"];
+        Some((
+            d["name"].as_str()?,
+            d["reason"].as_str().unwrap_or_default(),
+        ))
+    });
+    features::check(found, datapath)
 }
 
 fn reconcile(f: &Facts) -> Check {
@@ -1062,6 +1106,13 @@ mod tests {
                 over_underlay: Ok((true, true)),
                 through_tunnel: Ok((true, true)),
             }],
+            features: Some(features::Features {
+                release: "6.18.44".into(),
+                nftables: Ok(()),
+                program: true,
+                bpffs: Ok(()),
+                tcx: true,
+            }),
         }
     }
 
@@ -1079,7 +1130,7 @@ mod tests {
             .collect();
         assert!(not_passed.is_empty(), "{not_passed:#?}");
         assert!(
-            render(&checks).ends_with("11 check(s): 11 passed, 0 warned, 0 failed, 0 skipped\n")
+            render(&checks).ends_with("12 check(s): 12 passed, 0 warned, 0 failed, 0 skipped\n")
         );
     }
 
@@ -1090,6 +1141,15 @@ mod tests {
     #[test]
     fn each_broken_thing_is_named_by_its_check() {
         let cases: Vec<Case> = vec![
+            (
+                "features",
+                Verdict::Fail,
+                "the kernel refuses egressgw's nftables table: Error: Could not process rule",
+                |f| {
+                    f.features.as_mut().unwrap().nftables =
+                        Err("Error: Could not process rule: No such file or directory".into());
+                },
+            ),
             (
                 "agent",
                 Verdict::Fail,

@@ -331,11 +331,11 @@ fn counters(policy: Option<&PolicyRef>, agent: &Result<AgentView, String>) -> Ch
         return Check::new("counters", Verdict::Skip, "the agent did not answer");
     };
     let traffic = &view.status["traffic"];
-    if traffic.is_null() {
+    if let Some(e) = traffic["error"].as_str() {
         return Check::new(
             "counters",
-            Verdict::Skip,
-            "the nftables datapath keeps no per-policy counters",
+            Verdict::Warn,
+            format!("the agent cannot read the policies' counters: {e}"),
         );
     }
     let c = &traffic["policies"][policy.to_string()];
