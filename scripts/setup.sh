@@ -48,6 +48,11 @@ EBPF_TOOLCHAIN=nightly
 EBPF_LLVM_MAJOR=22
 BPF_LINKER_VERSION=0.13.0
 
+# The fuzz targets (fuzz/, run by scripts/fuzz.sh) build with the same
+# nightly, cargo-fuzz and libFuzzer, whose C++ sources need g++.
+CARGO_FUZZ_VERSION=0.13.2
+FUZZ_APT_PACKAGES=(g++)
+
 SCRIPT_NAME=setup
 # shellcheck source=scripts/lib.sh
 source "$ROOT/scripts/lib.sh"
@@ -69,8 +74,8 @@ step_apt() {
         detail "not a Debian-like system: skipped (needs ${APT_PACKAGES[*]} ${TEST_APT_PACKAGES[*]} or equivalents)"
         return 0
     fi
-    need_apt_packages "${APT_PACKAGES[@]}" "${TEST_APT_PACKAGES[@]}"
-    detail "ok: ${APT_PACKAGES[*]} ${TEST_APT_PACKAGES[*]}"
+    need_apt_packages "${APT_PACKAGES[@]}" "${TEST_APT_PACKAGES[@]}" "${FUZZ_APT_PACKAGES[@]}"
+    detail "ok: ${APT_PACKAGES[*]} ${TEST_APT_PACKAGES[*]} ${FUZZ_APT_PACKAGES[*]}"
 }
 
 rustup_target() {
@@ -179,12 +184,27 @@ step_ebpf_toolchain() {
     detail "ok: bpf-linker $BPF_LINKER_VERSION"
 }
 
+step_cargo_fuzz() {
+    log "cargo-fuzz $CARGO_FUZZ_VERSION"
+    local key="cargo-fuzz $CARGO_FUZZ_VERSION"
+    if marker_ok cargo-fuzz "$key" && [[ -x "$CARGO_BIN/cargo-fuzz" ]]; then
+        detail "ok: cargo-fuzz $CARGO_FUZZ_VERSION"
+        return 0
+    fi
+    detail "building cargo-fuzz $CARGO_FUZZ_VERSION (about a minute)"
+    quietly "cargo install cargo-fuzz" \
+        cargo install cargo-fuzz --version "$CARGO_FUZZ_VERSION" --locked
+    marker_set cargo-fuzz "$key"
+    detail "ok: cargo-fuzz $CARGO_FUZZ_VERSION"
+}
+
 main() {
     mkdir -p "$CACHE_DIR"
     start_log
     step_apt
     step_rust
     step_ebpf_toolchain
+    step_cargo_fuzz
     if ! (PATH="$ORIGINAL_PATH" && command -v cargo >/dev/null); then
         detail "note: add $CARGO_BIN to your PATH (the other scripts do this themselves)"
     fi

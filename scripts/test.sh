@@ -61,6 +61,8 @@ run_tests() {
 }
 
 step "tests" run_tests
+# Every parser of outside input, fuzzed for a bounded time (docs/fuzzing.md).
+step "fuzz" env EGRESSGW_SKIP_SETUP=1 bash scripts/fuzz.sh
 # The end-to-end tests run on the lab (docs/e2e.md): what it needs first
 # (packages, the control plane built into the cache), then the binaries the
 # lab runs, then the scenarios; their results count with the others.

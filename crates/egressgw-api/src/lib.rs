@@ -10,9 +10,13 @@
 //! - [`load`]: objects from a multi-document YAML file, with the
 //!   apiserver's strict check for unknown fields.
 //! - [`crd`]: the CRDs as objects and as the YAML files in `deploy/crds/`.
+//! - [`config`]: the daemons' config file (the chart's `feature` values).
+//! - [`fuzz`]: the fuzz targets' entry points.
 
+pub mod config;
 pub mod crd;
 mod error;
+pub mod fuzz;
 pub mod gateway;
 mod label;
 pub mod load;

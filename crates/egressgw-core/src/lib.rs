@@ -5,9 +5,7 @@
 //! - [`model`]: the snapshot types.
 //! - [`mod@plan`]: allocation (EIPs, tunnel identities, gateway nodes) and
 //!   per-node state, with the precedence rules in `docs/precedence.md`.
-//! - [`diff`]: desired vs. observed dataplane state -> operations.
 
-pub mod diff;
 pub mod failover;
 pub mod model;
 pub mod net;

@@ -207,7 +207,7 @@ fn solicited_node(ip: Ipv6Addr) -> Ipv6Addr {
 
 /// The sender MAC of `frame` if it says another host uses or is taking
 /// `ip`. Frames from `own` MACs (our own probes, heard again) never count.
-fn conflict(frame: &[u8], ip: IpAddr, own: &[[u8; 6]]) -> Option<[u8; 6]> {
+pub(crate) fn conflict(frame: &[u8], ip: IpAddr, own: &[[u8; 6]]) -> Option<[u8; 6]> {
     let sender_mac: [u8; 6] = frame.get(6..12)?.try_into().ok()?;
     if own.contains(&sender_mac) {
         return None;

@@ -55,7 +55,7 @@ const NFGENMSG: usize = 4;
 
 /// One conntrack entry, as much of it as deciding and deleting need.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Entry {
+pub(crate) struct Entry {
     /// Address family (`AF_INET`, `AF_INET6`).
     family: u8,
     /// Original direction's source and destination.
@@ -180,14 +180,14 @@ fn message(kind: u16, flags: u16, family: u8, seq: u32, attrs: &[u8]) -> Vec<u8>
 }
 
 /// One netlink message of a buffer.
-struct Msg<'a> {
+pub(crate) struct Msg<'a> {
     kind: u16,
     seq: u32,
-    payload: &'a [u8],
+    pub(crate) payload: &'a [u8],
 }
 
 /// The messages of `buf`; stops at the first malformed one.
-fn messages(buf: &[u8]) -> Vec<Msg<'_>> {
+pub(crate) fn messages(buf: &[u8]) -> Vec<Msg<'_>> {
     let mut out = Vec::new();
     let mut rest = buf;
     while let Ok(msg) = NetlinkBuffer::new_checked(rest) {
@@ -227,7 +227,7 @@ fn attrs(buf: &[u8]) -> Vec<(u16, &[u8], &[u8])> {
 }
 
 /// An entry from a `IPCTNL_MSG_CT_NEW` message of a dump.
-fn parse_entry(payload: &[u8]) -> Option<Entry> {
+pub(crate) fn parse_entry(payload: &[u8]) -> Option<Entry> {
     let (&family, body) = (payload.first()?, payload.get(NFGENMSG..)?);
     let mut src = None;
     let mut dst = None;

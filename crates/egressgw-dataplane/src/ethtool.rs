@@ -201,9 +201,9 @@ fn kernel_version(release: &str) -> Option<(u32, u32)> {
 
 /// What a FEATURES_GET reply says about one device.
 #[derive(Debug, Default, PartialEq, Eq)]
-struct FeatureSets {
+pub(crate) struct FeatureSets {
     /// Every feature the kernel knows.
-    known: BTreeSet<String>,
+    pub(crate) known: BTreeSet<String>,
     /// Features userspace may change on this device.
     changeable: BTreeSet<String>,
     /// Active features.
@@ -407,7 +407,7 @@ fn features_set_request(ifname: &str, bits: &[(String, bool)]) -> EthtoolMsg {
 
 /// Reads HW (with mask: every known feature, value = changeable) and ACTIVE
 /// (no mask: the active features) from a verbose FEATURES_GET reply.
-fn parse_features_reply(payload: &[u8]) -> Result<FeatureSets, String> {
+pub(crate) fn parse_features_reply(payload: &[u8]) -> Result<FeatureSets, String> {
     let mut sets = FeatureSets::default();
     for nla in NlasIterator::new(payload) {
         let nla = nla.map_err(|e| e.to_string())?;

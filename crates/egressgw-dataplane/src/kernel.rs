@@ -551,44 +551,84 @@ impl KernelPlan {
 /// The operations that turn `observed` into `desired`, in the order to run
 /// them.
 pub fn plan(desired: &Desired, observed: &KernelState, scope: &Scope) -> KernelPlan {
-    let mut first = Vec::new();
-    let mut adds = Vec::new();
-    let mut removes = Vec::new();
-    let mut last = Vec::new();
+    let mut ops = Planned::default();
     let vx = &scope.vxlan;
-
-    // The tunnel device: recreate on identity drift, adjust settings in place.
-    let vxlan_present = match (&desired.vxlan, &observed.vxlan) {
-        (Some(d), None) => {
-            first.push(KernelOp::CreateVxlan(d.clone()));
-            false
-        }
-        (Some(d), Some(o)) if d.identity != o.identity => {
-            first.push(KernelOp::DeleteVxlan { name: vx.clone() });
-            first.push(KernelOp::CreateVxlan(d.clone()));
-            false
-        }
-        (Some(d), Some(o)) => {
-            if d.settings != o.settings {
-                adds.push(KernelOp::SetVxlan {
-                    name: vx.clone(),
-                    settings: d.settings.clone(),
-                });
-            }
-            true
-        }
-        (None, Some(_)) => {
-            last.push(KernelOp::DeleteVxlan { name: vx.clone() });
-            false
-        }
-        (None, None) => false,
-    };
+    let vxlan_present = ops.tunnel_device(desired, observed, vx);
     // Objects on a device that is about to be (re)created are planned on the
     // next pass, once it exists.
     if vxlan_present && desired.vxlan.is_some() {
+        ops.on_tunnel(desired, observed, vx);
+    } else {
+        // Without the device its routes are gone with it; stale ones in our
+        // tables (on another device) are still ours to remove.
+        for ((table, dst), via) in &observed.routes {
+            ops.removes.push(KernelOp::DelRoute {
+                table: *table,
+                dst: *dst,
+                via: *via,
+            });
+        }
+    }
+    ops.rules(desired, observed, vxlan_present);
+    ops.eips(desired, observed, &scope.eip_device);
+    KernelPlan {
+        devices: ops.first,
+        rest: ops
+            .adds
+            .into_iter()
+            .chain(ops.removes)
+            .chain(ops.last)
+            .collect(),
+    }
+}
+
+/// A plan on its way: device changes first, then additions and changes,
+/// then removals, then devices to delete.
+#[derive(Default)]
+struct Planned {
+    first: Vec<KernelOp>,
+    adds: Vec<KernelOp>,
+    removes: Vec<KernelOp>,
+    last: Vec<KernelOp>,
+}
+
+impl Planned {
+    /// The tunnel device: recreated on identity drift, its settings
+    /// adjusted in place. Returns whether it is there to put things on.
+    fn tunnel_device(&mut self, desired: &Desired, observed: &KernelState, vx: &str) -> bool {
+        match (&desired.vxlan, &observed.vxlan) {
+            (Some(d), None) => {
+                self.first.push(KernelOp::CreateVxlan(d.clone()));
+                false
+            }
+            (Some(d), Some(o)) if d.identity != o.identity => {
+                self.first.push(KernelOp::DeleteVxlan { name: vx.into() });
+                self.first.push(KernelOp::CreateVxlan(d.clone()));
+                false
+            }
+            (Some(d), Some(o)) => {
+                if d.settings != o.settings {
+                    self.adds.push(KernelOp::SetVxlan {
+                        name: vx.into(),
+                        settings: d.settings.clone(),
+                    });
+                }
+                true
+            }
+            (None, Some(_)) => {
+                self.last.push(KernelOp::DeleteVxlan { name: vx.into() });
+                false
+            }
+            (None, None) => false,
+        }
+    }
+
+    /// What sits on an existing tunnel device: its reverse-path filter and
+    /// offload, its addresses, neighbours, FDB entries and routes.
+    fn on_tunnel(&mut self, desired: &Desired, observed: &KernelState, vx: &str) {
         if observed.rp_filter.is_some_and(|v| v != RP_FILTER_LOOSE) {
-            adds.push(KernelOp::SetRpFilter {
-                name: vx.clone(),
+            self.adds.push(KernelOp::SetRpFilter {
+                name: vx.into(),
                 value: RP_FILTER_LOOSE,
             });
         }
@@ -596,8 +636,8 @@ pub fn plan(desired: &Desired, observed: &KernelState, scope: &Scope) -> KernelP
             .tx_checksum
             .is_some_and(|on| on != desired.tx_checksum)
         {
-            adds.push(KernelOp::SetTxChecksum {
-                name: vx.clone(),
+            self.adds.push(KernelOp::SetTxChecksum {
+                name: vx.into(),
                 on: desired.tx_checksum,
             });
         }
@@ -606,105 +646,90 @@ pub fn plan(desired: &Desired, observed: &KernelState, scope: &Scope) -> KernelP
             &as_map(&desired.vxlan_addrs),
             &as_map(&observed.vxlan_addrs),
         ) {
+            let dev = vx.to_owned();
             match c {
-                Change::Add(net, ()) => adds.push(KernelOp::AddAddr {
-                    dev: vx.clone(),
-                    net,
-                }),
-                Change::Remove(net, ()) => removes.push(KernelOp::DelAddr {
-                    dev: vx.clone(),
-                    net,
-                }),
+                Change::Add(net, ()) => self.adds.push(KernelOp::AddAddr { dev, net }),
+                Change::Remove(net, ()) => self.removes.push(KernelOp::DelAddr { dev, net }),
                 Change::Change(..) => {}
             }
         }
         for c in diff(&desired.neighbours, &observed.neighbours) {
             match c {
                 Change::Add(ip, mac) | Change::Change(ip, _, mac) => {
-                    adds.push(KernelOp::SetNeighbour { ip, mac });
+                    self.adds.push(KernelOp::SetNeighbour { ip, mac });
                 }
-                Change::Remove(ip, mac) => removes.push(KernelOp::DelNeighbour { ip, mac }),
+                Change::Remove(ip, mac) => self.removes.push(KernelOp::DelNeighbour { ip, mac }),
             }
         }
         for c in diff(&desired.fdb, &observed.fdb) {
             match c {
-                Change::Add(mac, dst) => adds.push(KernelOp::SetFdb { mac, dst }),
+                Change::Add(mac, dst) => self.adds.push(KernelOp::SetFdb { mac, dst }),
                 Change::Change(mac, old, dst) => {
-                    adds.push(KernelOp::SetFdb { mac, dst });
-                    removes.push(KernelOp::DelFdb { mac, dst: old });
+                    self.adds.push(KernelOp::SetFdb { mac, dst });
+                    self.removes.push(KernelOp::DelFdb { mac, dst: old });
                 }
-                Change::Remove(mac, dst) => removes.push(KernelOp::DelFdb { mac, dst }),
+                Change::Remove(mac, dst) => self.removes.push(KernelOp::DelFdb { mac, dst }),
             }
         }
         for c in diff(&desired.routes, &observed.routes) {
             match c {
                 Change::Add((table, dst), via) | Change::Change((table, dst), _, via) => {
-                    adds.push(KernelOp::SetRoute { table, dst, via });
+                    self.adds.push(KernelOp::SetRoute { table, dst, via });
                 }
                 Change::Remove((table, dst), via) => {
-                    removes.push(KernelOp::DelRoute { table, dst, via });
+                    self.removes.push(KernelOp::DelRoute { table, dst, via });
                 }
             }
         }
-    } else {
-        // Without the device its routes are gone with it; stale ones in our
-        // tables (on another device) are still ours to remove.
-        for ((table, dst), via) in &observed.routes {
-            removes.push(KernelOp::DelRoute {
-                table: *table,
-                dst: *dst,
-                via: *via,
-            });
-        }
-    }
-    // Rules go in after their routes and out before them.
-    let rules_wanted = if vxlan_present {
-        &desired.rules
-    } else {
-        &BTreeSet::new()
-    };
-    for r in rules_wanted.difference(&observed.rules) {
-        adds.push(KernelOp::AddRule(*r));
-    }
-    let mut rule_removes: Vec<KernelOp> = observed
-        .rules
-        .difference(&desired.rules)
-        .map(|r| KernelOp::DelRule(*r))
-        .collect();
-    rule_removes.append(&mut removes);
-    let mut removes = rule_removes;
-
-    // EIPs: the device exists while there is something to hold.
-    let dev = &scope.eip_device;
-    match (desired.eips.is_empty(), observed.eip_device) {
-        (false, None) => first.push(KernelOp::CreateEipDevice { name: dev.clone() }),
-        (false, Some(up)) => {
-            if !up {
-                adds.push(KernelOp::SetEipDeviceUp { name: dev.clone() });
-            }
-            for ip in desired.eips.difference(&observed.eips) {
-                adds.push(KernelOp::AddEip {
-                    dev: dev.clone(),
-                    ip: *ip,
-                });
-            }
-            for ip in observed.unproxied.intersection(&desired.eips) {
-                adds.push(KernelOp::ProxyEip { ip: *ip });
-            }
-            for ip in observed.eips.difference(&desired.eips) {
-                removes.push(KernelOp::DelEip {
-                    dev: dev.clone(),
-                    ip: *ip,
-                });
-            }
-        }
-        (true, Some(_)) => last.push(KernelOp::DeleteEipDevice { name: dev.clone() }),
-        (true, None) => {}
     }
 
-    KernelPlan {
-        devices: first,
-        rest: adds.into_iter().chain(removes).chain(last).collect(),
+    /// Rules go in after their routes (only while the tunnel is there) and
+    /// out before them.
+    fn rules(&mut self, desired: &Desired, observed: &KernelState, vxlan_present: bool) {
+        if vxlan_present {
+            for r in desired.rules.difference(&observed.rules) {
+                self.adds.push(KernelOp::AddRule(*r));
+            }
+        }
+        let stale = observed
+            .rules
+            .difference(&desired.rules)
+            .map(|r| KernelOp::DelRule(*r));
+        self.removes.splice(0..0, stale);
+    }
+
+    /// EIPs: their device exists while there is something to hold.
+    fn eips(&mut self, desired: &Desired, observed: &KernelState, dev: &str) {
+        match (desired.eips.is_empty(), observed.eip_device) {
+            (false, None) => self
+                .first
+                .push(KernelOp::CreateEipDevice { name: dev.into() }),
+            (false, Some(up)) => {
+                if !up {
+                    self.adds
+                        .push(KernelOp::SetEipDeviceUp { name: dev.into() });
+                }
+                for ip in desired.eips.difference(&observed.eips) {
+                    self.adds.push(KernelOp::AddEip {
+                        dev: dev.into(),
+                        ip: *ip,
+                    });
+                }
+                for ip in observed.unproxied.intersection(&desired.eips) {
+                    self.adds.push(KernelOp::ProxyEip { ip: *ip });
+                }
+                for ip in observed.eips.difference(&desired.eips) {
+                    self.removes.push(KernelOp::DelEip {
+                        dev: dev.into(),
+                        ip: *ip,
+                    });
+                }
+            }
+            (true, Some(_)) => self
+                .last
+                .push(KernelOp::DeleteEipDevice { name: dev.into() }),
+            (true, None) => {}
+        }
     }
 }
 

@@ -17,6 +17,7 @@
 pub mod announce;
 pub mod classify;
 pub mod conntrack;
+pub mod decode;
 pub mod ebpf;
 mod error;
 pub mod ethtool;

@@ -436,27 +436,17 @@ impl Rtnetlink {
         use KernelOp::*;
         let what = op.to_string();
         match op {
-            CreateVxlan(l) => {
-                let mut b = LinkVxlan::new(&l.name, l.identity.vni)
-                    .dev(l.identity.parent)
-                    .port(l.identity.port)
-                    .learning(false)
-                    .address(l.settings.mac.0.to_vec())
-                    .mtu(l.settings.mtu);
-                b = match l.identity.local {
-                    IpAddr::V4(ip) => b.local(ip),
-                    IpAddr::V6(ip) => b.local6(ip),
-                };
-                if l.settings.up {
-                    b = b.up();
-                }
-                self.handle
-                    .link()
-                    .add(b.build())
-                    .execute()
-                    .await
-                    .map_err(nl(what))
-            }
+            AddAddr { .. }
+            | DelAddr { .. }
+            | SetNeighbour { .. }
+            | DelNeighbour { .. }
+            | SetFdb { .. }
+            | DelFdb { .. }
+            | SetRoute { .. }
+            | DelRoute { .. }
+            | AddRule(_)
+            | DelRule(_) => self.send(op).await,
+            CreateVxlan(l) => self.create_vxlan(l).await.map_err(nl(what)),
             DeleteVxlan { name } | DeleteEipDevice { name } => {
                 let index = self.index(name).await?;
                 if matches!(op, DeleteEipDevice { .. }) {
@@ -476,12 +466,11 @@ impl Rtnetlink {
                     .address(settings.mac.0.to_vec())
                     .mtu(settings.mtu);
                 b = if settings.up { b.up() } else { b.down() };
-                self.handle
-                    .link()
-                    .set(b.build())
-                    .execute()
-                    .await
-                    .map_err(nl(what))
+                self.set_link(b.build()).await.map_err(nl(what))
+            }
+            SetEipDeviceUp { name } => {
+                let msg = LinkUnspec::new_with_name(name).up().build();
+                self.set_link(msg).await.map_err(nl(what))
             }
             SetRpFilter { name, value } => write_rp_filter(&self.sysctl_net, name, *value),
             SetTxChecksum { name, on } => {
@@ -491,113 +480,8 @@ impl Rtnetlink {
                     .insert(format!("{name} offloads"), offloads.summary());
                 Ok(())
             }
-            AddAddr { dev, net } => {
-                let msg = address_msg(self.index(dev).await?, *net);
-                self.ack(
-                    RouteNetlinkMessage::NewAddress(msg),
-                    NLM_F_CREATE | NLM_F_EXCL,
-                )
-                .await
-                .map_err(nl(what))
-            }
-            DelAddr { dev, net } => {
-                let msg = address_msg(self.index(dev).await?, *net);
-                self.ack(RouteNetlinkMessage::DelAddress(msg), 0)
-                    .await
-                    .or_else(|e| ignore(e, EADDRNOTAVAIL))
-                    .map_err(nl(what))
-            }
-            SetNeighbour { ip, mac } => {
-                let msg = neighbour_msg(self.vxlan_index().await?, Some(*ip), *mac);
-                self.ack(
-                    RouteNetlinkMessage::NewNeighbour(msg),
-                    NLM_F_CREATE | NLM_F_REPLACE,
-                )
-                .await
-                .map_err(nl(what))
-            }
-            DelNeighbour { ip, mac } => {
-                let msg = neighbour_msg(self.vxlan_index().await?, Some(*ip), *mac);
-                self.ack(RouteNetlinkMessage::DelNeighbour(msg), 0)
-                    .await
-                    .or_else(|e| ignore(e, ENOENT))
-                    .map_err(nl(what))
-            }
-            SetFdb { mac, dst } => {
-                let msg = fdb_msg(self.vxlan_index().await?, *mac, *dst);
-                self.ack(
-                    RouteNetlinkMessage::NewNeighbour(msg),
-                    NLM_F_CREATE | NLM_F_REPLACE,
-                )
-                .await
-                .map_err(nl(what))
-            }
-            DelFdb { mac, dst } => {
-                let msg = fdb_msg(self.vxlan_index().await?, *mac, *dst);
-                self.ack(RouteNetlinkMessage::DelNeighbour(msg), 0)
-                    .await
-                    .or_else(|e| ignore(e, ENOENT))
-                    .map_err(nl(what))
-            }
-            SetRoute { table, dst, via } => {
-                let msg = route_msg(*table, *dst, *via, self.vxlan_index().await?);
-                self.ack(
-                    RouteNetlinkMessage::NewRoute(msg),
-                    NLM_F_CREATE | NLM_F_REPLACE,
-                )
-                .await
-                .map_err(nl(what))
-            }
-            DelRoute { table, dst, via } => {
-                let msg = route_del_msg(*table, *dst, *via);
-                self.ack(RouteNetlinkMessage::DelRoute(msg), 0)
-                    .await
-                    .or_else(|e| ignore(e, ESRCH))
-                    .map_err(nl(what))
-            }
-            AddRule(r) => self
-                .ack(
-                    RouteNetlinkMessage::NewRule(rule_msg(r)),
-                    NLM_F_CREATE | NLM_F_EXCL,
-                )
-                .await
-                .or_else(|e| ignore(e, EEXIST))
-                .map_err(nl(what)),
-            DelRule(r) => self
-                .ack(RouteNetlinkMessage::DelRule(rule_msg(r)), 0)
-                .await
-                .or_else(|e| ignore(e, ENOENT))
-                .map_err(nl(what)),
             CreateEipDevice { name } => {
-                let dummy = LinkDummy::new(name).up().build();
-                match self.handle.link().add(dummy).execute().await {
-                    // Kernels built without the dummy driver: an IFB device
-                    // is just as inert an address holder.
-                    Err(e) if is_errno(&e, EOPNOTSUPP) => {
-                        let ifb = LinkIfb::new(name).up().build();
-                        self.handle
-                            .link()
-                            .add(ifb)
-                            .execute()
-                            .await
-                            .map_err(nl(what))?;
-                        report.facts.insert(
-                            format!("{name} kind"),
-                            "ifb (this kernel has no dummy driver)".into(),
-                        );
-                        Ok(())
-                    }
-                    other => other.map_err(nl(what)),
-                }
-            }
-            SetEipDeviceUp { name } => {
-                let msg = LinkUnspec::new_with_name(name).up().build();
-                self.handle
-                    .link()
-                    .set(msg)
-                    .execute()
-                    .await
-                    .map_err(nl(what))
+                self.create_eip_device(name, report).await.map_err(nl(what))
             }
             AddEip { dev, ip } => {
                 let msg = address_msg(self.index(dev).await?, IpNet::from(*ip));
@@ -621,6 +505,126 @@ impl Rtnetlink {
                     .map_err(nl(what))
             }
         }
+    }
+
+    /// Sends the one rtnetlink request `op` is ([`Self::message_of`]); an
+    /// errno that means it was done already is success.
+    async fn send(&self, op: &KernelOp) -> Result<()> {
+        let Some((message, flags, tolerated)) = self.message_of(op).await? else {
+            return Ok(());
+        };
+        self.ack(message, flags)
+            .await
+            .or_else(|e| match tolerated {
+                Some(errno) => ignore(e, errno),
+                None => Err(e),
+            })
+            .map_err(nl(op.to_string()))
+    }
+
+    /// The one rtnetlink request an address, neighbour, FDB, route or rule
+    /// op is, with its flags and the errno that means it was done already
+    /// (a deletion of what is gone, a rule that exists); `None` for the
+    /// other ops.
+    async fn message_of(
+        &self,
+        op: &KernelOp,
+    ) -> Result<Option<(RouteNetlinkMessage, u16, Option<i32>)>> {
+        use KernelOp::*;
+        use RouteNetlinkMessage as M;
+        const SET: u16 = NLM_F_CREATE | NLM_F_REPLACE;
+        Ok(Some(match op {
+            AddAddr { dev, net } => (
+                M::NewAddress(address_msg(self.index(dev).await?, *net)),
+                NLM_F_CREATE | NLM_F_EXCL,
+                None,
+            ),
+            DelAddr { dev, net } => (
+                M::DelAddress(address_msg(self.index(dev).await?, *net)),
+                0,
+                Some(EADDRNOTAVAIL),
+            ),
+            SetNeighbour { ip, mac } => (
+                M::NewNeighbour(neighbour_msg(self.vxlan_index().await?, Some(*ip), *mac)),
+                SET,
+                None,
+            ),
+            DelNeighbour { ip, mac } => (
+                M::DelNeighbour(neighbour_msg(self.vxlan_index().await?, Some(*ip), *mac)),
+                0,
+                Some(ENOENT),
+            ),
+            SetFdb { mac, dst } => (
+                M::NewNeighbour(fdb_msg(self.vxlan_index().await?, *mac, *dst)),
+                SET,
+                None,
+            ),
+            DelFdb { mac, dst } => (
+                M::DelNeighbour(fdb_msg(self.vxlan_index().await?, *mac, *dst)),
+                0,
+                Some(ENOENT),
+            ),
+            SetRoute { table, dst, via } => (
+                M::NewRoute(route_msg(*table, *dst, *via, self.vxlan_index().await?)),
+                SET,
+                None,
+            ),
+            DelRoute { table, dst, via } => (
+                M::DelRoute(route_del_msg(*table, *dst, *via)),
+                0,
+                Some(ESRCH),
+            ),
+            AddRule(r) => (
+                M::NewRule(rule_msg(r)),
+                NLM_F_CREATE | NLM_F_EXCL,
+                Some(EEXIST),
+            ),
+            DelRule(r) => (M::DelRule(rule_msg(r)), 0, Some(ENOENT)),
+            _ => return Ok(None),
+        }))
+    }
+
+    async fn create_vxlan(&self, l: &VxlanLink) -> Result<(), rtnetlink::Error> {
+        let mut b = LinkVxlan::new(&l.name, l.identity.vni)
+            .dev(l.identity.parent)
+            .port(l.identity.port)
+            .learning(false)
+            .address(l.settings.mac.0.to_vec())
+            .mtu(l.settings.mtu);
+        b = match l.identity.local {
+            IpAddr::V4(ip) => b.local(ip),
+            IpAddr::V6(ip) => b.local6(ip),
+        };
+        if l.settings.up {
+            b = b.up();
+        }
+        self.handle.link().add(b.build()).execute().await
+    }
+
+    /// A dummy device to hold the EIPs, or an IFB device on kernels built
+    /// without the dummy driver (just as inert an address holder).
+    async fn create_eip_device(
+        &self,
+        name: &str,
+        report: &mut Report,
+    ) -> Result<(), rtnetlink::Error> {
+        let dummy = LinkDummy::new(name).up().build();
+        match self.handle.link().add(dummy).execute().await {
+            Err(e) if is_errno(&e, EOPNOTSUPP) => {
+                let ifb = LinkIfb::new(name).up().build();
+                self.handle.link().add(ifb).execute().await?;
+                report.facts.insert(
+                    format!("{name} kind"),
+                    "ifb (this kernel has no dummy driver)".into(),
+                );
+                Ok(())
+            }
+            other => other,
+        }
+    }
+
+    async fn set_link(&self, msg: LinkMessage) -> Result<(), rtnetlink::Error> {
+        self.handle.link().set(msg).execute().await
     }
 
     /// Proxy neighbour entries (IPv6 only): (interface index, address).
@@ -733,7 +737,7 @@ fn is_link_local(ip: IpAddr) -> bool {
     }
 }
 
-fn address_of(a: &AddressMessage) -> Option<IpAddr> {
+pub(crate) fn address_of(a: &AddressMessage) -> Option<IpAddr> {
     let local = a.attributes.iter().find_map(|x| match x {
         AddressAttribute::Local(ip) => Some(*ip),
         _ => None,
@@ -765,7 +769,7 @@ fn mac_of(bytes: &[u8]) -> Option<Mac> {
     <[u8; 6]>::try_from(bytes).ok().map(Mac)
 }
 
-fn neighbour_of(n: &NeighbourMessage) -> (Option<IpAddr>, Option<Mac>) {
+pub(crate) fn neighbour_of(n: &NeighbourMessage) -> (Option<IpAddr>, Option<Mac>) {
     let mut ip = None;
     let mut mac = None;
     for a in &n.attributes {
@@ -831,7 +835,7 @@ fn fdb_msg(index: u32, mac: Mac, dst: IpAddr) -> NeighbourMessage {
     m
 }
 
-fn rule_of(r: &RuleMessage) -> Option<Rule> {
+pub(crate) fn rule_of(r: &RuleMessage) -> Option<Rule> {
     let mut rule = Rule {
         ipv6: r.header.family == AddressFamily::Inet6,
         priority: 0,
@@ -899,7 +903,7 @@ impl fmt::Display for OtherRule {
     }
 }
 
-fn other_rule_of(r: &RuleMessage) -> OtherRule {
+pub(crate) fn other_rule_of(r: &RuleMessage) -> OtherRule {
     let mut rule = OtherRule {
         ipv6: r.header.family == AddressFamily::Inet6,
         priority: 0,
@@ -943,7 +947,7 @@ fn rule_msg(r: &Rule) -> RuleMessage {
     m
 }
 
-fn table_of(r: &RouteMessage) -> u32 {
+pub(crate) fn table_of(r: &RouteMessage) -> u32 {
     r.attributes
         .iter()
         .find_map(|a| match a {
@@ -961,7 +965,7 @@ fn route_addr(a: &RouteAddress) -> Option<IpAddr> {
     }
 }
 
-fn route_of(r: &RouteMessage) -> Option<(IpNet, IpAddr)> {
+pub(crate) fn route_of(r: &RouteMessage) -> Option<(IpNet, IpAddr)> {
     let unspecified: IpAddr = match r.header.address_family {
         AddressFamily::Inet6 => std::net::Ipv6Addr::UNSPECIFIED.into(),
         _ => std::net::Ipv4Addr::UNSPECIFIED.into(),
@@ -1022,7 +1026,7 @@ fn route_del_msg(table: u32, dst: IpNet, via: IpAddr) -> RouteMessage {
     m
 }
 
-fn vxlan_of(name: &str, link: &LinkMessage) -> Option<VxlanLink> {
+pub(crate) fn vxlan_of(name: &str, link: &LinkMessage) -> Option<VxlanLink> {
     let mut mac = None;
     let mut mtu = 0;
     let mut info = None;

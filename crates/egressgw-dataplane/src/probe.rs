@@ -54,6 +54,16 @@ pub struct HolderTarget {
     pub eip: IpAddr,
 }
 
+/// What the probes saw of one peer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Seen {
+    /// How long ago it last answered (`None`: never).
+    pub last_answer: Option<Duration>,
+    /// The round trip of the last probe it answered, from sending the
+    /// request to reading the reply (`None`: none answered yet).
+    pub round_trip: Option<Duration>,
+}
+
 /// A moment in a family's probing: when, and how many rounds of probes
 /// had been sent then.
 #[derive(Debug, Clone, Copy)]
@@ -69,6 +79,8 @@ struct Shared {
     targets: Mutex<BTreeMap<IpAddr, (String, Moment)>>,
     /// When each address last answered.
     answered: Mutex<BTreeMap<IpAddr, Moment>>,
+    /// The round trip of each address's last answered probe.
+    round_trips: Mutex<BTreeMap<IpAddr, Duration>>,
     /// Holder questions, and when each (tunnel address, EIP) was last
     /// answered.
     holder_targets: Mutex<Vec<HolderTarget>>,
@@ -111,6 +123,7 @@ impl Prober {
         let shared = Arc::new(Shared {
             targets: Mutex::new(BTreeMap::new()),
             answered: Mutex::new(BTreeMap::new()),
+            round_trips: Mutex::new(BTreeMap::new()),
             holder_targets: Mutex::new(Vec::new()),
             held: Mutex::new(BTreeMap::new()),
             rounds: [AtomicU64::new(0), AtomicU64::new(0)],
@@ -195,11 +208,26 @@ impl Prober {
 
     /// How long ago each peer last answered (`None`: never).
     pub fn last_answers(&self) -> BTreeMap<String, Option<Duration>> {
+        self.seen()
+            .into_iter()
+            .map(|(node, seen)| (node, seen.last_answer))
+            .collect()
+    }
+
+    /// What the probes saw of each peer.
+    pub fn seen(&self) -> BTreeMap<String, Seen> {
         let targets = lock(&self.shared.targets);
         let answered = lock(&self.shared.answered);
+        let round_trips = lock(&self.shared.round_trips);
         targets
             .iter()
-            .map(|(addr, (node, _))| (node.clone(), answered.get(addr).map(|a| a.at.elapsed())))
+            .map(|(addr, (node, _))| {
+                let seen = Seen {
+                    last_answer: answered.get(addr).map(|a| a.at.elapsed()),
+                    round_trip: round_trips.get(addr).copied(),
+                };
+                (node.clone(), seen)
+            })
             .collect()
     }
 }
@@ -221,6 +249,8 @@ fn run(shared: &Shared, device: &str, ipv6: bool, ident: u16, interval: Duration
     // set per question.
     let mut asking: Option<Socket> = None;
     let mut seq: u16 = 0;
+    // The probe each target was sent last: its sequence number and when.
+    let mut sent: BTreeMap<IpAddr, (u16, Instant)> = BTreeMap::new();
     let mut next_send = Instant::now();
     let mut buf = [0u8; 1500];
     let mut warned = false;
@@ -263,13 +293,17 @@ fn run(shared: &Shared, device: &str, ipv6: bool, ident: u16, interval: Duration
             }
             seq = seq.wrapping_add(1);
             let mut failed = false;
+            sent.retain(|addr, _| targets.contains(addr));
             for addr in targets {
                 let request = echo_request(ident, seq, &[addr]);
-                if let Some(s) = &socket
-                    && s.send_to(&request, &SockAddr::from(SocketAddr::new(addr, 0)))
-                        .is_err()
+                let Some(s) = &socket else { continue };
+                let at = Instant::now();
+                if s.send_to(&request, &SockAddr::from(SocketAddr::new(addr, 0)))
+                    .is_err()
                 {
                     failed = true;
+                } else {
+                    sent.insert(addr, (seq, at));
                 }
             }
             if failed {
@@ -305,14 +339,25 @@ fn run(shared: &Shared, device: &str, ipv6: bool, ident: u16, interval: Duration
         let Ok(len) = (&*s).read(&mut buf) else {
             continue;
         };
-        match echo_reply_from(&buf[..len], ipv6, ident).as_deref() {
-            Some([from]) => {
+        let read_at = Instant::now();
+        let Some((answered_seq, addrs)) = echo_reply_from(&buf[..len], ipv6, ident) else {
+            continue;
+        };
+        match addrs.as_slice() {
+            [from] => {
                 let targets = lock(&shared.targets);
                 if targets.contains_key(from) {
                     lock(&shared.answered).insert(*from, shared.now(*from));
+                    // Only an answer to the last probe sent times a round
+                    // trip: a late answer to an earlier one would not.
+                    if let Some((last, at)) = sent.get(from)
+                        && *last == answered_seq
+                    {
+                        lock(&shared.round_trips).insert(*from, read_at - *at);
+                    }
                 }
             }
-            Some([via, eip]) => {
+            [via, eip] => {
                 let asked = lock(&shared.holder_targets)
                     .iter()
                     .any(|t| t.via == *via && t.eip == *eip);
@@ -451,10 +496,11 @@ fn echo_request(ident: u16, seq: u16, body: &[IpAddr]) -> Vec<u8> {
     packet
 }
 
-/// The addresses an echo reply to this agent carries, if `packet` is one
-/// (with its IPv4 header for ICMPv4, as raw IPv4 sockets deliver it): the
-/// peer it answers for, or the candidate and EIP of a holder question.
-fn echo_reply_from(packet: &[u8], ipv6: bool, ident: u16) -> Option<Vec<IpAddr>> {
+/// The sequence number and the addresses an echo reply to this agent
+/// carries, if `packet` is one (with its IPv4 header for ICMPv4, as raw
+/// IPv4 sockets deliver it): the peer it answers for, or the candidate and
+/// EIP of a holder question.
+pub(crate) fn echo_reply_from(packet: &[u8], ipv6: bool, ident: u16) -> Option<(u16, Vec<IpAddr>)> {
     let icmp = if ipv6 {
         packet
     } else {
@@ -474,7 +520,8 @@ fn echo_reply_from(packet: &[u8], ipv6: bool, ident: u16) -> Option<Vec<IpAddr>>
     if payload.is_empty() || payload.len() % width != 0 || payload.len() > 2 * width {
         return None;
     }
-    payload
+    let seq = u16::from_be_bytes([icmp[6], icmp[7]]);
+    let addrs = payload
         .chunks(width)
         .map(|c| {
             if ipv6 {
@@ -483,7 +530,8 @@ fn echo_reply_from(packet: &[u8], ipv6: bool, ident: u16) -> Option<Vec<IpAddr>>
                 <[u8; 4]>::try_from(c).ok().map(IpAddr::from)
             }
         })
-        .collect()
+        .collect::<Option<Vec<_>>>()?;
+    Some((seq, addrs))
 }
 
 /// The Internet checksum (RFC 1071).
@@ -519,7 +567,10 @@ mod tests {
         echoed[0] = ICMP_ECHO_REPLY;
         let mut reply = vec![0x45; 20];
         reply.extend_from_slice(&echoed);
-        assert_eq!(echo_reply_from(&reply, false, 0x1234), Some(vec![peer]));
+        assert_eq!(
+            echo_reply_from(&reply, false, 0x1234),
+            Some((1, vec![peer]))
+        );
         assert_eq!(echo_reply_from(&reply, false, 0x4321), None);
         let mut request = vec![0x45; 20];
         request.extend_from_slice(&echo_request(0x1234, 1, &[peer]));
@@ -527,7 +578,7 @@ mod tests {
         let peer6: IpAddr = "fd00::2".parse().unwrap();
         let mut v6 = echo_request(0x1234, 1, &[peer6]);
         v6[0] = ICMPV6_ECHO_REPLY;
-        assert_eq!(echo_reply_from(&v6, true, 0x1234), Some(vec![peer6]));
+        assert_eq!(echo_reply_from(&v6, true, 0x1234), Some((1, vec![peer6])));
         // A holder question's answer names the candidate and the EIP.
         let eip: IpAddr = "198.51.100.100".parse().unwrap();
         let mut answer = echo_request(0x1234, 2, &[peer, eip]);
@@ -536,7 +587,7 @@ mod tests {
         packet.extend_from_slice(&answer);
         assert_eq!(
             echo_reply_from(&packet, false, 0x1234),
-            Some(vec![peer, eip])
+            Some((2, vec![peer, eip]))
         );
     }
 
@@ -545,6 +596,7 @@ mod tests {
         let shared = Shared {
             targets: Mutex::new(BTreeMap::new()),
             answered: Mutex::new(BTreeMap::new()),
+            round_trips: Mutex::new(BTreeMap::new()),
             holder_targets: Mutex::new(Vec::new()),
             held: Mutex::new(BTreeMap::new()),
             rounds: [AtomicU64::new(10), AtomicU64::new(0)],
@@ -707,6 +759,12 @@ mod tests {
                 assert!(
                     prober.live(misses, within).contains("peer"),
                     "the peer answers its probes"
+                );
+                // And its answers time the round trip.
+                let seen = prober.seen()["peer"];
+                assert!(
+                    seen.round_trip.is_some_and(|rtt| rtt > Duration::ZERO),
+                    "{seen:?}"
                 );
                 // The other host answers for the EIP, but the question
                 // never reaches it: the peer does not forward it.

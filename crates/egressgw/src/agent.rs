@@ -434,8 +434,7 @@ impl Agent {
                 self.metrics.recovered(since.elapsed());
             }
         }
-        self.metrics
-            .probed(&self.liveness.answer_ages(), &sight.live);
+        self.metrics.probed(&self.liveness.seen(), &sight.live);
         let ok = report.is_ok();
         let readiness = readiness(&report, &self.memory);
         if let Err(why) = &readiness {
@@ -448,6 +447,12 @@ impl Agent {
             .map(|(ip, u)| (ip.to_string(), u.by.clone()))
             .collect();
         let traffic = self.policy_traffic();
+        let round_trips: BTreeMap<String, u128> = self
+            .liveness
+            .seen()
+            .into_iter()
+            .filter_map(|(peer, seen)| Some((peer, seen.round_trip?.as_micros())))
+            .collect();
         self.health.set_status(serde_json::json!({
             "node": self.node,
             "settings": crate::doctor::Settings::of(&self.config),
@@ -459,6 +464,7 @@ impl Agent {
             "eips": state.eips,
             "failover": {
                 "peers": sight.last_answers,
+                "roundTripsMicros": round_trips,
                 "live": sight.live,
                 "holders": sight.holders,
                 "quorum": { "reached": resolved.quorum.reached, "total": resolved.quorum.total },
@@ -493,7 +499,7 @@ impl Agent {
     /// between reconciles.
     fn refresh_metrics(&self) {
         self.metrics
-            .probed(&self.liveness.answer_ages(), &self.liveness.live());
+            .probed(&self.liveness.seen(), &self.liveness.live());
         let Ok(counters) = self.dataplane.policy_counters() else {
             return;
         };

@@ -173,9 +173,10 @@ impl Liveness {
         self.prober.live(self.misses, self.down_after)
     }
 
-    /// How long ago each peer probed last answered (`None`: never).
-    pub fn answer_ages(&self) -> BTreeMap<String, Option<Duration>> {
-        self.prober.last_answers()
+    /// What the probes saw of each peer probed: its last answer's age and
+    /// round trip.
+    pub fn seen(&self) -> BTreeMap<String, egressgw_dataplane::probe::Seen> {
+        self.prober.seen()
     }
 
     /// How long ago each peer last answered, in milliseconds (`None`: never).

@@ -3,7 +3,6 @@
 mod agent;
 mod bench;
 mod cluster;
-mod config;
 mod controller;
 mod dataplane;
 mod doctor;
@@ -19,7 +18,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use egressgw_core::Plan;
 use egressgw_core::state::NodeState;
 
-use crate::config::FileConfig;
+use egressgw_api::config::FileConfig;
 
 /// Egress gateway for Kubernetes: fixed source IPs for pod traffic leaving the cluster.
 #[derive(Debug, Parser)]
@@ -326,11 +325,16 @@ fn init_daemon_logs(format: cluster::LogFormat) {
 }
 
 fn load_config(path: Option<&Path>) -> anyhow::Result<egressgw_core::model::Config> {
-    match path {
-        Some(path) => FileConfig::load(path)?,
+    let file = match path {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading config {}", path.display()))?;
+            FileConfig::parse(&text)
+                .with_context(|| format!("parsing config {}", path.display()))?
+        }
         None => FileConfig::default(),
-    }
-    .resolve()
+    };
+    Ok(file.resolve()?)
 }
 
 /// Checks that `node` is one of the snapshot's nodes.

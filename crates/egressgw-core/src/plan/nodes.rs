@@ -11,7 +11,7 @@ use crate::state::{
     SnatEntry, SnatTo, Vxlan,
 };
 
-use super::classify::Classified;
+use super::classify::{Classified, Source};
 use super::placement::{Placed, Unit, unit_for};
 use super::tunnels::Tunnels;
 use super::{Work, fi};
@@ -26,104 +26,150 @@ pub(super) fn build<'a>(
     cluster_cidrs: &[IpNet],
     only: Option<&str>,
 ) -> BTreeMap<String, NodeState> {
-    let cfg = &snapshot.config;
-    let peers = peers(tunnels);
-    let routes = routes(cfg, tunnels);
+    let mut nodes = Nodes::new(snapshot, tunnels, works, placed, cluster_cidrs, only);
+    for source in &classified.sources {
+        nodes.source(source);
+    }
+    nodes.own_eips();
+    nodes.finish()
+}
 
-    // States in a vector, found by index: the loops below touch them once
-    // per classification entry.
-    let mut names: Vec<&str> = snapshot
-        .nodes
-        .iter()
-        .map(|n| n.name.as_str())
-        .filter(|n| only.is_none_or(|o| o == *n))
-        .collect();
-    names.sort_unstable();
-    names.dedup();
-    let index: HashMap<&str, usize> = names.iter().enumerate().map(|(i, n)| (*n, i)).collect();
-    let mut states: Vec<NodeState> = names
-        .iter()
-        .map(|name| NodeState {
-            node: (*name).to_owned(),
-            vxlan: vxlan(cfg, tunnels, name),
-            peers: peers.iter().filter(|p| p.node != *name).cloned().collect(),
-            routes: routes
-                .iter()
-                .filter(|(r, _)| r.gateway != *name)
-                .map(|(r, _)| r.clone())
-                .collect(),
-            rules: routes
-                .iter()
-                .filter(|(r, _)| r.gateway != *name)
-                .map(|(_, r)| r.clone())
-                .collect(),
-            cluster_cidrs: cluster_cidrs.to_vec(),
-            ..NodeState::default()
-        })
-        .collect();
+/// The nodes' states while they are built, found by index: the loops
+/// touch them once per classification entry.
+struct Nodes<'p, 'a> {
+    cfg: &'p Config,
+    tunnels: &'p Tunnels,
+    works: &'p [Work<'a>],
+    placed: &'p Placed<'a>,
+    index: HashMap<&'p str, usize>,
+    states: Vec<NodeState>,
+    /// Failover groups, numbered per node as they are first needed there.
+    group_ids: Vec<BTreeMap<Unit<'a>, u32>>,
+}
 
-    // Failover groups, numbered per node as they are first needed there.
-    let mut group_ids: Vec<BTreeMap<Unit<'a>, u32>> = vec![BTreeMap::new(); states.len()];
-    let mut group_in = |states: &mut Vec<NodeState>, i: usize, unit: &Unit<'a>| -> u32 {
-        if let Some(id) = group_ids[i].get(unit) {
+impl<'p, 'a> Nodes<'p, 'a> {
+    /// Each node with its tunnel, peers, routes and rules, and nothing
+    /// classified yet.
+    fn new(
+        snapshot: &'p Snapshot,
+        tunnels: &'p Tunnels,
+        works: &'p [Work<'a>],
+        placed: &'p Placed<'a>,
+        cluster_cidrs: &[IpNet],
+        only: Option<&str>,
+    ) -> Self {
+        let cfg = &snapshot.config;
+        let peers = peers(tunnels);
+        let routes = routes(cfg, tunnels);
+        let mut names: Vec<&str> = snapshot
+            .nodes
+            .iter()
+            .map(|n| n.name.as_str())
+            .filter(|n| only.is_none_or(|o| o == *n))
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        let index = names.iter().enumerate().map(|(i, n)| (*n, i)).collect();
+        let states: Vec<NodeState> = names
+            .iter()
+            .map(|name| NodeState {
+                node: (*name).to_owned(),
+                vxlan: vxlan(cfg, tunnels, name),
+                peers: peers.iter().filter(|p| p.node != *name).cloned().collect(),
+                routes: routes
+                    .iter()
+                    .filter(|(r, _)| r.gateway != *name)
+                    .map(|(r, _)| r.clone())
+                    .collect(),
+                rules: routes
+                    .iter()
+                    .filter(|(r, _)| r.gateway != *name)
+                    .map(|(_, r)| r.clone())
+                    .collect(),
+                cluster_cidrs: cluster_cidrs.to_vec(),
+                ..NodeState::default()
+            })
+            .collect();
+        Nodes {
+            cfg,
+            tunnels,
+            works,
+            placed,
+            index,
+            group_ids: vec![BTreeMap::new(); states.len()],
+            states,
+        }
+    }
+
+    /// The id of `unit`'s failover group on node `i`, added there when it
+    /// is first needed.
+    fn group_in(&mut self, i: usize, unit: &Unit<'a>) -> u32 {
+        if let Some(id) = self.group_ids[i].get(unit) {
             return *id;
         }
-        let id = u32::try_from(states[i].groups.len()).expect("fewer than 2^32 groups");
-        let candidates = placed.candidates[unit]
+        let id = u32::try_from(self.states[i].groups.len()).expect("fewer than 2^32 groups");
+        let candidates = self.placed.candidates[unit]
             .iter()
             .map(|node| Candidate {
                 node: node.clone(),
-                mark: tunnels.mark(node).expect("gateway candidates have a mark"),
+                mark: self
+                    .tunnels
+                    .mark(node)
+                    .expect("gateway candidates have a mark"),
             })
             .collect();
-        let first_user = placed.users[unit][0];
-        states[i].groups.push(Group {
+        let first_user = self.placed.users[unit][0];
+        self.states[i].groups.push(Group {
             id,
-            key: group_key(unit, works),
+            key: group_key(unit, self.works),
             gateway: unit.gateway().to_owned(),
             eip: match unit {
                 Unit::Eip(_, ip) => Some(*ip),
                 Unit::NodeIp(..) => None,
             },
             candidates,
-            fail_closed: works[first_user].fail_closed,
+            fail_closed: self.works[first_user].fail_closed,
         });
-        group_ids[i].insert(unit.clone(), id);
+        self.group_ids[i].insert(unit.clone(), id);
         id
-    };
+    }
 
-    for source in &classified.sources {
+    /// One pod address: its node's classification of each destination,
+    /// and on every candidate gateway node of its traffic the SNAT and the
+    /// reply route.
+    fn source(&mut self, source: &Source<'_>) {
         let family = Family::of(source.src);
-        let here = index.get(source.node).copied();
+        let here = self.index.get(source.node).copied();
         // A node without a tunnel of this family cannot send its pods'
         // traffic to another node: those decisions are left out (or, failing
         // closed, dropped), rather than sent into a missing device.
-        let can_send = tunnels.can_send(source.node, family);
+        let can_send = self.tunnels.can_send(source.node, family);
         for (dst, decided) in source.table.iter() {
+            let entry = |action, policy, group| ClassifyEntry {
+                src: source.src,
+                dst: *dst,
+                action,
+                policy,
+                group,
+            };
             let Some(w) = *decided else {
                 if let Some(i) = here {
-                    states[i].classify.push(ClassifyEntry {
-                        src: source.src,
-                        dst: *dst,
-                        action: Action::Bypass,
-                        policy: None,
-                        group: None,
-                    });
+                    self.states[i]
+                        .classify
+                        .push(entry(Action::Bypass, None, None));
                 }
                 continue;
             };
+            let (works, placed) = (self.works, self.placed);
             let work = &works[w];
+            let policy = Some(work.policy.id.clone());
             let unit = unit_for(w, work, family).expect("classified policies have a unit");
             let Some(candidates) = placed.candidates.get(&unit) else {
                 // No node at all, and the gateway fails closed.
                 if let Some(i) = here {
-                    states[i].classify.push(ClassifyEntry {
-                        src: source.src,
-                        dst: *dst,
-                        action: Action::Drop,
-                        policy: Some(work.policy.id.clone()),
-                        group: None,
-                    });
+                    self.states[i]
+                        .classify
+                        .push(entry(Action::Drop, policy, None));
                 }
                 continue;
             };
@@ -136,96 +182,106 @@ pub(super) fn build<'a>(
                 let (action, group) = if !local && !can_send {
                     (Action::Drop, None)
                 } else if local {
-                    (Action::Local, Some(group_in(&mut states, i, &unit)))
+                    (Action::Local, Some(self.group_in(i, &unit)))
                 } else {
-                    let mark = tunnels.mark(active).expect("gateway nodes have a mark");
+                    let mark = self
+                        .tunnels
+                        .mark(active)
+                        .expect("gateway nodes have a mark");
                     let action = Action::Tunnel {
                         gateway: active.to_owned(),
                         mark,
                     };
-                    (action, Some(group_in(&mut states, i, &unit)))
+                    (action, Some(self.group_in(i, &unit)))
                 };
-                states[i].classify.push(ClassifyEntry {
-                    src: source.src,
-                    dst: *dst,
-                    action,
-                    policy: Some(work.policy.id.clone()),
-                    group,
-                });
+                self.states[i].classify.push(entry(action, policy, group));
             }
-            if !local && !can_send {
-                continue;
-            }
-            // Every candidate is ready to serve the source: the data plane
-            // may send it to any of them without a new plan.
-            let to = work.eips[fi(family)].map_or(SnatTo::NodeIp, SnatTo::Eip);
-            for candidate in candidates {
-                let Some(i) = index.get(candidate.as_str()).copied() else {
-                    continue;
-                };
-                if candidate != source.node
-                    && let Some(via) = tunnels.address(source.node, family)
-                {
-                    states[i].replies.push(ReplyRoute {
-                        dst: source.src,
-                        via,
-                        origin: source.node.to_owned(),
-                        table: cfg.reply_table(),
-                    });
-                }
-                states[i].snat.push(SnatEntry {
-                    src: source.src,
-                    dst: *dst,
-                    to,
-                    origin: source.node.to_owned(),
-                    policy: work.policy.id.clone(),
-                });
+            if local || can_send {
+                self.serve(source, *dst, work, candidates);
             }
         }
     }
 
-    // A candidate of an EIP needs its group to take it over; the active
-    // node owns it.
-    for (unit, candidates) in &placed.candidates {
-        let Unit::Eip(gateway, ip) = unit else {
-            continue;
-        };
-        for (rank, node) in candidates.iter().enumerate() {
-            let Some(i) = index.get(node.as_str()).copied() else {
+    /// Every candidate is ready to serve `source`'s traffic to `dst`: the
+    /// data plane may send it to any of them without a new plan.
+    fn serve(&mut self, source: &Source<'_>, dst: IpNet, work: &Work<'a>, candidates: &[String]) {
+        let family = Family::of(source.src);
+        let to = work.eips[fi(family)].map_or(SnatTo::NodeIp, SnatTo::Eip);
+        for candidate in candidates {
+            let Some(i) = self.index.get(candidate.as_str()).copied() else {
                 continue;
             };
-            group_in(&mut states, i, unit);
-            if rank == 0 {
-                states[i].eips.push(OwnedEip {
-                    ip: *ip,
-                    gateway: (*gateway).to_owned(),
+            if candidate != source.node
+                && let Some(via) = self.tunnels.address(source.node, family)
+            {
+                self.states[i].replies.push(ReplyRoute {
+                    dst: source.src,
+                    via,
+                    origin: source.node.to_owned(),
+                    table: self.cfg.reply_table(),
                 });
+            }
+            self.states[i].snat.push(SnatEntry {
+                src: source.src,
+                dst,
+                to,
+                origin: source.node.to_owned(),
+                policy: work.policy.id.clone(),
+            });
+        }
+    }
+
+    /// A candidate of an EIP needs its group to take it over; the active
+    /// node owns it.
+    fn own_eips(&mut self) {
+        let placed = self.placed;
+        for (unit, candidates) in &placed.candidates {
+            let Unit::Eip(gateway, ip) = unit else {
+                continue;
+            };
+            for (rank, node) in candidates.iter().enumerate() {
+                let Some(i) = self.index.get(node.as_str()).copied() else {
+                    continue;
+                };
+                self.group_in(i, unit);
+                if rank == 0 {
+                    self.states[i].eips.push(OwnedEip {
+                        ip: *ip,
+                        gateway: (*gateway).to_owned(),
+                    });
+                }
             }
         }
     }
 
-    for state in &mut states {
-        state.peers.sort();
-        state.routes.sort();
-        state.rules.sort();
-        state.classify.sort();
-        state.snat.sort();
-        state.snat.dedup();
-        state.replies.sort();
-        state.replies.dedup();
-        if !state.replies.is_empty() {
-            state.rules.push(Rule {
-                priority: cfg.rule_priority,
-                mark: cfg.reply_mark(),
-                mask: cfg.mark_mask,
-                table: cfg.reply_table(),
-            });
+    /// The states in canonical order, with the reply rule where replies
+    /// are routed.
+    fn finish(self) -> BTreeMap<String, NodeState> {
+        let cfg = self.cfg;
+        let mut states = self.states;
+        for state in &mut states {
+            state.peers.sort();
+            state.routes.sort();
             state.rules.sort();
+            state.classify.sort();
+            state.snat.sort();
+            state.snat.dedup();
+            state.replies.sort();
+            state.replies.dedup();
+            if !state.replies.is_empty() {
+                state.rules.push(Rule {
+                    priority: cfg.rule_priority,
+                    mark: cfg.reply_mark(),
+                    mask: cfg.mark_mask,
+                    table: cfg.reply_table(),
+                });
+                state.rules.sort();
+            }
+            state.eips.sort();
+            state.eips.dedup();
         }
-        state.eips.sort();
-        state.eips.dedup();
+        states.into_iter().map(|s| (s.node.clone(), s)).collect()
     }
-    states.into_iter().map(|s| (s.node.clone(), s)).collect()
 }
 
 /// A group's [`Group::key`].

@@ -12,6 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use egressgw_core::model::PolicyRef;
 use egressgw_core::status::{ClusterStatus, Condition, ConditionType};
 use egressgw_dataplane::ops::{OpKind, Report};
+use egressgw_dataplane::probe::Seen;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
@@ -45,6 +46,7 @@ pub struct AgentMetrics {
     eips: Gauge,
     peer_up: Family<[(&'static str, String); 1], Gauge>,
     peer_last_answer: Family<[(&'static str, String); 1], Gauge<f64, AtomicU64>>,
+    peer_round_trip: Family<[(&'static str, String); 1], Gauge<f64, AtomicU64>>,
     traffic: Arc<PolicyTraffic>,
     takeovers: Family<Label, Counter>,
     releases: Family<Label, Counter>,
@@ -79,6 +81,7 @@ impl AgentMetrics {
             eips: Gauge::default(),
             peer_up: Family::default(),
             peer_last_answer: Family::default(),
+            peer_round_trip: Family::default(),
             traffic: Arc::default(),
             takeovers: Family::default(),
             releases: Family::default(),
@@ -156,6 +159,12 @@ impl AgentMetrics {
             "Time since the peer node last answered a probe through the tunnel, by peer \
              node (absent until it first answers).",
             metrics.peer_last_answer.clone(),
+        );
+        registry.register(
+            "egressgw_peer_round_trip_seconds",
+            "Round trip of the last probe the peer node answered through the tunnel, by \
+             peer node (absent until it first answers).",
+            metrics.peer_round_trip.clone(),
         );
         registry.register(
             "egressgw_eip_takeovers",
@@ -236,20 +245,26 @@ impl AgentMetrics {
     /// longer probed are dropped.
     pub fn probed(
         &self,
-        answers: &BTreeMap<String, Option<Duration>>,
+        peers: &BTreeMap<String, Seen>,
         live: &std::collections::BTreeSet<String>,
     ) {
         self.peer_up.clear();
         self.peer_last_answer.clear();
-        for (peer, age) in answers {
+        self.peer_round_trip.clear();
+        for (peer, seen) in peers {
             let labels = [("peer", peer.clone())];
             self.peer_up
                 .get_or_create(&labels)
                 .set(i64::from(live.contains(peer)));
-            if let Some(age) = age {
+            if let Some(age) = seen.last_answer {
                 self.peer_last_answer
                     .get_or_create(&labels)
                     .set(age.as_secs_f64());
+            }
+            if let Some(rtt) = seen.round_trip {
+                self.peer_round_trip
+                    .get_or_create(&labels)
+                    .set(rtt.as_secs_f64());
             }
         }
     }
@@ -683,10 +698,23 @@ mod tests {
                 count("partner", 3, 200),
             ),
         ]));
+        let seen = |age: Option<Duration>, rtt: Option<Duration>| Seen {
+            last_answer: age,
+            round_trip: rtt,
+        };
         let answers = BTreeMap::from([
-            ("gw-1".to_owned(), Some(Duration::from_millis(40))),
-            ("gw-2".to_owned(), Some(Duration::from_secs(3))),
-            ("gw-3".to_owned(), None),
+            (
+                "gw-1".to_owned(),
+                seen(
+                    Some(Duration::from_millis(40)),
+                    Some(Duration::from_micros(250)),
+                ),
+            ),
+            (
+                "gw-2".to_owned(),
+                seen(Some(Duration::from_secs(3)), Some(Duration::from_millis(2))),
+            ),
+            ("gw-3".to_owned(), seen(None, None)),
         ]);
         metrics.probed(&answers, &["gw-1".to_owned()].into());
         let out = text(&registry);
@@ -706,6 +734,8 @@ mod tests {
             "egressgw_peer_up{peer=\"gw-2\"} 0",
             "egressgw_peer_up{peer=\"gw-3\"} 0",
             "egressgw_peer_last_answer_age_seconds{peer=\"gw-2\"} 3.0",
+            "egressgw_peer_round_trip_seconds{peer=\"gw-1\"} 0.00025",
+            "egressgw_peer_round_trip_seconds{peer=\"gw-2\"} 0.002",
         ] {
             assert!(out.contains(line), "no {line:?} in\n{out}");
         }

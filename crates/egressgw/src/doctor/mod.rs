@@ -1015,13 +1015,22 @@ fn peers(f: &Facts) -> Check {
         })
         .collect();
     if dead.is_empty() {
+        let round_trips: BTreeMap<String, u64> =
+            serde_json::from_value(failover["roundTripsMicros"].clone()).unwrap_or_default();
+        let peers: Vec<String> = live
+            .iter()
+            .map(|peer| match round_trips.get(peer) {
+                Some(us) => format!("{peer} (round trip {:.2} ms)", *us as f64 / 1000.0),
+                None => peer.clone(),
+            })
+            .collect();
         return Check::new(
             "peers",
             Verdict::Pass,
             format!(
                 "every peer answers through {}: {}",
                 f.settings.vxlan,
-                live.join(", ")
+                peers.join(", ")
             ),
         );
     }
@@ -1064,7 +1073,7 @@ mod tests {
                     "reconciles": 4,
                     "datapath": {"name": "ebpf", "reason": "datapath: auto, and this node runs the eBPF classifier"},
                     "last": {"applied": [], "failed": [], "warnings": []},
-                    "failover": {"peers": {"node-2": 40, "node-3": 90}, "live": ["node-2", "node-3"]},
+                    "failover": {"peers": {"node-2": 40, "node-3": 90}, "roundTripsMicros": {"node-2": 180}, "live": ["node-2", "node-3"]},
                 }),
             }),
             tunnel: Ok(Some(VxlanLink {
@@ -1131,6 +1140,11 @@ mod tests {
         assert!(not_passed.is_empty(), "{not_passed:#?}");
         assert!(
             render(&checks).ends_with("12 check(s): 12 passed, 0 warned, 0 failed, 0 skipped\n")
+        );
+        let (_, peers) = verdict(&checks, "peers");
+        assert!(
+            peers.ends_with("node-2 (round trip 0.18 ms), node-3"),
+            "{peers}"
         );
     }
 

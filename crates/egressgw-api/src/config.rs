@@ -2,9 +2,6 @@
 //! chart's `feature` values. Every key is optional; defaults match the
 //! reference system (`egress.vxlan`, VNI 100, UDP 7789).
 
-use std::path::Path;
-
-use anyhow::{Context, bail};
 use egressgw_core::model::{Config, DatapathChoice, VxlanSettings};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use serde::Deserialize;
@@ -115,16 +112,20 @@ impl TryFrom<serde_yaml::Value> for HexU32 {
     }
 }
 
+/// A config whose values do not go together (each problem named).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid config:\n  {}", .0.join("\n  "))]
+pub struct InvalidConfig(pub Vec<String>);
+
 impl FileConfig {
-    /// Reads `path`.
-    pub fn load(path: &Path) -> anyhow::Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading config {}", path.display()))?;
-        serde_yaml::from_str(&text).with_context(|| format!("parsing config {}", path.display()))
+    /// Parses the file's text; a key the file format does not have is an
+    /// error naming it.
+    pub fn parse(text: &str) -> Result<Self, serde_yaml::Error> {
+        serde_yaml::from_str(text)
     }
 
     /// The planner's config: defaults filled in, then validated.
-    pub fn resolve(self) -> anyhow::Result<Config> {
+    pub fn resolve(self) -> Result<Config, InvalidConfig> {
         let d = Config::default();
         let dv = VxlanSettings::default();
         let config = Config {
@@ -149,9 +150,7 @@ impl FileConfig {
             route_table_base: self.route.table_base.unwrap_or(d.route_table_base),
             rule_priority: self.route.rule_priority.unwrap_or(d.rule_priority),
         };
-        if let Err(errors) = config.validate() {
-            bail!("invalid config:\n  {}", errors.join("\n  "));
-        }
+        config.validate().map_err(InvalidConfig)?;
         Ok(config)
     }
 }
