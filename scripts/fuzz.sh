@@ -3,7 +3,8 @@
 #
 #   scripts/fuzz.sh [TARGET...]
 #
-# Each target starts from the seeds in fuzz/seeds/<target>/, the example
+# The targets are built under ~/.cache/egressgw/fuzz/target/. Each target
+# starts from the seeds in fuzz/seeds/<target>/, the example
 # objects (for `objects`), the inputs kept in fuzz/regressions/<target>/,
 # and what earlier runs on this machine found (the corpus in
 # ~/.cache/egressgw/fuzz/corpus/<target>/), so runs add up. An input that
@@ -30,12 +31,17 @@ if ! command -v cargo >/dev/null; then
 fi
 
 cd "$ROOT/fuzz"
-# The targets need no eBPF program: the dataplane's build script skips it.
+# The targets need no eBPF program: the dataplane's build script skips it
+# (even where the test command asks every other build to carry it).
 export AYA_BUILD_SKIP=1
+unset EGRESSGW_REQUIRE_EBPF
 # Rust code is memory-safe without a sanitizer; what is looked for is a
 # panic, an endless loop or a runaway allocation.
 FUZZ=(cargo "+$TOOLCHAIN" fuzz)
-"${FUZZ[@]}" build --sanitizer none --debug-assertions >/dev/null
+# Built in the cache, so that the next run on this machine (another clone
+# included) only builds what changed.
+BUILD=(--sanitizer none --debug-assertions --target-dir "$CACHE_DIR/fuzz/target")
+"${FUZZ[@]}" build "${BUILD[@]}" >/dev/null
 
 if [[ $# -gt 0 ]]; then
     targets=("$@")
@@ -61,7 +67,7 @@ for target in "${targets[@]}"; do
     # directory and only reads the others.
     log="$artifacts/last-run.log"
     status=0
-    "${FUZZ[@]}" run --sanitizer none --debug-assertions "$target" "$corpus" "${existing[@]}" -- \
+    "${FUZZ[@]}" run "${BUILD[@]}" "$target" "$corpus" "${existing[@]}" -- \
         -max_total_time="$SECONDS_EACH" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
         -print_final_stats=1 -artifact_prefix="$artifacts/" >"$log" 2>&1 || status=$?
     grep -E '(DONE|stat::number_of_executed_units|panicked|Test unit written|deadly signal|timeout|out-of-memory|ERROR)' "$log" || true

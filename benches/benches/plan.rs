@@ -5,6 +5,8 @@
 //!   controller's usual case, where nothing moves.
 //! - `node`: the steady cluster planned for one worker node only, as an
 //!   agent does on every reconcile.
+//! - `status`: the steady cluster's allocations and status without any
+//!   node's dataplane state, as the controller plans it.
 //!
 //! Snapshots are built once per size, outside the measurement, and the
 //! plan's drop is not timed.
@@ -14,7 +16,7 @@ use std::time::Duration;
 
 use criterion::{Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
 use egressgw_benches::{next_snapshot, synthetic_cluster};
-use egressgw_core::{plan, plan_node};
+use egressgw_core::{plan, plan_node, plan_status};
 
 /// `(nodes, policies, pods)`.
 type Size = (usize, usize, usize);
@@ -44,6 +46,9 @@ fn bench_size(c: &mut Criterion, size: Size, tune: impl FnOnce(&mut SizeGroup<'_
     // node-00001: a plain worker (node-00000 is gateway-capable).
     group.bench_function("node", |b| {
         b.iter_with_large_drop(|| plan_node(black_box(&steady), black_box("node-00001")));
+    });
+    group.bench_function("status", |b| {
+        b.iter_with_large_drop(|| plan_status(black_box(&steady)));
     });
     group.finish();
 }

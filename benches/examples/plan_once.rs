@@ -1,5 +1,7 @@
-//! Plans one synthetic cluster once and prints how long it took and how big
-//! the plan is: `cargo run --release -p egressgw-benches --example plan_once -- 1000 10000 100000`.
+//! Plans one synthetic cluster once, whole, for one worker node (as an
+//! agent does) and for its status only (as the controller does), and
+//! prints how long each took and how big the plan is:
+//! `cargo run --release -p egressgw-benches --example plan_once -- 1000 10000 100000`.
 
 use std::time::Instant;
 
@@ -21,4 +23,12 @@ fn main() {
     println!(
         "{nodes} nodes, {policies} policies, {pods} pods: plan in {took:.2?}; {classify} classify, {snat} snat entries"
     );
+    let start = Instant::now();
+    let one = egressgw_core::plan_node(&snapshot, "node-00001");
+    println!("  one worker node: {:.2?}", start.elapsed());
+    drop(one);
+    let start = Instant::now();
+    let status = egressgw_core::plan_status(&snapshot);
+    println!("  status only: {:.2?}", start.elapsed());
+    drop(status);
 }

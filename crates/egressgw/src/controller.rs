@@ -300,8 +300,10 @@ impl Control {
                 node.ready = false;
             }
         }
-        let plan = egressgw_core::plan(&snapshot);
-        self.count_allocations(&snapshot, &plan.status);
+        // The allocations and status only: the nodes' dataplane states are
+        // each agent's to plan.
+        let status = egressgw_core::plan_status(&snapshot);
+        self.count_allocations(&snapshot, &status);
         let tunnels: Vec<Option<bool>> = self
             .stores
             .tunnels
@@ -309,15 +311,14 @@ impl Control {
             .iter()
             .map(|t| t.phase().map(|p| p == TunnelPhase::Ready))
             .collect();
-        self.metrics.set_objects(&plan.status, &tunnels);
-        ok &= self.write_tunnels(&plan.status).await;
-        ok &= self.write_policies(&plan.status).await;
-        ok &= self.write_gateways(&plan.status).await;
-        self.report_moves(&snapshot, &plan.status).await;
+        self.metrics.set_objects(&status, &tunnels);
+        ok &= self.write_tunnels(&status).await;
+        ok &= self.write_policies(&status).await;
+        ok &= self.write_gateways(&status).await;
+        self.report_moves(&snapshot, &status).await;
         self.report_invalid(&snapshot).await;
-        self.report_unreachable(&plan.status).await;
-        let eips: BTreeMap<String, String> = plan
-            .status
+        self.report_unreachable(&status).await;
+        let eips: BTreeMap<String, String> = status
             .eip_nodes
             .iter()
             .map(|(ip, node)| (ip.to_string(), node.clone()))

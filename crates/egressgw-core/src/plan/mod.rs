@@ -43,16 +43,32 @@ pub struct Plan {
 
 /// Plans every node of `snapshot`.
 pub fn plan(snapshot: &Snapshot) -> Plan {
-    build(snapshot, None)
+    build(snapshot, States::All)
 }
 
 /// Plans the cluster but builds the dataplane state of `node` only (what an
 /// agent needs); allocations and status are the full cluster's.
 pub fn plan_node(snapshot: &Snapshot, node: &str) -> Plan {
-    build(snapshot, Some(node))
+    build(snapshot, States::One(node))
 }
 
-fn build(snapshot: &Snapshot, only: Option<&str>) -> Plan {
+/// Plans the cluster's allocations and status, and no node's dataplane
+/// state: what the controller writes. The same as `plan(snapshot).status`,
+/// without building millions of classification and SNAT entries nobody
+/// reads.
+pub fn plan_status(snapshot: &Snapshot) -> ClusterStatus {
+    build(snapshot, States::None).status
+}
+
+/// Which nodes' dataplane states a plan builds.
+#[derive(Debug, Clone, Copy)]
+enum States<'n> {
+    All,
+    One(&'n str),
+    None,
+}
+
+fn build(snapshot: &Snapshot, states: States<'_>) -> Plan {
     let gateways = gateways::resolve(snapshot);
     let tunnels = tunnels::allocate(snapshot, &gateways);
     let gateways = gateways.with_eligibility(snapshot, &tunnels);
@@ -60,15 +76,22 @@ fn build(snapshot: &Snapshot, only: Option<&str>) -> Plan {
     let mut policies = eips::allocate(snapshot, &gateways, &cluster_cidrs);
     let placed = placement::place(snapshot, &gateways, &mut policies);
     let classified = classify::classify(snapshot, &policies, &cluster_cidrs);
-    let nodes = nodes::build(
-        snapshot,
-        &tunnels,
-        &policies,
-        &placed,
-        &classified,
-        &cluster_cidrs,
-        only,
-    );
+    let build_nodes = |only| {
+        nodes::build(
+            snapshot,
+            &tunnels,
+            &policies,
+            &placed,
+            &classified,
+            &cluster_cidrs,
+            only,
+        )
+    };
+    let nodes = match states {
+        States::All => build_nodes(None),
+        States::One(node) => build_nodes(Some(node)),
+        States::None => BTreeMap::new(),
+    };
     let status = report::status(
         snapshot,
         &gateways,

@@ -968,6 +968,17 @@ proptest! {
     }
 
     #[test]
+    fn the_status_alone_and_one_nodes_state_are_what_the_whole_plan_says(s in arb_snapshot()) {
+        let whole = plan(&s);
+        prop_assert_eq!(&plan_status(&s), &whole.status);
+        for (node, state) in &whole.nodes {
+            let one = plan_node(&s, node);
+            prop_assert_eq!(one.nodes.get(node), Some(state));
+            prop_assert_eq!(one.nodes.len(), 1);
+        }
+    }
+
+    #[test]
     fn no_eip_is_active_on_two_nodes(s in arb_snapshot()) {
         let p = plan(&s);
         let mut owner: HashMap<IpAddr, &str> = HashMap::new();
