@@ -17,7 +17,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use egressgw_api::status::{gateway_status, policy_status, tunnel_status};
 use egressgw_api::{EgressClusterPolicy, EgressGateway, EgressPolicy, EgressTunnel, TunnelPhase};
 use egressgw_core::Snapshot;
 use egressgw_core::model::{Config, Mac, PolicyRef};
@@ -32,13 +31,13 @@ use kube::{Api, Client, Resource, ResourceExt as _};
 use serde::Serialize;
 use tokio::sync::{Notify, watch};
 
-use crate::cluster::decoded::Decoded;
 use crate::cluster::health::{self, Health};
 use crate::cluster::lease::{self, Elector, Liveness};
 use crate::cluster::metrics::{ApiRequests, ControllerMetrics, Verb};
 use crate::cluster::watch::{Stores, watch as watch_kind};
 use crate::cluster::{self, ClusterArgs};
 use crate::load_config;
+use crate::writes::{self, Stored, Write};
 
 /// Field manager of the controller's writes.
 const MANAGER: &str = "egressgw-controller";
@@ -293,7 +292,9 @@ impl Control {
     async fn reconcile(&mut self, unavailable: &BTreeSet<String>) -> bool {
         let started = Instant::now();
         let mut ok = true;
-        ok &= self.mark_timeouts(unavailable).await;
+        ok &= self
+            .send(&writes::timeouts(&self.stored(), unavailable))
+            .await;
         let mut snapshot = self.stores.snapshot(self.config.clone());
         for node in &mut snapshot.nodes {
             if unavailable.contains(&node.name) {
@@ -312,9 +313,9 @@ impl Control {
             .map(|t| t.phase().map(|p| p == TunnelPhase::Ready))
             .collect();
         self.metrics.set_objects(&status, &tunnels);
-        ok &= self.write_tunnels(&status).await;
-        ok &= self.write_policies(&status).await;
-        ok &= self.write_gateways(&status).await;
+        ok &= self
+            .send(&writes::plan(&self.stored(), &status, Timestamp::now()))
+            .await;
         self.report_moves(&snapshot, &status).await;
         self.report_invalid(&snapshot).await;
         self.report_unreachable(&status).await;
@@ -351,220 +352,207 @@ impl Control {
         self.allocations = Some(now);
     }
 
-    /// Marks the tunnels of unavailable agents `HeartbeatTimeout`.
-    async fn mark_timeouts(&self, unavailable: &BTreeSet<String>) -> bool {
-        let api: Api<EgressTunnel> = Api::all(self.client.clone());
-        let mut ok = true;
-        for tunnel in self.stores.tunnels.state() {
-            let name = tunnel.name_any();
-            let phase = tunnel.phase();
-            if !unavailable.contains(&name)
-                || !matches!(phase, Some(TunnelPhase::Ready | TunnelPhase::Init))
-            {
-                continue;
-            }
-            let body = serde_json::json!({
-                "apiVersion": api_version(),
-                "kind": "EgressTunnel",
-                "metadata": { "name": name },
-                "status": { "phase": TunnelPhase::HeartbeatTimeout },
-            });
-            let params = PatchParams::apply(PHASE_MANAGER).force();
-            let result = self
-                .metrics
-                .api()
-                .send(
-                    Verb::Patch,
-                    api.patch_status(&name, &params, &Patch::Apply(&body)),
-                )
-                .await;
-            match result {
-                Ok(_) => {
-                    tracing::warn!(
-                        node = name,
-                        "agent stopped renewing its Lease: HeartbeatTimeout"
-                    );
-                    self.event(
-                        &tunnel.object_ref(&()),
-                        EventType::Warning,
-                        "AgentHeartbeatTimeout",
-                        format!(
-                            "the agent of node {name} has not renewed its Lease for {:.1} s; its EIPs move to other ready nodes",
-                            self.agent_timeout.as_secs_f64()
-                        ),
-                        None,
-                    )
-                    .await;
-                }
-                Err(e) => {
-                    tracing::warn!(node = name, error = %e, "cannot mark the tunnel HeartbeatTimeout");
-                    ok = false;
-                }
-            }
-        }
-        ok
+    /// What the watch caches hold, as [`writes::plan`] decides from it.
+    fn stored(&self) -> Stored {
+        let mut stored = Stored {
+            tunnels: self
+                .stores
+                .tunnels
+                .state()
+                .iter()
+                .map(|t| (t.name_any(), (t.phase(), t.status.clone())))
+                .collect(),
+            node_uids: self
+                .stores
+                .nodes
+                .state()
+                .iter()
+                .filter_map(|n| Some((n.metadata.name.clone()?, n.metadata.uid.clone()?)))
+                .collect(),
+            gateways: self
+                .stores
+                .gateways
+                .state()
+                .iter()
+                .map(|g| {
+                    let stored = writes::Object {
+                        status: g.status.clone(),
+                        generation: g.metadata.generation,
+                    };
+                    (g.name_any(), stored)
+                })
+                .collect(),
+            ..Stored::default()
+        };
+        let policies = self.stores.policies.state();
+        let cluster_policies = self.stores.cluster_policies.state();
+        let namespaced = policies.iter().map(|p| {
+            let ns = p.meta().namespace.clone().unwrap_or_default();
+            let status = p.ok().and_then(|p| p.status.clone());
+            let id = PolicyRef::namespaced(ns, p.name_any());
+            let generation = p.meta().generation;
+            (id, writes::Object { status, generation })
+        });
+        let cluster = cluster_policies.iter().map(|p| {
+            let status = p.ok().and_then(|p| p.status.clone());
+            let id = PolicyRef::cluster(p.name_any());
+            let generation = p.meta().generation;
+            (id, writes::Object { status, generation })
+        });
+        stored.policies = namespaced.chain(cluster).collect();
+        stored
     }
 
-    /// Creates missing `EgressTunnel`s and writes their allocations.
-    async fn write_tunnels(&self, status: &ClusterStatus) -> bool {
-        let api: Api<EgressTunnel> = Api::all(self.client.clone());
-        let params = PatchParams::apply(MANAGER).force();
+    /// Sends `writes` in order and reports each; a tunnel that could not
+    /// be created gets no status. Returns false when one failed.
+    async fn send(&self, writes: &[Write]) -> bool {
         let mut ok = true;
-        for allocation in &status.tunnels {
-            let name = allocation.node.as_str();
-            let existing = self.stores.tunnels.get(&ObjectRef::new(name));
-            if existing.is_none() {
-                let owner = self.stores.nodes.get(&ObjectRef::new(name));
-                let owners: Vec<serde_json::Value> = owner
-                    .and_then(|n| n.metadata.uid.clone())
-                    .map(|uid| {
-                        serde_json::json!({
-                            "apiVersion": "v1", "kind": "Node", "name": name, "uid": uid,
-                        })
-                    })
-                    .into_iter()
-                    .collect();
-                let body = serde_json::json!({
-                    "apiVersion": api_version(),
-                    "kind": "EgressTunnel",
-                    "metadata": { "name": name, "ownerReferences": owners },
-                    "spec": {},
-                });
-                let created = self
-                    .metrics
-                    .api()
-                    .send(Verb::Patch, api.patch(name, &params, &Patch::Apply(&body)))
-                    .await;
-                if let Err(e) = created {
-                    tracing::warn!(node = name, error = %e, "cannot create the EgressTunnel");
-                    ok = false;
+        let mut not_created = BTreeSet::new();
+        for write in writes {
+            let sent = match write {
+                Write::HeartbeatTimeout { node } => self.mark_timeout(node).await,
+                Write::CreateTunnel { node, owner } => {
+                    let created = self.create_tunnel(node, owner.as_deref()).await;
+                    if created.is_err() {
+                        not_created.insert(node.as_str());
+                    }
+                    created
+                }
+                Write::TunnelStatus { node, .. } if not_created.contains(node.as_str()) => {
                     continue;
                 }
-            }
-            let wanted = tunnel_status(allocation);
-            let current = existing
-                .as_ref()
-                .and_then(|t| t.status.clone())
-                .unwrap_or_default();
-            let current_alloc = egressgw_api::EgressTunnelStatus {
-                tunnel: current
-                    .tunnel
-                    .map(|t| egressgw_api::tunnel::TunnelEndpoint { parent: None, ..t }),
-                phase: None,
-                mark: current.mark,
-                last_heartbeat_time: None,
-                eips: Vec::new(),
-                unreachable: Vec::new(),
-                datapath: None,
-            };
-            if existing.is_some() && current_alloc == wanted {
-                continue;
-            }
-            let body = serde_json::json!({
-                "apiVersion": api_version(),
-                "kind": "EgressTunnel",
-                "metadata": { "name": name },
-                "status": wanted,
-            });
-            let written = self
-                .metrics
-                .api()
-                .send(
-                    Verb::Patch,
-                    api.patch_status(name, &params, &Patch::Apply(&body)),
-                )
-                .await;
-            match written {
-                Ok(_) => tracing::info!(node = name, "tunnel identity written"),
-                Err(e) => {
-                    tracing::warn!(node = name, error = %e, "cannot write the tunnel identity");
-                    ok = false;
-                }
-            }
-        }
-        ok
-    }
-
-    async fn write_policies(&self, status: &ClusterStatus) -> bool {
-        let now = Timestamp::now();
-        let mut ok = true;
-        for s in &status.policies {
-            let id = &s.policy;
-            let written = match &id.namespace {
-                Some(ns) => {
-                    let current = self
-                        .stores
-                        .policies
-                        .get(&ObjectRef::new(&id.name).within(ns));
-                    let Some(current) = current else { continue };
-                    let (stored, generation) = match &*current {
-                        Decoded::Ok(p) => (p.status.as_ref(), p.metadata.generation),
-                        Decoded::Undecodable { meta, .. } => (None, meta.generation),
-                    };
-                    let new = policy_status(s, stored, generation, now);
-                    apply_status::<EgressPolicy, _>(
-                        &self.client,
-                        self.metrics.api(),
-                        Some(ns),
-                        &id.name,
-                        stored,
-                        &new,
-                    )
-                    .await
-                }
-                None => {
-                    let current = self.stores.cluster_policies.get(&ObjectRef::new(&id.name));
-                    let Some(current) = current else { continue };
-                    let (stored, generation) = match &*current {
-                        Decoded::Ok(p) => (p.status.as_ref(), p.metadata.generation),
-                        Decoded::Undecodable { meta, .. } => (None, meta.generation),
-                    };
-                    let new = policy_status(s, stored, generation, now);
-                    apply_status::<EgressClusterPolicy, _>(
+                Write::TunnelStatus { node, status } => self.write_tunnel(node, status).await,
+                Write::PolicyStatus { policy, status } => match &policy.namespace {
+                    Some(ns) => {
+                        apply_status::<EgressPolicy, _>(
+                            &self.client,
+                            self.metrics.api(),
+                            Some(ns),
+                            &policy.name,
+                            None,
+                            status,
+                        )
+                        .await
+                    }
+                    None => {
+                        apply_status::<EgressClusterPolicy, _>(
+                            &self.client,
+                            self.metrics.api(),
+                            None,
+                            &policy.name,
+                            None,
+                            status,
+                        )
+                        .await
+                    }
+                },
+                Write::GatewayStatus { gateway, status } => {
+                    apply_status::<EgressGateway, _>(
                         &self.client,
                         self.metrics.api(),
                         None,
-                        &id.name,
-                        stored,
-                        &new,
+                        gateway,
+                        None,
+                        status,
                     )
                     .await
                 }
             };
-            if let Err(e) = written {
-                tracing::warn!(policy = %describe(id), error = format!("{e:#}"), "cannot write status");
+            if let Err(e) = sent {
+                tracing::warn!(write = %write, error = format!("{e:#}"), "cannot write");
                 ok = false;
             }
         }
         ok
     }
 
-    async fn write_gateways(&self, status: &ClusterStatus) -> bool {
-        let now = Timestamp::now();
-        let mut ok = true;
-        for s in &status.gateways {
-            let current = self.stores.gateways.get(&ObjectRef::new(&s.gateway));
-            let Some(current) = current else { continue };
-            let new = gateway_status(s, current.status.as_ref(), current.metadata.generation, now);
-            if let Err(e) = apply_status::<EgressGateway, _>(
-                &self.client,
-                self.metrics.api(),
-                None,
-                &s.gateway,
-                current.status.as_ref(),
-                &new,
+    /// Marks the tunnel of `node`, whose agent stopped renewing its Lease,
+    /// `HeartbeatTimeout`, and says so in an Event.
+    async fn mark_timeout(&self, node: &str) -> anyhow::Result<()> {
+        let api: Api<EgressTunnel> = Api::all(self.client.clone());
+        let body = serde_json::json!({
+            "apiVersion": api_version(),
+            "kind": "EgressTunnel",
+            "metadata": { "name": node },
+            "status": { "phase": TunnelPhase::HeartbeatTimeout },
+        });
+        let params = PatchParams::apply(PHASE_MANAGER).force();
+        self.metrics
+            .api()
+            .send(
+                Verb::Patch,
+                api.patch_status(node, &params, &Patch::Apply(&body)),
             )
             .await
-            {
-                tracing::warn!(
-                    gateway = s.gateway,
-                    error = format!("{e:#}"),
-                    "cannot write status"
-                );
-                ok = false;
-            }
+            .context("marking the tunnel HeartbeatTimeout")?;
+        tracing::warn!(node, "agent stopped renewing its Lease: HeartbeatTimeout");
+        if let Some(tunnel) = self.stores.tunnels.get(&ObjectRef::new(node)) {
+            self.event(
+                &tunnel.object_ref(&()),
+                EventType::Warning,
+                "AgentHeartbeatTimeout",
+                format!(
+                    "the agent of node {node} has not renewed its Lease for {:.1} s; its EIPs move to other ready nodes",
+                    self.agent_timeout.as_secs_f64()
+                ),
+                None,
+            )
+            .await;
         }
-        ok
+        Ok(())
+    }
+
+    /// Creates the `EgressTunnel` of `node`, owned by the Node of uid
+    /// `owner`.
+    async fn create_tunnel(&self, node: &str, owner: Option<&str>) -> anyhow::Result<()> {
+        let api: Api<EgressTunnel> = Api::all(self.client.clone());
+        let owners: Vec<serde_json::Value> = owner
+            .map(|uid| {
+                serde_json::json!({
+                    "apiVersion": "v1", "kind": "Node", "name": node, "uid": uid,
+                })
+            })
+            .into_iter()
+            .collect();
+        let body = serde_json::json!({
+            "apiVersion": api_version(),
+            "kind": "EgressTunnel",
+            "metadata": { "name": node, "ownerReferences": owners },
+            "spec": {},
+        });
+        let params = PatchParams::apply(MANAGER).force();
+        self.metrics
+            .api()
+            .send(Verb::Patch, api.patch(node, &params, &Patch::Apply(&body)))
+            .await
+            .context("creating the EgressTunnel")?;
+        Ok(())
+    }
+
+    /// Writes the controller's part of `node`'s tunnel status.
+    async fn write_tunnel(
+        &self,
+        node: &str,
+        status: &egressgw_api::EgressTunnelStatus,
+    ) -> anyhow::Result<()> {
+        let api: Api<EgressTunnel> = Api::all(self.client.clone());
+        let body = serde_json::json!({
+            "apiVersion": api_version(),
+            "kind": "EgressTunnel",
+            "metadata": { "name": node },
+            "status": status,
+        });
+        let params = PatchParams::apply(MANAGER).force();
+        self.metrics
+            .api()
+            .send(
+                Verb::Patch,
+                api.patch_status(node, &params, &Patch::Apply(&body)),
+            )
+            .await
+            .context("writing the tunnel identity")?;
+        tracing::info!(node, "tunnel identity written");
+        Ok(())
     }
 
     /// An Event on each gateway and policy whose EIP changed node since

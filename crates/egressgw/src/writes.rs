@@ -1,0 +1,387 @@
+//! What the controller writes to the API server after a plan, decided
+//! apart from sending it: [`plan`] is a pure function of what the watch
+//! caches hold ([`Stored`]), the planned [`ClusterStatus`], the agents
+//! that stopped renewing their Leases and the time; the controller sends
+//! the [`Write`]s it returns, in order, and reports each.
+//!
+//! Nothing is written that would not change the object: a status equal to
+//! the stored one, a tunnel allocation already there, a tunnel already
+//! marked. A plan whose writes were all carried out plans none.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use egressgw_api::status::{gateway_status, policy_status, tunnel_status};
+use egressgw_api::tunnel::TunnelEndpoint;
+use egressgw_api::{EgressGatewayStatus, EgressPolicyStatus, EgressTunnelStatus, TunnelPhase};
+use egressgw_core::model::PolicyRef;
+use egressgw_core::status::ClusterStatus;
+use k8s_openapi::jiff::Timestamp;
+
+/// What the watch caches hold, as far as the decisions need it.
+#[derive(Debug, Clone, Default)]
+pub struct Stored {
+    /// Each `EgressTunnel` by node: its phase and status.
+    pub tunnels: BTreeMap<String, (Option<TunnelPhase>, Option<EgressTunnelStatus>)>,
+    /// The uid of each Node (a new `EgressTunnel` is owned by its Node).
+    pub node_uids: BTreeMap<String, String>,
+    /// Each policy's stored status and `metadata.generation`.
+    pub policies: BTreeMap<PolicyRef, Object<EgressPolicyStatus>>,
+    /// Each gateway's stored status and `metadata.generation`.
+    pub gateways: BTreeMap<String, Object<EgressGatewayStatus>>,
+}
+
+/// An object's stored status and generation.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Object<S> {
+    pub status: Option<S>,
+    pub generation: Option<i64>,
+}
+
+/// One write.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Write {
+    /// The agent of `node` stopped renewing its Lease: its tunnel's phase
+    /// becomes `HeartbeatTimeout` (the controller's phase field manager).
+    HeartbeatTimeout { node: String },
+    /// A node has no `EgressTunnel` yet: create it, owned by its Node
+    /// (`owner`: the Node's uid, when known).
+    CreateTunnel { node: String, owner: Option<String> },
+    /// The controller's part of a tunnel's status: address, MAC, mark.
+    TunnelStatus {
+        node: String,
+        status: EgressTunnelStatus,
+    },
+    /// An `EgressPolicy`'s or `EgressClusterPolicy`'s status.
+    PolicyStatus {
+        policy: PolicyRef,
+        status: EgressPolicyStatus,
+    },
+    /// An `EgressGateway`'s status.
+    GatewayStatus {
+        gateway: String,
+        status: EgressGatewayStatus,
+    },
+}
+
+impl std::fmt::Display for Write {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Write::HeartbeatTimeout { node } => {
+                write!(f, "mark the EgressTunnel {node} HeartbeatTimeout")
+            }
+            Write::CreateTunnel { node, .. } => write!(f, "create the EgressTunnel {node}"),
+            Write::TunnelStatus { node, .. } => write!(f, "the status of EgressTunnel {node}"),
+            Write::PolicyStatus { policy, .. } => {
+                write!(f, "the status of {} {policy}", policy.kind())
+            }
+            Write::GatewayStatus { gateway, .. } => {
+                write!(f, "the status of EgressGateway {gateway}")
+            }
+        }
+    }
+}
+
+/// The tunnels to mark `HeartbeatTimeout`: those of `unavailable` agents
+/// still `Ready` or `Init` (a tunnel already `Failed` or marked says
+/// enough).
+pub fn timeouts(stored: &Stored, unavailable: &BTreeSet<String>) -> Vec<Write> {
+    stored
+        .tunnels
+        .iter()
+        .filter(|(node, (phase, _))| {
+            unavailable.contains(*node)
+                && matches!(phase, Some(TunnelPhase::Ready | TunnelPhase::Init))
+        })
+        .map(|(node, _)| Write::HeartbeatTimeout { node: node.clone() })
+        .collect()
+}
+
+/// The writes that make the objects say what `status` says, at `now`
+/// (a condition that changes gets `now` as its transition time): tunnels
+/// created and given their allocations, then the policies' and the
+/// gateways' status. Objects the caches do not hold (deleted since the
+/// snapshot) are left alone.
+pub fn plan(stored: &Stored, status: &ClusterStatus, now: Timestamp) -> Vec<Write> {
+    let mut writes = Vec::new();
+    for allocation in &status.tunnels {
+        let node = &allocation.node;
+        let wanted = tunnel_status(allocation);
+        match stored.tunnels.get(node) {
+            None => {
+                writes.push(Write::CreateTunnel {
+                    node: node.clone(),
+                    owner: stored.node_uids.get(node).cloned(),
+                });
+            }
+            Some((_, current)) if allocation_of(current.as_ref()) == wanted => continue,
+            Some(_) => {}
+        }
+        writes.push(Write::TunnelStatus {
+            node: node.clone(),
+            status: wanted,
+        });
+    }
+    for s in &status.policies {
+        let Some(stored) = stored.policies.get(&s.policy) else {
+            continue;
+        };
+        let new = policy_status(s, stored.status.as_ref(), stored.generation, now);
+        if stored.status.as_ref() != Some(&new) {
+            writes.push(Write::PolicyStatus {
+                policy: s.policy.clone(),
+                status: new,
+            });
+        }
+    }
+    for s in &status.gateways {
+        let Some(stored) = stored.gateways.get(&s.gateway) else {
+            continue;
+        };
+        let new = gateway_status(s, stored.status.as_ref(), stored.generation, now);
+        if stored.status.as_ref() != Some(&new) {
+            writes.push(Write::GatewayStatus {
+                gateway: s.gateway.clone(),
+                status: new,
+            });
+        }
+    }
+    writes
+}
+
+/// The controller's part of a stored tunnel status: what [`tunnel_status`]
+/// writes, without what the agent writes (the parent interface, the
+/// phase, the EIPs it holds, what it cannot reach, its datapath).
+fn allocation_of(current: Option<&EgressTunnelStatus>) -> EgressTunnelStatus {
+    let current = current.cloned().unwrap_or_default();
+    EgressTunnelStatus {
+        tunnel: current.tunnel.map(|t| TunnelEndpoint { parent: None, ..t }),
+        phase: None,
+        mark: current.mark,
+        last_heartbeat_time: None,
+        eips: Vec::new(),
+        unreachable: Vec::new(),
+        datapath: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use egressgw_core::model::Mac;
+    use egressgw_core::status::{
+        Condition, ConditionType, GatewayStatus, IpUsage, PolicyStatus, Reason, TunnelAllocation,
+    };
+
+    use super::*;
+
+    fn now() -> Timestamp {
+        "2026-11-27T02:00:00Z".parse().unwrap()
+    }
+
+    fn later() -> Timestamp {
+        "2026-11-27T02:05:00Z".parse().unwrap()
+    }
+
+    fn allocation(node: &str, last: u8) -> TunnelAllocation {
+        TunnelAllocation {
+            node: node.into(),
+            ipv4: Some(Ipv4Addr::new(172, 31, 0, last)),
+            ipv6: None,
+            mac: Mac([0x66, 0, 0, 0, 0, last]),
+            mark: Some(0x0100_0000 * u32::from(last)),
+            underlay: None,
+        }
+    }
+
+    fn ready(ok: bool) -> Condition {
+        Condition {
+            type_: ConditionType::Ready,
+            status: ok,
+            reason: if ok {
+                Reason::Allocated
+            } else {
+                Reason::NoReadyNode
+            },
+            message: String::new(),
+        }
+    }
+
+    fn cluster(ok: bool) -> ClusterStatus {
+        let web = PolicyRef::namespaced("team-a", "web");
+        ClusterStatus {
+            tunnels: vec![allocation("node-1", 1), allocation("node-2", 2)],
+            policies: vec![PolicyStatus {
+                policy: web,
+                eip_ipv4: ok.then(|| Ipv4Addr::new(198, 51, 100, 10)),
+                eip_ipv6: None,
+                use_node_ip: false,
+                node: ok.then(|| "node-1".to_owned()),
+                pods: 1,
+                conditions: vec![ready(ok)],
+            }],
+            gateways: vec![GatewayStatus {
+                gateway: "egw".into(),
+                nodes: Vec::new(),
+                ip_usage: IpUsage::default(),
+                conditions: vec![ready(ok)],
+            }],
+            ..ClusterStatus::default()
+        }
+    }
+
+    /// The caches after `writes` were carried out on `stored`.
+    fn carried_out(mut stored: Stored, writes: &[Write]) -> Stored {
+        for write in writes {
+            match write {
+                Write::HeartbeatTimeout { node } => {
+                    stored.tunnels.entry(node.clone()).or_default().0 =
+                        Some(TunnelPhase::HeartbeatTimeout);
+                }
+                Write::CreateTunnel { node, .. } => {
+                    stored.tunnels.insert(node.clone(), (None, None));
+                }
+                Write::TunnelStatus { node, status } => {
+                    stored.tunnels.entry(node.clone()).or_default().1 = Some(status.clone());
+                }
+                Write::PolicyStatus { policy, status } => {
+                    stored.policies.entry(policy.clone()).or_default().status =
+                        Some(status.clone());
+                }
+                Write::GatewayStatus { gateway, status } => {
+                    stored.gateways.entry(gateway.clone()).or_default().status =
+                        Some(status.clone());
+                }
+            }
+        }
+        stored
+    }
+
+    /// A cluster whose objects exist but carry no status yet.
+    fn fresh() -> Stored {
+        let object = Object {
+            status: None,
+            generation: Some(1),
+        };
+        Stored {
+            tunnels: BTreeMap::from([("node-1".to_owned(), (Some(TunnelPhase::Ready), None))]),
+            node_uids: BTreeMap::from([("node-2".to_owned(), "uid-2".to_owned())]),
+            policies: BTreeMap::from([(PolicyRef::namespaced("team-a", "web"), object.clone())]),
+            gateways: BTreeMap::from([(
+                "egw".to_owned(),
+                Object {
+                    status: None,
+                    generation: Some(3),
+                },
+            )]),
+        }
+    }
+
+    #[test]
+    fn a_missing_tunnel_is_created_owned_by_its_node_and_every_status_is_written_once() {
+        let writes = plan(&fresh(), &cluster(true), now());
+        let kinds: Vec<String> = writes
+            .iter()
+            .map(|w| match w {
+                Write::CreateTunnel { node, owner } => format!("create {node} {owner:?}"),
+                Write::TunnelStatus { node, .. } => format!("tunnel {node}"),
+                Write::PolicyStatus { policy, .. } => format!("policy {policy}"),
+                Write::GatewayStatus { gateway, .. } => format!("gateway {gateway}"),
+                Write::HeartbeatTimeout { node } => format!("timeout {node}"),
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "tunnel node-1",
+                "create node-2 Some(\"uid-2\")",
+                "tunnel node-2",
+                "policy team-a/web",
+                "gateway egw",
+            ]
+        );
+        // Carried out, the same plan writes nothing, however much later.
+        let stored = carried_out(fresh(), &writes);
+        assert_eq!(plan(&stored, &cluster(true), later()), []);
+    }
+
+    #[test]
+    fn a_status_that_changes_is_written_with_the_time_of_the_change_and_generation() {
+        let stored = carried_out(fresh(), &plan(&fresh(), &cluster(true), now()));
+        let writes = plan(&stored, &cluster(false), later());
+        let [
+            Write::PolicyStatus { status: policy, .. },
+            Write::GatewayStatus {
+                status: gateway, ..
+            },
+        ] = writes.as_slice()
+        else {
+            panic!("{writes:?}");
+        };
+        let condition = &policy.conditions[0];
+        assert_eq!(condition.status, "False");
+        assert_eq!(condition.last_transition_time.0, later());
+        assert_eq!(condition.observed_generation, Some(1));
+        assert_eq!(gateway.conditions[0].observed_generation, Some(3));
+        assert_eq!(policy.eip, None, "no EIP while no node is ready");
+    }
+
+    #[test]
+    fn a_tunnel_keeps_what_its_agent_wrote_and_moves_only_when_its_allocation_does() {
+        let mut stored = carried_out(fresh(), &plan(&fresh(), &cluster(true), now()));
+        // The agent's part of the status is not the controller's to write.
+        let (_, status) = stored.tunnels.get_mut("node-1").unwrap();
+        let status = status.as_mut().unwrap();
+        status.phase = Some(TunnelPhase::Ready);
+        status.tunnel.as_mut().unwrap().parent = None;
+        status.datapath = None;
+        assert_eq!(plan(&stored, &cluster(true), later()), []);
+        // A new mark for node-2: its status only.
+        let mut moved = cluster(true);
+        moved.tunnels[1].mark = Some(0x0700_0000);
+        let writes = plan(&stored, &moved, later());
+        assert!(
+            matches!(writes.as_slice(), [Write::TunnelStatus { node, .. }] if node == "node-2"),
+            "{writes:?}"
+        );
+    }
+
+    #[test]
+    fn only_ready_or_starting_tunnels_of_silent_agents_are_marked() {
+        let stored = Stored {
+            tunnels: BTreeMap::from([
+                ("a".to_owned(), (Some(TunnelPhase::Ready), None)),
+                ("b".to_owned(), (Some(TunnelPhase::Init), None)),
+                ("c".to_owned(), (Some(TunnelPhase::Failed), None)),
+                ("d".to_owned(), (Some(TunnelPhase::HeartbeatTimeout), None)),
+                ("e".to_owned(), (Some(TunnelPhase::Ready), None)),
+            ]),
+            ..Stored::default()
+        };
+        let silent: BTreeSet<String> = ["a", "b", "c", "d"].map(str::to_owned).into();
+        assert_eq!(
+            timeouts(&stored, &silent),
+            [
+                Write::HeartbeatTimeout { node: "a".into() },
+                Write::HeartbeatTimeout { node: "b".into() },
+            ]
+        );
+        let marks = timeouts(&stored, &silent);
+        let stored = carried_out(stored, &marks);
+        assert_eq!(timeouts(&stored, &silent), []);
+    }
+
+    #[test]
+    fn objects_deleted_since_the_snapshot_are_left_alone() {
+        let mut stored = fresh();
+        stored.policies.clear();
+        stored.gateways.clear();
+        let writes = plan(&stored, &cluster(true), now());
+        assert!(
+            writes
+                .iter()
+                .all(|w| matches!(w, Write::CreateTunnel { .. } | Write::TunnelStatus { .. })),
+            "{writes:?}"
+        );
+    }
+}
