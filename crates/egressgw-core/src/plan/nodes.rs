@@ -162,14 +162,15 @@ impl<'p, 'a> Nodes<'p, 'a> {
             };
             let (works, placed) = (self.works, self.placed);
             let work = &works[w];
-            let policy = Some(work.policy.id.clone());
             let unit = unit_for(w, work, family).expect("classified policies have a unit");
             let Some(candidates) = placed.candidates.get(&unit) else {
                 // No node at all, and the gateway fails closed.
                 if let Some(i) = here {
-                    self.states[i]
-                        .classify
-                        .push(entry(Action::Drop, policy, None));
+                    self.states[i].classify.push(entry(
+                        Action::Drop,
+                        Some(work.policy.id.clone()),
+                        None,
+                    ));
                 }
                 continue;
             };
@@ -194,6 +195,7 @@ impl<'p, 'a> Nodes<'p, 'a> {
                     };
                     (action, Some(self.group_in(i, &unit)))
                 };
+                let policy = Some(work.policy.id.clone());
                 self.states[i].classify.push(entry(action, policy, group));
             }
             if local || can_send {
