@@ -609,12 +609,7 @@ impl Agent {
                 .collect(),
             datapath: Some(self.datapath.clone()),
         };
-        let unchanged = self
-            .reported
-            .as_ref()
-            .is_some_and(|(last, at)| *last == status && at.elapsed() < HEARTBEAT_EVERY)
-            && api_phase == Some(phase);
-        if unchanged {
+        if !status_due(self.reported.as_ref(), &status, api_phase, Instant::now()) {
             return;
         }
         let mut patch = status.clone();
@@ -628,6 +623,23 @@ impl Agent {
         self.status_tx.send_replace(Some(patch));
         self.reported = Some((status, Instant::now()));
     }
+}
+
+/// Whether the agent writes `status` now, `last` being the status it last
+/// queued and when: when it changed, when the stored phase is another (the
+/// controller marked the tunnel `HeartbeatTimeout` while the agent was
+/// away, or the object was created anew), and at least every
+/// [`HEARTBEAT_EVERY`] so that the stored heartbeat stays recent.
+fn status_due(
+    last: Option<&(EgressTunnelStatus, Instant)>,
+    status: &EgressTunnelStatus,
+    stored_phase: Option<TunnelPhase>,
+    now: Instant,
+) -> bool {
+    let recent = last.is_some_and(|(last, at)| {
+        last == status && now.saturating_duration_since(*at) < HEARTBEAT_EVERY
+    });
+    !recent || stored_phase != status.phase
 }
 
 /// Writes the agent's `EgressTunnel` status whenever a new one is queued,
@@ -772,5 +784,41 @@ impl Backoff {
 
     fn reset(&mut self) {
         self.0 = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(phase: TunnelPhase) -> EgressTunnelStatus {
+        EgressTunnelStatus {
+            phase: Some(phase),
+            ..EgressTunnelStatus::default()
+        }
+    }
+
+    #[test]
+    fn the_tunnel_status_is_written_when_it_changes_when_the_api_says_otherwise_and_as_a_heartbeat()
+    {
+        let start = Instant::now();
+        let ready = status(TunnelPhase::Ready);
+        let last = (ready.clone(), start);
+        let soon = start + Duration::from_secs(1);
+        let phase = Some(TunnelPhase::Ready);
+        // Nothing queued yet.
+        assert!(status_due(None, &ready, phase, soon));
+        // The same status, stored as queued, a second later: nothing to say.
+        assert!(!status_due(Some(&last), &ready, phase, soon));
+        // It changed.
+        let failed = status(TunnelPhase::Failed);
+        assert!(status_due(Some(&last), &failed, phase, soon));
+        // The controller marked it HeartbeatTimeout while this agent could
+        // not renew its Lease: the agent says Ready again at once.
+        let marked = Some(TunnelPhase::HeartbeatTimeout);
+        assert!(status_due(Some(&last), &ready, marked, soon));
+        // The heartbeat.
+        let later = start + HEARTBEAT_EVERY;
+        assert!(status_due(Some(&last), &ready, phase, later));
     }
 }
