@@ -31,4 +31,27 @@ fn main() {
     let status = egressgw_core::plan_status(&snapshot);
     println!("  status only: {:.2?}", start.elapsed());
     drop(status);
+    drop(plan);
+    // What an agent holds at this size: the snapshot and one node's plan.
+    let rss = |key: &str| {
+        std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                s.lines().find_map(|l| {
+                    l.strip_prefix(key)?
+                        .trim()
+                        .strip_suffix(" kB")?
+                        .parse::<u64>()
+                        .ok()
+                })
+            })
+            .map_or(0.0, |kib| kib as f64 / 1024.0)
+    };
+    let agent = egressgw_core::plan_node(&snapshot, "node-00001");
+    println!(
+        "  memory: {:.0} MiB now (the snapshot and one node's plan), {:.0} MiB at the peak (the whole plan)",
+        rss("VmRSS:"),
+        rss("VmHWM:")
+    );
+    drop(agent);
 }
