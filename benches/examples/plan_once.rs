@@ -2,6 +2,8 @@
 //! agent does) and for its status only (as the controller does), and
 //! prints how long each took and how big the plan is:
 //! `cargo run --release -p egressgw-benches --example plan_once -- 1000 10000 100000`.
+//! With `PLAN_ONCE_AGENT=1`, only the one worker node's plan, and the
+//! process's peak memory then: what an agent holds.
 
 use std::time::Instant;
 
@@ -15,6 +17,18 @@ fn main() {
         std::process::exit(2);
     };
     let snapshot = egressgw_benches::synthetic_cluster(nodes, policies, pods);
+    if std::env::var_os("PLAN_ONCE_AGENT").is_some() {
+        // Only what an agent plans, for its memory.
+        let start = Instant::now();
+        let agent = egressgw_core::plan_node(&snapshot, "node-00001");
+        println!(
+            "{nodes} nodes, {policies} policies, {pods} pods, one worker node: {:.2?}, {:.0} MiB at the peak",
+            start.elapsed(),
+            rss("VmHWM:")
+        );
+        drop(agent);
+        return;
+    }
     let start = Instant::now();
     let plan = egressgw_core::plan(&snapshot);
     let took = start.elapsed();
@@ -32,26 +46,24 @@ fn main() {
     println!("  status only: {:.2?}", start.elapsed());
     drop(status);
     drop(plan);
-    // What an agent holds at this size: the snapshot and one node's plan.
-    let rss = |key: &str| {
-        std::fs::read_to_string("/proc/self/status")
-            .ok()
-            .and_then(|s| {
-                s.lines().find_map(|l| {
-                    l.strip_prefix(key)?
-                        .trim()
-                        .strip_suffix(" kB")?
-                        .parse::<u64>()
-                        .ok()
-                })
-            })
-            .map_or(0.0, |kib| kib as f64 / 1024.0)
-    };
-    let agent = egressgw_core::plan_node(&snapshot, "node-00001");
     println!(
-        "  memory: {:.0} MiB now (the snapshot and one node's plan), {:.0} MiB at the peak (the whole plan)",
-        rss("VmRSS:"),
+        "  memory: {:.0} MiB at the peak (the whole plan); PLAN_ONCE_AGENT=1 measures an agent's alone",
         rss("VmHWM:")
     );
-    drop(agent);
+}
+
+/// A `/proc/self/status` figure in MiB (`VmHWM:`: the peak resident set).
+fn rss(key: &str) -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix(key)?
+                    .trim()
+                    .strip_suffix(" kB")?
+                    .parse::<u64>()
+                    .ok()
+            })
+        })
+        .map_or(0.0, |kib| kib as f64 / 1024.0)
 }
