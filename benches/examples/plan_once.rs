@@ -3,7 +3,9 @@
 //! prints how long each took and how big the plan is:
 //! `cargo run --release -p egressgw-benches --example plan_once -- 1000 10000 100000`.
 //! With `PLAN_ONCE_AGENT=1`, only the one worker node's plan, and the
-//! process's peak memory then: what an agent holds.
+//! process's peak memory then: what an agent holds. With
+//! `PLAN_ONCE_DIGEST=1`, a digest of the whole plan, to check that a change
+//! to the planner plans the same.
 
 use std::time::Instant;
 
@@ -17,6 +19,19 @@ fn main() {
         std::process::exit(2);
     };
     let snapshot = egressgw_benches::synthetic_cluster(nodes, policies, pods);
+    if std::env::var_os("PLAN_ONCE_DIGEST").is_some() {
+        // A digest of the whole plan, to check that a change to the planner
+        // plans the same.
+        use std::hash::{Hash, Hasher};
+        let plan = egressgw_core::plan(&snapshot);
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        format!("{plan:?}").hash(&mut hasher);
+        println!(
+            "{nodes} nodes, {policies} policies, {pods} pods: plan digest {:016x}",
+            hasher.finish()
+        );
+        return;
+    }
     if std::env::var_os("PLAN_ONCE_AGENT").is_some() {
         // Only what an agent plans, for its memory.
         let start = Instant::now();
