@@ -469,20 +469,8 @@ impl Control {
     /// Marks the tunnel of `node`, whose agent stopped renewing its Lease,
     /// `HeartbeatTimeout`, and says so in an Event.
     async fn mark_timeout(&self, node: &str) -> anyhow::Result<()> {
-        let api: Api<EgressTunnel> = Api::all(self.client.clone());
-        let body = serde_json::json!({
-            "apiVersion": api_version(),
-            "kind": "EgressTunnel",
-            "metadata": { "name": node },
-            "status": { "phase": TunnelPhase::HeartbeatTimeout },
-        });
-        let params = PatchParams::apply(PHASE_MANAGER).force();
-        self.metrics
-            .api()
-            .send(
-                Verb::Patch,
-                api.patch_status(node, &params, &Patch::Apply(&body)),
-            )
+        let status = serde_json::json!({ "phase": TunnelPhase::HeartbeatTimeout });
+        self.apply_tunnel_status(node, PHASE_MANAGER, &status)
             .await
             .context("marking the tunnel HeartbeatTimeout")?;
         tracing::warn!(node, "agent stopped renewing its Lease: HeartbeatTimeout");
@@ -535,6 +523,21 @@ impl Control {
         node: &str,
         status: &egressgw_api::EgressTunnelStatus,
     ) -> anyhow::Result<()> {
+        self.apply_tunnel_status(node, MANAGER, status)
+            .await
+            .context("writing the tunnel identity")?;
+        tracing::info!(node, "tunnel identity written");
+        Ok(())
+    }
+
+    /// Applies `status` to `node`'s `EgressTunnel` under the field manager
+    /// `manager`.
+    async fn apply_tunnel_status(
+        &self,
+        node: &str,
+        manager: &str,
+        status: &impl Serialize,
+    ) -> Result<(), kube::Error> {
         let api: Api<EgressTunnel> = Api::all(self.client.clone());
         let body = serde_json::json!({
             "apiVersion": api_version(),
@@ -542,7 +545,7 @@ impl Control {
             "metadata": { "name": node },
             "status": status,
         });
-        let params = PatchParams::apply(MANAGER).force();
+        let params = PatchParams::apply(manager).force();
         self.metrics
             .api()
             .send(
@@ -550,9 +553,7 @@ impl Control {
                 api.patch_status(node, &params, &Patch::Apply(&body)),
             )
             .await
-            .context("writing the tunnel identity")?;
-        tracing::info!(node, "tunnel identity written");
-        Ok(())
+            .map(drop)
     }
 
     /// An Event on each gateway and policy whose EIP changed node since
