@@ -3,7 +3,10 @@
 //! prints how long each took and how big the plan is:
 //! `cargo run --release -p egressgw-benches --example plan_once -- 1000 10000 100000`.
 //! With `PLAN_ONCE_AGENT=1`, only the one worker node's plan, and the
-//! process's peak memory then: what an agent holds. With
+//! process's peak memory then: what an agent holds. `PLAN_ONCE_AGENT=worker`
+//! and `PLAN_ONCE_AGENT=gateway` plan a worker node and a gateway node from
+//! the Pods their agents watch (`egressgw_core::pod_scope`), in a process
+//! that never holds the other Pods, and print its peak memory. With
 //! `PLAN_ONCE_DIGEST=1`, a digest of the whole plan, to check that a change
 //! to the planner plans the same.
 
@@ -18,6 +21,10 @@ fn main() {
         eprintln!("usage: plan_once NODES POLICIES PODS");
         std::process::exit(2);
     };
+    if let Some(kind @ ("worker" | "gateway")) = std::env::var("PLAN_ONCE_AGENT").ok().as_deref() {
+        scoped_agent(kind, (nodes, policies, pods));
+        return;
+    }
     let snapshot = egressgw_benches::synthetic_cluster(nodes, policies, pods);
     if std::env::var_os("PLAN_ONCE_DIGEST").is_some() {
         // A digest of the whole plan, to check that a change to the planner
@@ -65,6 +72,46 @@ fn main() {
         "  memory: {:.0} MiB at the peak (the whole plan); PLAN_ONCE_AGENT=1 measures an agent's alone",
         rss("VmHWM:")
     );
+}
+
+/// Plans one node of `kind` from the Pods its agent watches; the peak
+/// memory is that of a process that only ever held those Pods (the
+/// agent's snapshot and plan; its watch caches are not counted here).
+fn scoped_agent(kind: &str, size: (usize, usize, usize)) {
+    let (nodes, policies, pods) = size;
+    // The nodes and gateways alone decide which Pods a node watches.
+    let shape = egressgw_benches::synthetic_cluster(nodes, policies, 0);
+    // The second of its kind where there are two: the synthetic cluster
+    // leaves node-00001's Pods pending at some sizes.
+    let of_kind: Vec<String> = shape
+        .nodes
+        .iter()
+        .map(|n| n.name.clone())
+        .filter(|n| {
+            let scope = egressgw_core::pod_scope(&shape, n);
+            (scope == egressgw_core::PodScope::Cluster) == (kind == "gateway")
+        })
+        .collect();
+    let node = of_kind
+        .get(1)
+        .or(of_kind.first())
+        .cloned()
+        .expect("the synthetic cluster has nodes of each kind");
+    let scope = egressgw_core::pod_scope(&shape, &node);
+    drop(shape);
+    let own = egressgw_benches::synthetic_cluster_where(nodes, policies, pods, &|p| {
+        scope == egressgw_core::PodScope::Cluster || p.node.as_deref() == Some(node.as_str())
+    });
+    let start = Instant::now();
+    let plan = egressgw_core::plan_node(&own, &node);
+    println!(
+        "{nodes} nodes, {policies} policies, {pods} pods, {kind} {node} ({} pods watched): \
+         {:.2?}, {:.0} MiB at the peak",
+        own.pods.len(),
+        start.elapsed(),
+        rss("VmHWM:")
+    );
+    drop(plan);
 }
 
 /// A `/proc/self/status` figure in MiB (`VmHWM:`: the peak resident set).

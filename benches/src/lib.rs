@@ -91,6 +91,18 @@ pub fn bench_vxlan(cfg: &Config) -> egressgw_core::state::Vxlan {
 /// below 10.96.0.0: up to 24 576 nodes with a /24 each; pools inside
 /// 100.64.0.0/10: up to 8 192 gateways).
 pub fn synthetic_cluster(nodes: usize, policies: usize, pods: usize) -> Snapshot {
+    synthetic_cluster_where(nodes, policies, pods, &|_| true)
+}
+
+/// [`synthetic_cluster`] keeping only the Pods `keep` takes, each dropped as
+/// it is made: the cluster as an agent that watches those Pods holds it,
+/// without ever holding the others.
+pub fn synthetic_cluster_where(
+    nodes: usize,
+    policies: usize,
+    pods: usize,
+    keep: &dyn Fn(&Pod) -> bool,
+) -> Snapshot {
     assert!(nodes > 0, "a cluster needs at least one node");
     let mut rng = Rng::new(SEED);
     let gateways = (policies / 500).max(1);
@@ -99,7 +111,7 @@ pub fn synthetic_cluster(nodes: usize, policies: usize, pods: usize) -> Snapshot
     let pod_prefix = pod_prefix_len(nodes, pods);
     let nodes = make_nodes(nodes, gateways, pod_prefix);
     let namespaces = make_namespaces(&mut rng, namespace_count);
-    let pods = make_pods(&mut rng, pods, &nodes, &namespaces);
+    let pods = make_pods(&mut rng, pods, &nodes, &namespaces, keep);
     let gateways = make_gateways(gateways);
     let policies = make_policies(&mut rng, policies, &nodes, &namespaces, &gateways);
 
@@ -300,7 +312,13 @@ fn make_namespaces(rng: &mut Rng, count: usize) -> Vec<AppNamespace> {
 /// Pods go round-robin over the nodes, so every node holds its share; their
 /// namespace and app are drawn at random. One pod in fifty is a host-network
 /// system pod, one in two hundred is still pending.
-fn make_pods(rng: &mut Rng, count: usize, nodes: &[Node], namespaces: &[AppNamespace]) -> Vec<Pod> {
+fn make_pods(
+    rng: &mut Rng,
+    count: usize,
+    nodes: &[Node],
+    namespaces: &[AppNamespace],
+    keep: &dyn Fn(&Pod) -> bool,
+) -> Vec<Pod> {
     let (system, apps) = namespaces
         .split_last()
         .expect("kube-system is always there");
@@ -338,6 +356,7 @@ fn make_pods(rng: &mut Rng, count: usize, nodes: &[Node], namespaces: &[AppNames
                 host_network: false,
             }
         })
+        .filter(|pod| keep(pod))
         .collect()
 }
 

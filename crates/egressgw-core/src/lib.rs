@@ -16,4 +16,4 @@ pub mod state;
 pub mod status;
 
 pub use model::Snapshot;
-pub use plan::{Plan, plan, plan_node, plan_status, remember};
+pub use plan::{Plan, PodScope, plan, plan_node, plan_status, pod_scope, remember};

@@ -27,6 +27,7 @@ use egressgw_api::tunnel::{
 };
 use egressgw_core::model::{Config, PolicyRef};
 use egressgw_core::state::NodeState;
+use egressgw_core::{PodScope, Snapshot};
 use egressgw_dataplane::Report;
 use egressgw_dataplane::classify::Datapath;
 use egressgw_dataplane::netlink::Rtnetlink;
@@ -232,7 +233,7 @@ async fn agent(args: &AgentArgs, config: Config, running: &Running) -> anyhow::R
         Arc::clone(&running.stopping),
     ));
 
-    let (stores, _watches) = Stores::start(&client, &changed, WATCH_RENEW);
+    let (stores, _watches) = Stores::start(&client, &changed, WATCH_RENEW, Some(node));
     tracing::info!("waiting for the first list of every watched kind");
     stores.ready().await?;
     tracing::info!("watches synced");
@@ -524,9 +525,17 @@ impl Agent {
         );
     }
 
-    /// Plans this node from the stores; false when it cannot yet.
+    /// Plans this node from the stores; false when it cannot yet. While
+    /// the Pods the plan needs are still being listed (a gateway has just
+    /// selected this node), the last plan stays.
     fn replan(&mut self) -> bool {
-        let snapshot = self.stores.snapshot(self.config.clone());
+        let Some(snapshot) = self.snapshot() else {
+            tracing::info!(
+                node = self.node,
+                "a gateway selects this node: waiting for the list of every pod before planning"
+            );
+            return self.planned.is_some();
+        };
         let Some(own) = snapshot.nodes.iter().find(|n| n.name == self.node) else {
             tracing::warn!(node = self.node, "no Node of this name in the API; waiting");
             return false;
@@ -552,6 +561,27 @@ impl Agent {
         self.liveness.follow(state);
         self.planned = Some((state.clone(), underlay));
         true
+    }
+
+    /// The stores' snapshot with the Pods this node's plan needs (see
+    /// [`egressgw_core::pod_scope`]); `None` while they are being listed.
+    fn snapshot(&self) -> Option<Snapshot> {
+        for _ in 0..2 {
+            // Taken first: Pods listed between the two calls only add Pods.
+            let served = self.stores.pods.scope();
+            let snapshot = self.stores.snapshot(self.config.clone());
+            let wanted = egressgw_core::pod_scope(&snapshot, &self.node);
+            if !self.stores.pods.serve(wanted) {
+                return None;
+            }
+            // Every Pod serves a node that needs its own only; a node that
+            // needs every Pod, listed since the snapshot, takes it again.
+            if served == wanted || served == PodScope::Cluster {
+                self.metrics.watched_pods(wanted, self.stores.pods.len());
+                return Some(snapshot);
+            }
+        }
+        None
     }
 
     /// Writes the agent's part of its `EgressTunnel` status when it changed

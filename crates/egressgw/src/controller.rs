@@ -110,7 +110,7 @@ async fn controller(args: &ControllerArgs, config: Config) -> anyhow::Result<()>
     health::serve(args.health_addr, Arc::clone(&health)).await?;
 
     let changed = Arc::new(Notify::new());
-    let (stores, mut watches) = Stores::start(&client, &changed, WATCH_RENEW);
+    let (stores, mut watches) = Stores::start(&client, &changed, WATCH_RENEW, None);
     // Renewals do not wake the loop (three agents would replan the cluster
     // three times a second); the liveness tick reads the Lease store.
     let renewed = Arc::new(Notify::new());

@@ -26,6 +26,7 @@ mod metrics;
 mod objects;
 mod run;
 mod scenarios;
+mod scope;
 mod snapshot;
 mod tenancy;
 mod traffic;

@@ -18,7 +18,7 @@ use super::{failover, install, tenancy};
 pub type Scenario = (&'static str, fn(&mut Run) -> anyhow::Result<()>);
 
 /// Every scenario, in the order they run.
-pub const ALL: [Scenario; 28] = [
+pub const ALL: [Scenario; 29] = [
     (
         "chart_is_lint_clean_and_bad_values_change_nothing",
         install::chart_is_lint_clean_and_bad_values_change_nothing,
@@ -66,6 +66,10 @@ pub const ALL: [Scenario; 28] = [
     (
         "new_pod_matching_a_policy_is_covered",
         new_pod_matching_a_policy_is_covered,
+    ),
+    (
+        "only_nodes_a_gateway_selects_watch_every_pod",
+        super::scope::only_nodes_a_gateway_selects_watch_every_pod,
     ),
     (
         "metrics_count_a_policys_traffic_and_every_daemon_serves_them",

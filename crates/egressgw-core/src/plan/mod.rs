@@ -20,7 +20,10 @@ mod gateways;
 mod nodes;
 mod placement;
 mod report;
+mod scope;
 mod tunnels;
+
+pub use scope::{PodScope, pod_scope, scoped};
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;

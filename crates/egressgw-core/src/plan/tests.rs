@@ -858,6 +858,28 @@ fn ipv6_pods_get_ipv6_eips_when_ipv6_is_enabled() {
     );
 }
 
+#[test]
+fn a_node_needs_every_pod_once_any_gateway_selects_it_valid_or_not() {
+    let mut c = Cluster::new();
+    assert_eq!(pod_scope(&c.0, "n1"), PodScope::Node);
+    assert_eq!(pod_scope(&c.0, "g1"), PodScope::Cluster);
+    assert_eq!(pod_scope(&c.0, "unknown"), PodScope::Node);
+    // An invalid gateway selecting n1 may become valid: the pods must be there.
+    let mut broken = gateway("broken", "198.51.100.20", false, 2);
+    broken.node_selector = LabelSelector::eq("egress", "false");
+    broken.errors.push("ippools: overlapping".into());
+    c.0.gateways.push(broken);
+    assert_eq!(pod_scope(&c.0, "n1"), PodScope::Cluster);
+
+    let c = Cluster::new()
+        .pod("a", "web-0", "n1", "10.244.1.5", "web")
+        .pod("a", "web-1", "g1", "10.244.2.5", "web");
+    let only_n1 = scoped(&c.0, "n1", PodScope::Node);
+    assert_eq!(only_n1.pods.len(), 1);
+    assert_eq!(only_n1.pods[0].name, "web-0");
+    assert_eq!(scoped(&c.0, "n1", PodScope::Cluster).pods.len(), 2);
+}
+
 // ---- properties over generated clusters ----
 
 fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
@@ -975,6 +997,16 @@ proptest! {
             let one = plan_node(&s, node);
             prop_assert_eq!(one.nodes.get(node), Some(state));
             prop_assert_eq!(one.nodes.len(), 1);
+        }
+    }
+
+    #[test]
+    fn a_nodes_state_from_its_scoped_pods_is_the_whole_plans(s in arb_snapshot()) {
+        let whole = plan(&s);
+        for (node, state) in &whole.nodes {
+            let scope = pod_scope(&s, node);
+            let one = plan_node(&scoped(&s, node, scope), node);
+            prop_assert_eq!(one.nodes.get(node), Some(state), "{} with scope {:?}", node, scope);
         }
     }
 

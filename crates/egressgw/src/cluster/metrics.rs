@@ -9,6 +9,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use egressgw_core::PodScope;
 use egressgw_core::model::PolicyRef;
 use egressgw_core::status::{ClusterStatus, Condition, ConditionType};
 use egressgw_dataplane::ops::{OpKind, Report};
@@ -53,6 +54,7 @@ pub struct AgentMetrics {
     detection_seconds: Histogram,
     recovery_seconds: Histogram,
     gateway_unreachable: Family<[(&'static str, String); 1], Gauge>,
+    watched_pods: Family<Label, Gauge>,
     api: ApiRequests,
 }
 
@@ -88,6 +90,7 @@ impl AgentMetrics {
             detection_seconds: Histogram::new(FAILOVER_BUCKETS),
             recovery_seconds: Histogram::new(FAILOVER_BUCKETS),
             gateway_unreachable: Family::default(),
+            watched_pods: Family::default(),
             api: ApiRequests::register(registry),
         };
         // Rare events start at 0, so that the first one is an increase.
@@ -200,8 +203,25 @@ impl AgentMetrics {
              otherwise, by gateway; only gateways this node sends traffic to.",
             metrics.gateway_unreachable.clone(),
         );
+        registry.register(
+            "egressgw_watched_pods",
+            "Pods this agent watches and plans from, by scope (node: the Pods on this node, \
+             while no EgressGateway selects it; cluster: every Pod, while one does); the \
+             other scope is 0.",
+            metrics.watched_pods.clone(),
+        );
         registry.register_collector(Box::new(Arc::clone(&metrics.traffic)));
         metrics
+    }
+
+    /// The agent planned from `count` Pods of `scope`.
+    pub fn watched_pods(&self, scope: PodScope, count: usize) {
+        for s in [PodScope::Node, PodScope::Cluster] {
+            let n = if s == scope { count } else { 0 };
+            self.watched_pods
+                .get_or_create(&[("scope", s.as_str())])
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
     }
 
     /// Counts the agent's requests to the API server.

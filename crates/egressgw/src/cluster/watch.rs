@@ -5,15 +5,15 @@
 //! loop ([`Notify`]); the loop reads the stores as a whole (level-based).
 
 use std::fmt::Debug;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use egressgw_api::{
     EgressClusterPolicy, EgressGateway, EgressPolicy, EgressTunnel, SnapshotBuilder,
 };
-use egressgw_core::Snapshot;
 use egressgw_core::model::Config;
-use futures_util::{StreamExt as _, TryStreamExt as _};
+use egressgw_core::{PodScope, Snapshot};
+use futures_util::{FutureExt as _, StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::utils::Backoff;
@@ -30,7 +30,7 @@ use super::decoded::Decoded;
 pub struct Stores {
     pub nodes: Store<Node>,
     pub namespaces: Store<Namespace>,
-    pub pods: Store<Pod>,
+    pub pods: Pods,
     pub gateways: Store<EgressGateway>,
     /// Policies are taken one by one (see [`Decoded`]): a stored one that
     /// does not decode is reported, and stops no other.
@@ -47,18 +47,20 @@ impl Debug for Stores {
 
 impl Stores {
     /// Starts one watch per kind, cluster-wide; every change wakes `changed`.
-    /// Each watch is renewed every `renew` (see [`watch`]).
+    /// Each watch is renewed every `renew` (see [`watch`]). With `node`, the
+    /// Pods watched are that node's (see [`Pods`]); without, every Pod.
     pub fn start(
         client: &Client,
         changed: &Arc<Notify>,
         renew: Duration,
+        node: Option<&str>,
     ) -> (Self, Vec<JoinHandle<()>>) {
         let mut tasks = Vec::new();
         let t = &mut tasks;
         let stores = Self {
             nodes: watch(Api::all(client.clone()), changed, t, renew),
             namespaces: watch(Api::all(client.clone()), changed, t, renew),
-            pods: watch(Api::all(client.clone()), changed, t, renew),
+            pods: Pods::start(client, changed, t, renew, node),
             gateways: watch(Api::all(client.clone()), changed, t, renew),
             policies: watch(Api::all(client.clone()), changed, t, renew),
             cluster_policies: watch(Api::all(client.clone()), changed, t, renew),
@@ -72,7 +74,7 @@ impl Stores {
         let waits = [
             self.nodes.wait_until_ready().await,
             self.namespaces.wait_until_ready().await,
-            self.pods.wait_until_ready().await,
+            self.pods.first.wait_until_ready().await,
             self.gateways.wait_until_ready().await,
             self.policies.wait_until_ready().await,
             self.cluster_policies.wait_until_ready().await,
@@ -100,6 +102,149 @@ impl Stores {
             .tunnels(self.tunnels.state());
         let builder = undecodable(builder, &policies);
         undecodable(builder, &cluster_policies).build()
+    }
+}
+
+/// The Pods a daemon watches.
+///
+/// The controller watches every Pod. An agent watches the Pods on its node
+/// (a `spec.nodeName` field selector), and every Pod only while some
+/// gateway selects its node ([`egressgw_core::pod_scope`]): a node that can
+/// carry no gateway's traffic plans nothing from other nodes' Pods, so the
+/// API server streams each Pod to its own node and to the gateway nodes
+/// rather than to every node.
+#[derive(Clone)]
+pub struct Pods {
+    /// The watch started with the daemon.
+    first: Store<Pod>,
+    /// Which Pods `first` holds.
+    first_scope: PodScope,
+    /// An agent's watch of every Pod, started and stopped on demand.
+    cluster: Arc<Mutex<OnDemand>>,
+}
+
+/// What starting a watch takes, and the watch of every Pod while it runs.
+struct OnDemand {
+    client: Client,
+    changed: Arc<Notify>,
+    renew: Duration,
+    running: Option<(Store<Pod>, JoinHandle<()>)>,
+}
+
+impl Drop for OnDemand {
+    fn drop(&mut self) {
+        if let Some((_, task)) = self.running.take() {
+            task.abort();
+        }
+    }
+}
+
+impl Pods {
+    fn start(
+        client: &Client,
+        changed: &Arc<Notify>,
+        tasks: &mut Vec<JoinHandle<()>>,
+        renew: Duration,
+        node: Option<&str>,
+    ) -> Self {
+        let (fields, first_scope) = match node {
+            Some(node) => (Some(format!("spec.nodeName={node}")), PodScope::Node),
+            None => (None, PodScope::Cluster),
+        };
+        let first = watch_fields(
+            Api::all(client.clone()),
+            fields.as_deref(),
+            changed,
+            tasks,
+            renew,
+        );
+        Self {
+            first,
+            first_scope,
+            cluster: Arc::new(Mutex::new(OnDemand {
+                client: client.clone(),
+                changed: Arc::clone(changed),
+                renew,
+                running: None,
+            })),
+        }
+    }
+
+    /// Which Pods [`Pods::state`] gives now: every Pod once the watch of
+    /// every Pod has listed them, else the first watch's.
+    pub fn scope(&self) -> PodScope {
+        if self.cluster_store().is_some() {
+            PodScope::Cluster
+        } else {
+            self.first_scope
+        }
+    }
+
+    /// The Pods of [`Pods::scope`].
+    pub fn state(&self) -> Vec<Arc<Pod>> {
+        self.cluster_store()
+            .unwrap_or_else(|| self.first.clone())
+            .state()
+    }
+
+    /// How many Pods [`Pods::state`] gives.
+    pub fn len(&self) -> usize {
+        self.cluster_store()
+            .map_or_else(|| self.first.len(), |store| store.len())
+    }
+
+    /// Asks for the Pods of `scope`, starting or stopping the watch of
+    /// every Pod (an agent's); true when [`Pods::scope`] gives them now.
+    /// A watch started here wakes the daemon when it has listed.
+    pub fn serve(&self, scope: PodScope) -> bool {
+        if self.first_scope == PodScope::Cluster {
+            return true;
+        }
+        let mut on_demand = self
+            .cluster
+            .lock()
+            .expect("the pod watch lock is never poisoned");
+        match scope {
+            PodScope::Node => {
+                if let Some((_, task)) = on_demand.running.take() {
+                    task.abort();
+                    tracing::info!(
+                        "no gateway selects this node any more: watching its own pods only"
+                    );
+                }
+                true
+            }
+            PodScope::Cluster => {
+                if on_demand.running.is_none() {
+                    tracing::info!(
+                        "a gateway selects this node: watching every pod in the cluster"
+                    );
+                    let mut tasks = Vec::new();
+                    let store = watch_fields(
+                        Api::all(on_demand.client.clone()),
+                        None,
+                        &on_demand.changed,
+                        &mut tasks,
+                        on_demand.renew,
+                    );
+                    let task = tasks.pop().expect("watch_fields starts one task");
+                    on_demand.running = Some((store, task));
+                }
+                drop(on_demand);
+                self.cluster_store().is_some()
+            }
+        }
+    }
+
+    /// The store of every Pod, when it is watched and has listed.
+    fn cluster_store(&self) -> Option<Store<Pod>> {
+        let on_demand = self
+            .cluster
+            .lock()
+            .expect("the pod watch lock is never poisoned");
+        let (store, _) = on_demand.running.as_ref()?;
+        let listed = store.wait_until_ready().now_or_never();
+        matches!(listed, Some(Ok(()))).then(|| store.clone())
     }
 }
 
@@ -176,24 +321,39 @@ pub fn watch<K>(
 where
     K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
 {
+    watch_fields(api, None, changed, tasks, renew)
+}
+
+/// [`watch`] of the objects `fields` (a field selector) selects.
+fn watch_fields<K>(
+    api: Api<K>,
+    fields: Option<&str>,
+    changed: &Arc<Notify>,
+    tasks: &mut Vec<JoinHandle<()>>,
+    renew: Duration,
+) -> Store<K>
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+{
     let (store, writer) = reflector::store();
     let changed = Arc::clone(changed);
     let kind = K::kind(&()).into_owned();
     let renew = u32::try_from(renew.as_secs()).unwrap_or(u32::MAX).max(1);
-    let stream = watcher(
-        api,
-        watcher::Config::default().any_semantic().timeout(renew),
-    )
-    .map_ok(|event| {
-        event.modify(|object| {
-            // Nothing egressgw reads; dropping it keeps the stores small.
-            let meta = object.meta_mut();
-            meta.managed_fields = None;
-            meta.annotations = None;
+    let mut config = watcher::Config::default().any_semantic().timeout(renew);
+    if let Some(fields) = fields {
+        config = config.fields(fields);
+    }
+    let stream = watcher(api, config)
+        .map_ok(|event| {
+            event.modify(|object| {
+                // Nothing egressgw reads; dropping it keeps the stores small.
+                let meta = object.meta_mut();
+                meta.managed_fields = None;
+                meta.annotations = None;
+            })
         })
-    })
-    .backoff(WatchBackoff::default())
-    .reflect(writer);
+        .backoff(WatchBackoff::default())
+        .reflect(writer);
     tasks.push(tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         while let Some(event) = stream.next().await {

@@ -404,7 +404,7 @@ async fn gather_pod(
     let client = crate::cluster::client(args.kubeconfig.as_deref()).await?;
     let changed = std::sync::Arc::new(tokio::sync::Notify::new());
     let (stores, tasks) =
-        crate::cluster::watch::Stores::start(&client, &changed, Duration::from_secs(600));
+        crate::cluster::watch::Stores::start(&client, &changed, Duration::from_secs(600), None);
     let listed = tokio::time::timeout(Duration::from_secs(20), stores.ready()).await;
     let snapshot = stores.snapshot(config.clone());
     for task in tasks {
