@@ -33,7 +33,7 @@ use tokio::sync::{Notify, watch};
 
 use crate::cluster::health::{self, Health};
 use crate::cluster::lease::{self, Elector, Liveness};
-use crate::cluster::metrics::{ApiRequests, ControllerMetrics, Verb};
+use crate::cluster::metrics::{ApiRequests, ControllerMetrics, REQUEST_TIMEOUT, Verb};
 use crate::cluster::watch::{Stores, watch as watch_kind};
 use crate::cluster::{self, ClusterArgs};
 use crate::load_config;
@@ -474,6 +474,11 @@ impl Control {
             .await
             .context("marking the tunnel HeartbeatTimeout")?;
         tracing::warn!(node, "agent stopped renewing its Lease: HeartbeatTimeout");
+        // One Event per outage: an agent that writes Ready while its Lease
+        // is still stale is marked again, not announced again.
+        if self.unavailable.contains(node) {
+            return Ok(());
+        }
         if let Some(tunnel) = self.stores.tunnels.get(&ObjectRef::new(node)) {
             self.event(
                 &tunnel.object_ref(&()),
@@ -784,8 +789,16 @@ impl Control {
             action: "Reconcile".into(),
             secondary: related,
         };
-        if let Err(e) = self.recorder.publish(&event, reference).await {
-            tracing::warn!(reason, error = %e, "cannot record an Event");
+        let published =
+            tokio::time::timeout(REQUEST_TIMEOUT, self.recorder.publish(&event, reference));
+        match published.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(reason, error = %e, "cannot record an Event"),
+            Err(_) => tracing::warn!(
+                reason,
+                "cannot record an Event: the API server did not answer within {} s",
+                REQUEST_TIMEOUT.as_secs()
+            ),
         }
     }
 }

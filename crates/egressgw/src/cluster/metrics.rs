@@ -421,16 +421,30 @@ impl ApiRequests {
         api
     }
 
-    /// Sends `request` and counts it when it completes. A request dropped
-    /// before it completes (its caller's timeout ran out) counts as an
-    /// error with the code `timeout`.
+    /// Sends `request` and counts it when it completes. One without an
+    /// answer within [`REQUEST_TIMEOUT`] fails, and one dropped before it
+    /// completes (its caller's own timeout ran out) counts as failed too,
+    /// both with the code `timeout`: the client's read timeout is the
+    /// watches' (minutes), and a daemon must not wait that long on a write.
     pub async fn send<T>(
         &self,
         verb: Verb,
         request: impl Future<Output = kube::Result<T>>,
     ) -> kube::Result<T> {
+        self.send_within(REQUEST_TIMEOUT, verb, request).await
+    }
+
+    /// [`ApiRequests::send`] with `limit` for the answer.
+    async fn send_within<T>(
+        &self,
+        limit: Duration,
+        verb: Verb,
+        request: impl Future<Output = kube::Result<T>>,
+    ) -> kube::Result<T> {
         let mut unfinished = Unfinished(Some((self, verb)));
-        let result = request.await;
+        let result = tokio::time::timeout(limit, request)
+            .await
+            .unwrap_or_else(|_| Err(no_answer()));
         unfinished.0 = None;
         self.count(verb, result.as_ref().err().map(error_code));
         result
@@ -448,6 +462,20 @@ impl ApiRequests {
                 .inc();
         }
     }
+}
+
+/// How long a request to the API server (not a watch) may go unanswered.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The error of a request that got no answer in time.
+fn no_answer() -> kube::Error {
+    kube::Error::Service(Box::new(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!(
+            "the API server did not answer within {} s",
+            REQUEST_TIMEOUT.as_secs()
+        ),
+    )))
 }
 
 /// Counts a request as timed out unless it is defused (set to `None`)
@@ -890,6 +918,24 @@ mod tests {
         ] {
             assert!(out.contains(line), "no {line:?} in\n{out}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_request_without_an_answer_fails_in_time_and_counts_as_a_timeout() {
+        let mut registry = Registry::default();
+        let api = ApiRequests::register(&mut registry);
+        let never = std::future::pending::<kube::Result<()>>();
+        let result = api
+            .send_within(Duration::from_millis(20), Verb::Patch, never)
+            .await;
+        let error = result.expect_err("a request that never answers fails");
+        assert_eq!(error_code(&error), "timeout");
+        assert!(error.to_string().contains("did not answer"), "{error}");
+        let out = text(&registry);
+        assert!(
+            out.contains("egressgw_api_errors_total{verb=\"patch\",code=\"timeout\"} 1"),
+            "{out}"
+        );
     }
 
     #[test]
