@@ -70,7 +70,7 @@ fn verdict(checks: &[(String, String, String)], name: &str) -> (String, String) 
 }
 
 /// Doctor passes every check on `node` (the agent's included).
-fn passes(lab: &Lab, node: &str) -> Result<(), String> {
+pub(super) fn passes(lab: &Lab, node: &str) -> Result<(), String> {
     let (ok, checks) = doctor(lab, node).map_err(|e| format!("{e:#}"))?;
     let bad: Vec<_> = checks.iter().filter(|(_, v, _)| v != "pass").collect();
     if ok && bad.is_empty() && !checks.is_empty() {

@@ -219,7 +219,7 @@ pub fn metrics_count_a_policys_traffic_and_every_daemon_serves_them(
 }
 
 /// Every controller Pod's metrics (scraped in its network namespace).
-fn controllers(lab: &Lab) -> anyhow::Result<Vec<String>> {
+pub(super) fn controllers(lab: &Lab) -> anyhow::Result<Vec<String>> {
     let all = crate::lab::net::lab_netns(&lab.paths.prefix)?;
     let controllers: Vec<&Netns> = all
         .iter()

@@ -19,8 +19,10 @@ use crate::lab::up::{self, UpArgs};
 use crate::lab::{down, process};
 
 mod bench;
+mod churn;
 mod doctor;
 mod failover;
+mod faults;
 mod install;
 mod metrics;
 mod objects;

@@ -121,6 +121,15 @@ impl<'a> Run<'a> {
             .with_context(|| format!("applying {}", describe(object)))
     }
 
+    /// Remembers to delete an object something other than [`Run::apply`]
+    /// may create.
+    pub fn delete_on_cleanup(&mut self, kind: &'static str, namespace: Option<&str>, name: &str) {
+        let undo = Undo::Object(kind, namespace.map(str::to_owned), name.to_owned());
+        if !self.undo.iter().any(|u| same(u, &undo)) {
+            self.undo.push(undo);
+        }
+    }
+
     /// Applies `object`, expecting the API server to refuse it; returns its
     /// error message. Fails if the object was accepted (and deletes it).
     pub fn apply_rejected(&mut self, object: &Value) -> anyhow::Result<String> {

@@ -18,7 +18,7 @@ use super::{failover, install, tenancy};
 pub type Scenario = (&'static str, fn(&mut Run) -> anyhow::Result<()>);
 
 /// Every scenario, in the order they run.
-pub const ALL: [Scenario; 29] = [
+pub const ALL: [Scenario; 33] = [
     (
         "chart_is_lint_clean_and_bad_values_change_nothing",
         install::chart_is_lint_clean_and_bad_values_change_nothing,
@@ -122,6 +122,22 @@ pub const ALL: [Scenario; 29] = [
     (
         "fail_closed_drops_what_has_no_live_gateway_and_fail_open_says_so",
         failover::fail_closed_drops_what_has_no_live_gateway_and_fail_open_says_so,
+    ),
+    (
+        "churn_ends_with_every_node_as_planned",
+        super::churn::churn_ends_with_every_node_as_planned,
+    ),
+    (
+        "killed_controllers_change_no_allocation_and_no_source",
+        super::faults::killed_controllers_change_no_allocation_and_no_source,
+    ),
+    (
+        "a_rebooted_eip_holder_comes_back_and_nothing_leaves_with_another_source",
+        super::faults::a_rebooted_eip_holder_comes_back_and_nothing_leaves_with_another_source,
+    ),
+    (
+        "etcd_restarted_changes_no_allocation_and_no_source",
+        super::faults::etcd_restarted_changes_no_allocation_and_no_source,
     ),
     (
         "apiserver_outage_changes_no_source_and_moves_no_eip",

@@ -308,6 +308,16 @@ pub fn agent(command: &AgentCommand, paths: &Paths) -> anyhow::Result<()> {
 /// namespaces, with its environment. Returns the output, whatever the
 /// exit status.
 pub fn exec_in_agent(lab: &Lab, node: &str, args: &[&str]) -> anyhow::Result<std::process::Output> {
+    exec_in_agent_with_input(lab, node, args, &[])
+}
+
+/// [`exec_in_agent`] with `input` on the program's standard input.
+pub fn exec_in_agent_with_input(
+    lab: &Lab,
+    node: &str,
+    args: &[&str],
+    input: &[u8],
+) -> anyhow::Result<std::process::Output> {
     let pid = agent_pid(lab, node)?;
     let read = |what: &str| {
         fs::read(format!("/proc/{pid}/{what}"))
@@ -330,8 +340,23 @@ pub fn exec_in_agent(lab: &Lab, node: &str, args: &[&str]) -> anyhow::Result<std
         .args(args)
         .env_clear()
         .envs(env.iter().filter_map(|kv| kv.split_once('=')))
-        .stdin(std::process::Stdio::null())
-        .output()
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            // Written from a thread: a program that prints before it has
+            // read everything must not block the writer.
+            let stdin = child.stdin.take();
+            let input = input.to_vec();
+            let writer = thread::spawn(move || {
+                use std::io::Write as _;
+                stdin.map_or(Ok(()), |mut s| s.write_all(&input))
+            });
+            let output = child.wait_with_output();
+            let _ = writer.join();
+            output
+        })
         .with_context(|| format!("running {program} {args:?} in the agent of {node}"))
 }
 
@@ -472,9 +497,27 @@ pub fn freeze_control_plane(lab: &Lab, name: &str, frozen: bool) -> anyhow::Resu
     Ok(record.pid)
 }
 
-/// Freezes or thaws every controller pod's processes. Returns their pids.
-pub fn freeze_controllers(lab: &Lab, frozen: bool) -> anyhow::Result<Vec<u32>> {
-    let pids: Vec<u32> = kubelet::records(&lab.paths)
+/// SIGKILLs a control-plane process (`etcd`, `kube-apiserver`, ...) and
+/// starts it again the same way once it is gone; records the new pid.
+pub fn restart_control_plane(lab: &mut Lab, name: &str) -> anyhow::Result<u32> {
+    let index = lab
+        .state
+        .processes
+        .iter()
+        .position(|p| p.name == name)
+        .with_context(|| format!("the lab runs no {name}"))?;
+    let record = lab.state.processes[index].clone();
+    process::kill_now(record.pid).with_context(|| format!("killing {name}"))?;
+    let started = process::start_again(&lab.paths, &record)
+        .with_context(|| format!("starting {name} again"))?;
+    lab.state.processes[index] = started.record.clone();
+    lab.save()?;
+    Ok(started.record.pid)
+}
+
+/// The pids of every controller pod's processes.
+pub fn controller_pids(lab: &Lab) -> Vec<u32> {
+    kubelet::records(&lab.paths)
         .into_iter()
         .filter(|r| {
             r.namespace == NAMESPACE
@@ -483,7 +526,23 @@ pub fn freeze_controllers(lab: &Lab, frozen: bool) -> anyhow::Result<Vec<u32>> {
                     .is_some_and(|rest| rest.starts_with('-'))
         })
         .flat_map(|r| r.containers.into_iter().filter_map(|c| c.pid))
-        .collect();
+        .collect()
+}
+
+/// SIGKILLs every controller pod's processes (the kubelet stand-in starts
+/// them again, as a kubelet restarts a crashed container). Returns their pids.
+pub fn kill_controllers(lab: &Lab) -> anyhow::Result<Vec<u32>> {
+    let pids = controller_pids(lab);
+    ensure!(!pids.is_empty(), "no controller pod is running");
+    for pid in &pids {
+        process::kill_now(*pid).with_context(|| format!("killing controller pid {pid}"))?;
+    }
+    Ok(pids)
+}
+
+/// Freezes or thaws every controller pod's processes. Returns their pids.
+pub fn freeze_controllers(lab: &Lab, frozen: bool) -> anyhow::Result<Vec<u32>> {
+    let pids = controller_pids(lab);
     ensure!(!pids.is_empty(), "no controller pod is running");
     for pid in &pids {
         signal(*pid, frozen).with_context(|| format!("signalling controller pid {pid}"))?;

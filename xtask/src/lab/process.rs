@@ -75,6 +75,18 @@ pub fn start_on_host(
     start(paths, &Netns::parse(""), name, program, args)
 }
 
+/// Starts the process `record` describes again, the same way, its output
+/// appended to its log.
+pub fn start_again(paths: &Paths, record: &ProcessRecord) -> anyhow::Result<Started> {
+    let out = fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(&record.log)
+        .with_context(|| format!("opening {}", record.log.display()))?;
+    let ns = Netns::parse(&record.netns);
+    spawn(paths, &ns, &record.name, &record.program, &record.args, out)
+}
+
 fn log_path(paths: &Paths, name: &str) -> PathBuf {
     paths.logs().join(format!("{name}.log"))
 }

@@ -1,0 +1,303 @@
+//! Faults under steady state: the controllers SIGKILLed, etcd restarted,
+//! the node holding the EIP rebooted. None may change the source a selected
+//! pod's traffic leaves with; the first two move no allocation either.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, ensure};
+use serde_json::Value;
+
+use super::objects::{app, policy};
+use super::run::{PolicyStatus, Run, SETTLE, eip_holders, eventually};
+use super::scenarios::{TEAM_A, setup_gateway, setup_web_policy};
+use super::traffic::{Expect, Prober, Sample, Seen};
+use crate::lab::egressgw;
+
+/// What the controller allocated, as the objects record it: the policy's
+/// EIP and node, the gateway's EIP placement and every node's tunnel
+/// identity (address, MAC, mark).
+fn allocations(run: &Run, gateway: &str) -> anyhow::Result<Vec<String>> {
+    let mut out = Vec::new();
+    let web = run.get("egresspolicy", Some(TEAM_A), "web")?;
+    out.push(format!(
+        "policy team-a/web: eip {} node {}",
+        web["status"]["eip"]["ipv4"], web["status"]["node"]
+    ));
+    let gw = run.get("egressgateway", None, gateway)?;
+    out.push(format!(
+        "gateway {gateway}: nodes {}",
+        gw["status"]["nodeList"]
+    ));
+    let text = run
+        .lab
+        .kubectl
+        .run(&["get", "egresstunnels", "-o", "json"])?;
+    let tunnels: Value = serde_json::from_str(&text).context("parsing the EgressTunnels")?;
+    let mut rows: Vec<String> = tunnels["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|t| {
+            let s = &t["status"];
+            format!(
+                "tunnel {}: {} {} mark {}",
+                t["metadata"]["name"], s["tunnel"]["ipv4"], s["tunnel"]["mac"], s["mark"]
+            )
+        })
+        .collect();
+    rows.sort();
+    out.extend(rows);
+    Ok(out)
+}
+
+/// Every probe from `from` on saw `eip`: none unanswered, none with
+/// another source.
+fn all_with(samples: &[Sample], from: Instant, eip: std::net::Ipv4Addr) -> anyhow::Result<usize> {
+    let after: Vec<&Sample> = samples.iter().filter(|s| s.at >= from).collect();
+    let other: Vec<String> = after
+        .iter()
+        .filter(|s| !s.seen.is(&Expect::Source(eip)))
+        .map(|s| {
+            format!(
+                "{:.1} s: {}",
+                s.at.duration_since(from).as_secs_f64(),
+                s.seen
+            )
+        })
+        .collect();
+    ensure!(
+        other.is_empty(),
+        "{} of {} probes did not see {eip}: {}",
+        other.len(),
+        after.len(),
+        other.join("; ")
+    );
+    ensure!(!after.is_empty(), "no probe ran");
+    Ok(after.len())
+}
+
+/// Waits until one controller leads and has planned team-a/web again
+/// (only the leader exports the objects' metrics).
+fn wait_leader_planned(run: &Run) -> anyhow::Result<()> {
+    eventually("a controller to lead and plan again", SETTLE * 2, || {
+        let controllers = super::metrics::controllers(run.lab).map_err(|e| format!("{e:#}"))?;
+        let planned = controllers.iter().any(|text| {
+            super::metrics::sample(text, "egressgw_controller_leader") == Some(1.0)
+                && text.contains("egressgw_policy_ready{namespace=\"team-a\",policy=\"web\"")
+        });
+        if planned {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} controllers, none leads and has planned",
+                controllers.len()
+            ))
+        }
+    })
+}
+
+/// The controllers are SIGKILLed under steady state (both replicas: no
+/// leader hands over). Until they are back, and after the new leader has
+/// planned, web-3's probes every 100 ms all leave with the EIP, and every
+/// allocation is what it was; no EIP moved.
+pub fn killed_controllers_change_no_allocation_and_no_source(run: &mut Run) -> anyhow::Result<()> {
+    const GATEWAY: &str = "e2e-kill-controller";
+    let eip = setup_gateway(run, GATEWAY)?;
+    setup_web_policy(run, GATEWAY)?;
+    run.expect_all(&["web-1", "web-3"], Expect::Source(eip))?;
+    let before = allocations(run, GATEWAY)?;
+    let moves = run
+        .event_notes(None, "EgressGateway", GATEWAY, "EipMoved")?
+        .len();
+    let prober = Prober::start(
+        run.netns("web-3")?,
+        run.target(),
+        Duration::from_millis(100),
+        Duration::from_secs(120),
+    );
+    let killed_at = Instant::now();
+    let killed = egressgw::kill_controllers(run.lab)?;
+    eventually("the controllers to run again", SETTLE, || {
+        let now = egressgw::controller_pids(run.lab);
+        if !now.is_empty() && now.iter().all(|p| !killed.contains(p)) {
+            Ok(())
+        } else {
+            Err(format!("pids {now:?}, killed {killed:?}"))
+        }
+    })?;
+    wait_leader_planned(run)?;
+    let back = killed_at.elapsed();
+    // A few more of the new leader's runs.
+    std::thread::sleep(Duration::from_secs(3));
+    let samples = prober.finish();
+    let probes = all_with(&samples, killed_at, eip)?;
+    let after = allocations(run, GATEWAY)?;
+    ensure!(
+        after == before,
+        "allocations changed across the controllers' restart:\nbefore: {before:#?}\nafter: {after:#?}"
+    );
+    let moved = run.event_notes(None, "EgressGateway", GATEWAY, "EipMoved")?;
+    ensure!(
+        moved.len() == moves,
+        "EIPs moved across the controllers' restart: {:?}",
+        &moved[moves..]
+    );
+    run.note(format!(
+        "{} controllers SIGKILLed; a new leader planned after {:.1} s; {probes} probes of \
+         web-3 all from {eip}; {} allocations unchanged",
+        killed.len(),
+        back.as_secs_f64(),
+        before.len()
+    ));
+    Ok(())
+}
+
+/// etcd is SIGKILLed under steady state and started again on its data.
+/// Throughout, web-3's probes all leave with the EIP; afterwards every
+/// allocation is what it was, and the daemons' watches see changes again:
+/// team-a/web changed to another destination lets web-1's traffic to the
+/// target leave the normal way.
+pub fn etcd_restarted_changes_no_allocation_and_no_source(run: &mut Run) -> anyhow::Result<()> {
+    const GATEWAY: &str = "e2e-etcd";
+    let eip = setup_gateway(run, GATEWAY)?;
+    setup_web_policy(run, GATEWAY)?;
+    run.expect_all(&["web-1", "web-3"], Expect::Source(eip))?;
+    let before = allocations(run, GATEWAY)?;
+    let prober = Prober::start(
+        run.netns("web-3")?,
+        run.target(),
+        Duration::from_millis(100),
+        Duration::from_secs(120),
+    );
+    let killed_at = Instant::now();
+    egressgw::restart_control_plane(run.lab, "etcd")?;
+    eventually("the API server to answer again", SETTLE * 2, || {
+        run.lab
+            .kubectl
+            .run(&["get", "--raw", "/readyz"])
+            .map(drop)
+            .map_err(|e| format!("{e:#}"))
+    })?;
+    let back = killed_at.elapsed();
+    // The daemons' watches and writes go through the API server again.
+    std::thread::sleep(Duration::from_secs(5));
+    let samples = prober.finish();
+    let probes = all_with(&samples, killed_at, eip)?;
+    let after = allocations(run, GATEWAY)?;
+    ensure!(
+        after == before,
+        "allocations changed across the etcd restart:\nbefore: {before:#?}\nafter: {after:#?}"
+    );
+    // A change after the restart reaches the nodes: web-1 to the target
+    // is no longer selected once team-a/web covers only another network.
+    run.apply(&policy(
+        TEAM_A,
+        "web",
+        GATEWAY,
+        &app("web"),
+        &["203.0.113.0/24"],
+    ))?;
+    run.expect_normal(&["web-1"])
+        .context("a policy changed after the etcd restart")?;
+    run.note(format!(
+        "etcd SIGKILLed and started again: the API server answered after {:.1} s; {probes} \
+         probes of web-3 all from {eip}; {} allocations unchanged; a policy change after it \
+         took effect",
+        back.as_secs_f64(),
+        before.len()
+    ));
+    Ok(())
+}
+
+/// The node holding the EIP reboots, as far as egressgw is concerned: its
+/// agent stops, everything egressgw made in its kernel is wiped
+/// (`egressgw cleanup`: tunnel, EIP, rules, routes, table, program), and
+/// the agent starts again. Meanwhile web-3 (on a worker) is probed every
+/// 100 ms: a probe may go unanswered, none may leave with another source.
+/// Afterwards exactly one node holds the EIP, the policy's status names
+/// it, web-1..3 leave with the EIP, and doctor passes on the rebooted node.
+pub fn a_rebooted_eip_holder_comes_back_and_nothing_leaves_with_another_source(
+    run: &mut Run,
+) -> anyhow::Result<()> {
+    const GATEWAY: &str = "e2e-reboot";
+    let eip = setup_gateway(run, GATEWAY)?;
+    let status = setup_web_policy(run, GATEWAY)?;
+    let holder = status.node.clone().context("the policy has no node")?;
+    run.expect_all(&["web-1", "web-2", "web-3"], Expect::Source(eip))?;
+    let prober = Prober::start(
+        run.netns("web-3")?,
+        run.target(),
+        Duration::from_millis(100),
+        Duration::from_secs(120),
+    );
+    let down_at = Instant::now();
+    run.freeze_agent(&holder, true)?;
+    let wiped = egressgw::exec_in_agent(run.lab, &holder, &["cleanup"])?;
+    ensure!(
+        wiped.status.success(),
+        "egressgw cleanup on {holder} failed: {}{}",
+        String::from_utf8_lossy(&wiped.stdout),
+        String::from_utf8_lossy(&wiped.stderr)
+    );
+    let gone = eip_holders(run.lab, eip)?;
+    ensure!(
+        !gone.contains(&holder),
+        "{holder} still has {eip} after the wipe (held by {gone:?})"
+    );
+    run.kill_agent(&holder)?;
+    run.start_agent(&holder)?;
+    let holders = eventually("exactly one node to hold the EIP", SETTLE, || {
+        let holders = eip_holders(run.lab, eip).map_err(|e| format!("{e:#}"))?;
+        if holders.len() == 1 {
+            Ok(holders)
+        } else {
+            Err(format!("held by {holders:?}"))
+        }
+    })?;
+    eventually("the policy's status to name the holder", SETTLE, || {
+        let status = run
+            .get("egresspolicy", Some(TEAM_A), "web")
+            .map(|o| PolicyStatus::of(&o))
+            .map_err(|e| format!("{e:#}"))?;
+        if status.node.as_deref() == Some(holders[0].as_str()) {
+            Ok(())
+        } else {
+            Err(format!("{} holds {eip}; status: {status}", holders[0]))
+        }
+    })?;
+    run.expect_all(&["web-1", "web-2", "web-3"], Expect::Source(eip))?;
+    eventually(&format!("doctor to pass on {holder}"), SETTLE, || {
+        super::doctor::passes(run.lab, &holder)
+    })?;
+    let back = down_at.elapsed();
+    let samples = prober.finish();
+    let leaked: Vec<String> = samples
+        .iter()
+        .filter(|s| s.at >= down_at)
+        .filter_map(|s| match &s.seen {
+            Seen::Source(ip) if *ip != eip => Some(format!(
+                "{:.1} s: {ip}",
+                s.at.duration_since(down_at).as_secs_f64()
+            )),
+            _ => None,
+        })
+        .collect();
+    ensure!(
+        leaked.is_empty(),
+        "web-3's traffic left with another source while {holder} rebooted: {}",
+        leaked.join("; ")
+    );
+    let unanswered = samples
+        .iter()
+        .filter(|s| s.at >= down_at && !s.seen.is(&Expect::Source(eip)))
+        .count();
+    run.note(format!(
+        "{holder} held {eip}, was wiped and its agent restarted; {} holds it now; \
+         {} probes of web-3 after the wipe, {unanswered} unanswered, none from another \
+         source; all back in {:.1} s",
+        holders[0],
+        samples.iter().filter(|s| s.at >= down_at).count(),
+        back.as_secs_f64()
+    ));
+    Ok(())
+}
