@@ -16,4 +16,6 @@ pub mod state;
 pub mod status;
 
 pub use model::Snapshot;
-pub use plan::{Plan, PodScope, plan, plan_node, plan_status, pod_scope, remember};
+pub use plan::{
+    Plan, PodScope, plan, plan_node, plan_node_published, plan_status, pod_scope, remember,
+};

@@ -553,7 +553,9 @@ impl Agent {
             );
             return false;
         }
-        let plan = egressgw_core::plan_node(&snapshot, &self.node);
+        // Where each EIP is held is the controller's call (and, on failover,
+        // the data plane's): the agent follows what the controller published.
+        let plan = egressgw_core::plan_node_published(&snapshot, &self.node);
         let Some(state) = plan.nodes.get(&self.node) else {
             tracing::warn!(node = self.node, "the planner has no state for this node");
             return false;

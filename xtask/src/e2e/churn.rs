@@ -335,14 +335,7 @@ pub fn churn_ends_with_every_node_as_planned(run: &mut Run) -> anyhow::Result<()
 /// a difference: it runs once, after the agents settled, so that a second
 /// run cannot pass on what the first one changed.)
 fn settled_as_planned(run: &Run) -> anyhow::Result<()> {
-    let nodes: Vec<String> = run
-        .lab
-        .state
-        .topology
-        .nodes
-        .iter()
-        .map(|n| n.name.clone())
-        .collect();
+    let nodes = run.nodes();
     let all = |run: &Run| -> Result<Vec<(f64, f64)>, String> {
         nodes
             .iter()

@@ -301,3 +301,86 @@ pub fn a_rebooted_eip_holder_comes_back_and_nothing_leaves_with_another_source(
     ));
     Ok(())
 }
+
+/// The agents hold EIPs where the controller published them, and nowhere
+/// before it did: with the controllers frozen, a new policy's EIP is held
+/// by no node; a status written by hand (as a controller of another version
+/// might write it) that puts the EIP on the second gateway node, where this
+/// controller would not (it picks the least loaded node, then by name),
+/// is followed: that node holds the EIP and web-1..3 leave with it. Thawed,
+/// the controller keeps it there.
+pub fn agents_hold_eips_where_the_controller_published_them(run: &mut Run) -> anyhow::Result<()> {
+    const GATEWAY: &str = "e2e-published";
+    let eip = setup_gateway(run, GATEWAY)?;
+    let (_, second) = run.two_gateway_nodes()?;
+    let second = &second;
+    run.freeze_controllers(true)?;
+    run.apply(&policy(
+        TEAM_A,
+        "web",
+        GATEWAY,
+        &app("web"),
+        &["198.51.100.0/24"],
+    ))?;
+    std::thread::sleep(Duration::from_secs(3));
+    let early = eip_holders(run.lab, eip)?;
+    ensure!(
+        early.is_empty(),
+        "{early:?} took {eip} before any controller published a node for it"
+    );
+    let published = serde_json::json!({ "status": { "nodeList": [{
+        "name": second,
+        "status": "Ready",
+        "eips": [{ "ipv4": eip.to_string() }],
+    }] } });
+    run.lab.kubectl.run(&[
+        "patch",
+        "egressgateway",
+        GATEWAY,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &published.to_string(),
+    ])?;
+    let status = serde_json::json!({ "status": {
+        "eip": { "ipv4": eip.to_string() },
+        "node": second,
+    } });
+    run.lab.kubectl.run(&[
+        "patch",
+        "egresspolicy",
+        "web",
+        "--namespace",
+        TEAM_A,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &status.to_string(),
+    ])?;
+    let holders = |run: &Run| eip_holders(run.lab, eip).map_err(|e| format!("{e:#}"));
+    eventually(&format!("{second} to hold {eip}"), SETTLE, || {
+        let now = holders(run)?;
+        if now == [second.clone()] {
+            Ok(())
+        } else {
+            Err(format!("held by {now:?}"))
+        }
+    })?;
+    run.expect_all(&["web-1", "web-2", "web-3"], Expect::Source(eip))?;
+    run.freeze_controllers(false)?;
+    let status = run.wait_policy_ready("egresspolicy", Some(TEAM_A), "web")?;
+    ensure!(
+        status.node.as_deref() == Some(second.as_str()),
+        "the thawed controller moved the policy: {status}"
+    );
+    let now = eip_holders(run.lab, eip)?;
+    ensure!(
+        now == [second.clone()],
+        "{eip} is held by {now:?} once the controller runs again"
+    );
+    run.note(format!(
+        "no node held {eip} while nothing published it; {second} held it once the status \
+         said so, and kept it under the thawed controller"
+    ));
+    Ok(())
+}

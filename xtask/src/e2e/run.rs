@@ -280,6 +280,26 @@ impl<'a> Run<'a> {
         egressgw::start_agent(self.lab, node)
     }
 
+    /// The lab's nodes, by name.
+    pub fn nodes(&self) -> Vec<String> {
+        let nodes = &self.lab.state.topology.nodes;
+        nodes.iter().map(|n| n.name.clone()).collect()
+    }
+
+    /// The lab's first two gateway-capable nodes.
+    pub fn two_gateway_nodes(&self) -> anyhow::Result<(String, String)> {
+        let nodes = &self.lab.state.topology.nodes;
+        let gateways: Vec<&str> = nodes
+            .iter()
+            .filter(|n| n.gateway)
+            .map(|n| n.name.as_str())
+            .collect();
+        match gateways.as_slice() {
+            [first, second, ..] => Ok(((*first).to_owned(), (*second).to_owned())),
+            _ => bail!("the lab needs two gateway nodes, it has {gateways:?}"),
+        }
+    }
+
     pub fn netns(&self, pod: &str) -> anyhow::Result<Netns> {
         self.lab.pod_netns(pod).cloned()
     }

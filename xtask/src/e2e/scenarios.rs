@@ -18,7 +18,7 @@ use super::{failover, install, tenancy};
 pub type Scenario = (&'static str, fn(&mut Run) -> anyhow::Result<()>);
 
 /// Every scenario, in the order they run.
-pub const ALL: [Scenario; 33] = [
+pub const ALL: [Scenario; 34] = [
     (
         "chart_is_lint_clean_and_bad_values_change_nothing",
         install::chart_is_lint_clean_and_bad_values_change_nothing,
@@ -126,6 +126,10 @@ pub const ALL: [Scenario; 33] = [
     (
         "churn_ends_with_every_node_as_planned",
         super::churn::churn_ends_with_every_node_as_planned,
+    ),
+    (
+        "agents_hold_eips_where_the_controller_published_them",
+        super::faults::agents_hold_eips_where_the_controller_published_them,
     ),
     (
         "killed_controllers_change_no_allocation_and_no_source",

@@ -64,26 +64,9 @@ fn wait_scope(run: &Run, node: &str, scope: &str) -> anyhow::Result<usize> {
 /// planned from its own Pods until then, it watches every Pod, and the Pods
 /// of all three nodes leave through it with the EIP.
 pub fn only_nodes_a_gateway_selects_watch_every_pod(run: &mut Run) -> anyhow::Result<()> {
-    let nodes: Vec<String> = run
-        .lab
-        .state
-        .topology
-        .nodes
-        .iter()
-        .map(|n| n.name.clone())
-        .collect();
-    let gateways: Vec<String> = run
-        .lab
-        .state
-        .topology
-        .nodes
-        .iter()
-        .filter(|n| n.gateway)
-        .map(|n| n.name.clone())
-        .collect();
-    let [first, second, ..] = gateways.as_slice() else {
-        anyhow::bail!("the lab needs two gateway nodes, it has {gateways:?}");
-    };
+    let nodes = run.nodes();
+    let (first, second) = run.two_gateway_nodes()?;
+    let (first, second) = (&first, &second);
     let eip = run.pool[0];
 
     // No gateway of this run selects a node yet: every agent its own Pods.

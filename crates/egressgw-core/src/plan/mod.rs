@@ -55,6 +55,18 @@ pub fn plan_node(snapshot: &Snapshot, node: &str) -> Plan {
     build(snapshot, States::One(node))
 }
 
+/// Plans `node` as an agent does: like [`plan_node`], but every EIP (and
+/// `useNodeIP` policy) stays where the controller published it (the
+/// gateways' and policies' status, or where an agent reports holding it)
+/// and one the controller has not placed yet is placed nowhere. An agent
+/// thus never derives ownership on its own, and agents and a controller of
+/// different versions agree on who holds what during a rolling upgrade.
+/// Failover among the candidates stays the data plane's (see
+/// [`crate::failover`]).
+pub fn plan_node_published(snapshot: &Snapshot, node: &str) -> Plan {
+    build_with(snapshot, States::One(node), Placement::Published)
+}
+
 /// Plans the cluster's allocations and status, and no node's dataplane
 /// state: what the controller writes. The same as `plan(snapshot).status`,
 /// without building millions of classification and SNAT entries nobody
@@ -71,13 +83,31 @@ enum States<'n> {
     None,
 }
 
+/// Where units without a place go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Placement {
+    /// To a ready node, as the controller places them.
+    Own,
+    /// Nowhere: they wait for the controller to publish a node.
+    Published,
+}
+
 fn build(snapshot: &Snapshot, states: States<'_>) -> Plan {
+    build_with(snapshot, states, Placement::Own)
+}
+
+fn build_with(snapshot: &Snapshot, states: States<'_>, placement: Placement) -> Plan {
     let gateways = gateways::resolve(snapshot);
     let tunnels = tunnels::allocate(snapshot, &gateways);
     let gateways = gateways.with_eligibility(snapshot, &tunnels);
     let cluster_cidrs = nodes::cluster_cidrs(snapshot);
     let mut policies = eips::allocate(snapshot, &gateways, &cluster_cidrs);
-    let placed = placement::place(snapshot, &gateways, &mut policies);
+    let placed = placement::place(
+        snapshot,
+        &gateways,
+        &mut policies,
+        placement == Placement::Own,
+    );
     let classified = classify::classify(snapshot, &policies, &cluster_cidrs);
     let build_nodes = |only| {
         nodes::build(

@@ -52,11 +52,14 @@ pub(super) struct Placed<'a> {
     pub users: BTreeMap<Unit<'a>, Vec<usize>>,
 }
 
-/// Places all units and records each policy's node per family.
+/// Places all units and records each policy's node per family. Without
+/// `place_new`, a unit stays where it was or goes nowhere (an agent
+/// following the controller's placement).
 pub(super) fn place<'a>(
     snapshot: &Snapshot,
     gateways: &Gateways<'a>,
     works: &mut [Work<'a>],
+    place_new: bool,
 ) -> Placed<'a> {
     let mut users: BTreeMap<Unit<'a>, Vec<usize>> = BTreeMap::new();
     for (i, w) in works.iter().enumerate() {
@@ -126,7 +129,7 @@ pub(super) fn place<'a>(
             nodes.insert(unit.clone(), node.to_owned());
         }
     }
-    for (unit, policy_idxs) in &users {
+    for (unit, policy_idxs) in users.iter().filter(|_| place_new) {
         if nodes.contains_key(unit) {
             continue;
         }

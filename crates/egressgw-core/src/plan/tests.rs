@@ -1011,6 +1011,30 @@ proptest! {
     }
 
     #[test]
+    fn an_agent_following_the_published_placement_plans_what_the_controller_published(
+        s in arb_snapshot()
+    ) {
+        // Nothing published yet: an agent holds no EIP.
+        for node in s.nodes.iter().map(|n| n.name.as_str()) {
+            let own = plan_node_published(&s, node);
+            prop_assert!(own.nodes.get(node).is_none_or(|n| n.eips.is_empty()), "{} holds an EIP", node);
+        }
+        // Once the controller's status is written, the agent's plan of
+        // every node is the controller's.
+        let mut published = s.clone();
+        remember(&mut published, &plan(&s).status);
+        let whole = plan(&published);
+        for (node, state) in &whole.nodes {
+            let one = plan_node_published(&published, node);
+            prop_assert_eq!(one.nodes.get(node), Some(state));
+            // And from the Pods the agent watches.
+            let scope = pod_scope(&published, node);
+            let agent = plan_node_published(&scoped(&published, node, scope), node);
+            prop_assert_eq!(agent.nodes.get(node), Some(state));
+        }
+    }
+
+    #[test]
     fn no_eip_is_active_on_two_nodes(s in arb_snapshot()) {
         let p = plan(&s);
         let mut owner: HashMap<IpAddr, &str> = HashMap::new();
