@@ -374,6 +374,15 @@ fn settled_as_planned(run: &Run) -> anyhow::Result<()> {
         changed.join("; ")
     );
     let before = all(run).map_err(anyhow::Error::msg)?;
+    // A change nothing plans from wakes every agent at once rather than at
+    // its next resync (30 s).
+    run.lab.kubectl.run(&[
+        "annotate",
+        "namespace",
+        "default",
+        "--overwrite",
+        &format!("egressgw.io/churn-check={}", before.len()),
+    ])?;
     let after = eventually("every agent to reconcile again", SETTLE * 2, || {
         let now = all(run)?;
         let waiting: Vec<&String> = nodes
@@ -431,6 +440,13 @@ fn restore(run: &Run, labels_before: &BTreeMap<(String, String), Value>) -> anyh
             .kubectl
             .run(&["label", "namespace", ns, &format!("{NS_LABEL}-")])?;
     }
+    // Absent when the check did not get that far.
+    let _ = run.lab.kubectl.run(&[
+        "annotate",
+        "namespace",
+        "default",
+        "egressgw.io/churn-check-",
+    ]);
     Ok(())
 }
 
