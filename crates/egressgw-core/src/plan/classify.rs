@@ -3,13 +3,13 @@
 //!
 //! Pods that match the same set of policies share one compiled table.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::rc::Rc;
 
 use ipnet::IpNet;
 
-use crate::model::{Labels, Pod, PodMatch, Policy, Snapshot};
+use crate::model::{Labels, Pod, PodMatch, Snapshot};
 use crate::net::{Family, net_contains};
 use crate::precedence::{self, Candidate};
 
@@ -45,48 +45,40 @@ pub(super) fn classify<'a>(
     cluster_cidrs: &[IpNet],
 ) -> Classified<'a> {
     let pods = eligible_pods(snapshot);
+    let no_labels = Labels::new();
     let ns_labels: HashMap<&str, &Labels> = snapshot
         .namespaces
         .iter()
         .map(|n| (n.name.as_str(), &n.labels))
         .collect();
-    let no_labels = Labels::new();
 
     let mut pod_counts = vec![0; works.len()];
     let mut per_pod: Vec<Vec<usize>> = vec![Vec::new(); pods.all.len()];
     for (i, w) in works.iter().enumerate() {
-        // A cluster policy's namespaces, decided once rather than per pod.
-        let cluster_scope: Option<HashSet<&str>> =
-            match (&w.policy.id.namespace, &w.policy.namespace_selector) {
-                (None, Some(selector)) => Some(
-                    pods.by_namespace
-                        .keys()
-                        .copied()
-                        .filter(|ns| {
-                            selector.matches(ns_labels.get(ns).copied().unwrap_or(&no_labels))
-                        })
-                        .collect(),
-                ),
-                _ => None,
-            };
-        let in_scope = |ns: &str| match (&w.policy.id.namespace, &cluster_scope) {
-            (Some(own), _) => own == ns,
-            (None, Some(selected)) => selected.contains(ns),
-            (None, None) => true,
-        };
-        for p in pods.candidates(w.policy, &in_scope) {
-            let pod = pods.all[p];
-            if in_scope(&pod.namespace) && selects(&w.policy.pods, pod) {
+        let policy = w.policy;
+        let select = |group: &Namespace<'_>| {
+            group.select(&pods.all, &policy.pods, |p| {
                 pod_counts[i] += 1;
                 per_pod[p].push(i);
-            }
+            });
+        };
+        match (&policy.id.namespace, &policy.namespace_selector) {
+            (Some(own), _) => pods.namespace(own).into_iter().for_each(select),
+            // A cluster policy looks at the namespaces its selector takes,
+            // each decided once rather than per pod.
+            (None, Some(selector)) => pods
+                .namespaces
+                .iter()
+                .filter(|g| selector.matches(ns_labels.get(g.name).copied().unwrap_or(&no_labels)))
+                .for_each(select),
+            (None, None) => pods.namespaces.iter().for_each(select),
         }
     }
 
     let expanded: Vec<[Vec<IpNet>; 2]> = works.iter().map(expand_dests).collect();
-    let mut cache: HashMap<(Family, Vec<usize>), Table> = HashMap::new();
+    let mut cache: FoldMap<(Family, Vec<usize>), Table> = FoldMap::default();
     let mut sources = Vec::new();
-    let mut seen: HashSet<IpAddr> = HashSet::new();
+    let mut seen: HashSet<IpAddr, foldhash::fast::RandomState> = HashSet::default();
     for (p, pod) in pods.all.iter().enumerate() {
         for src in &pod.ips {
             let family = Family::of(*src);
@@ -165,43 +157,74 @@ fn selects(pods: &PodMatch, pod: &Pod) -> bool {
 }
 
 /// Pods that can be classified: scheduled, with an address, not host-network;
-/// sorted by namespace and name, with label indexes so that a selector
-/// looks at the pods carrying one of its labels rather than at every pod.
+/// sorted by namespace and name, and grouped by namespace with a label
+/// index each, so that a selector looks at the pods of its namespaces that
+/// carry one of its labels rather than at every pod.
 struct EligiblePods<'a> {
     all: Vec<&'a Pod>,
-    by_namespace: BTreeMap<&'a str, Vec<usize>>,
-    by_ns_label: HashMap<(&'a str, &'a str, &'a str), Vec<usize>>,
-    by_label: HashMap<(&'a str, &'a str), Vec<usize>>,
+    /// The namespaces with eligible pods, by name.
+    namespaces: Vec<Namespace<'a>>,
 }
 
+/// One namespace's eligible pods.
+struct Namespace<'a> {
+    name: &'a str,
+    /// Its pods: indexes into [`EligiblePods::all`], ascending.
+    pods: std::ops::Range<usize>,
+    /// (label, value) -> its pods carrying it, ascending.
+    by_label: FoldMap<(&'a str, &'a str), Vec<usize>>,
+}
+
+/// A hash map with a fast hasher: the keys are the cluster's own names,
+/// and the maps live for one plan.
+type FoldMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 impl EligiblePods<'_> {
-    /// The pods `policy` may select, ascending: every pod it selects is
-    /// among them (callers still check each one).
-    fn candidates(&self, policy: &Policy, in_scope: &dyn Fn(&str) -> bool) -> Vec<usize> {
-        let own_ns = policy.id.namespace.as_deref();
-        let posting = match &policy.pods {
-            PodMatch::Selector(s) if !s.match_labels.is_empty() => s
-                .match_labels
-                .iter()
-                .map(|(k, v)| {
-                    let list = match own_ns {
-                        Some(ns) => self.by_ns_label.get(&(ns, k.as_str(), v.as_str())),
-                        None => self.by_label.get(&(k.as_str(), v.as_str())),
-                    };
-                    list.map_or(&[][..], Vec::as_slice)
-                })
-                .min_by_key(|l| l.len()),
-            _ => None,
+    /// The namespace named `name`, if it has eligible pods.
+    fn namespace(&self, name: &str) -> Option<&Namespace<'_>> {
+        self.namespaces
+            .binary_search_by(|g| g.name.cmp(name))
+            .ok()
+            .map(|i| &self.namespaces[i])
+    }
+}
+
+impl Namespace<'_> {
+    /// Calls `f` with the pods of this namespace that `pods` selects,
+    /// ascending. A selector of labels alone is answered by the label
+    /// index; anything else is checked pod by pod, among the pods carrying
+    /// its labels when it has some.
+    fn select(&self, all: &[&Pod], pods: &PodMatch, mut f: impl FnMut(usize)) {
+        let PodMatch::Selector(selector) = pods else {
+            self.pods
+                .clone()
+                .filter(|p| selects(pods, all[*p]))
+                .for_each(f);
+            return;
         };
-        match (posting, own_ns) {
-            (Some(list), _) => list.to_vec(),
-            (None, Some(ns)) => self.by_namespace.get(ns).cloned().unwrap_or_default(),
-            (None, None) => self
-                .by_namespace
-                .iter()
-                .filter(|(ns, _)| in_scope(ns))
-                .flat_map(|(_, idxs)| idxs.iter().copied())
-                .collect(),
+        let mut postings: Vec<&[usize]> = selector
+            .match_labels
+            .iter()
+            .map(|(k, v)| {
+                self.by_label
+                    .get(&(k.as_str(), v.as_str()))
+                    .map_or(&[][..], Vec::as_slice)
+            })
+            .collect();
+        postings.sort_by_key(|l| l.len());
+        let Some((shortest, others)) = postings.split_first() else {
+            self.pods
+                .clone()
+                .filter(|p| selector.matches(&all[*p].labels))
+                .for_each(f);
+            return;
+        };
+        let exact = selector.match_expressions.is_empty();
+        for p in shortest.iter().copied() {
+            let carries_all = others.iter().all(|l| l.binary_search(&p).is_ok());
+            if carries_all && (exact || selector.matches(&all[p].labels)) {
+                f(p);
+            }
         }
     }
 }
@@ -214,28 +237,25 @@ fn eligible_pods(snapshot: &Snapshot) -> EligiblePods<'_> {
         .collect();
     all.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     all.dedup_by(|a, b| a.namespace == b.namespace && a.name == b.name);
-    let mut pods = EligiblePods {
-        all,
-        by_namespace: BTreeMap::new(),
-        by_ns_label: HashMap::new(),
-        by_label: HashMap::new(),
-    };
-    for (i, p) in pods.all.iter().enumerate() {
-        pods.by_namespace
-            .entry(p.namespace.as_str())
-            .or_default()
-            .push(i);
+    let mut namespaces: Vec<Namespace<'_>> = Vec::new();
+    for (i, p) in all.iter().enumerate() {
+        let ns = p.namespace.as_str();
+        match namespaces.last_mut() {
+            Some(last) if last.name == ns => last.pods.end = i + 1,
+            _ => namespaces.push(Namespace {
+                name: ns,
+                pods: i..i + 1,
+                by_label: FoldMap::default(),
+            }),
+        }
+        let group = namespaces.last_mut().expect("just pushed");
         for (k, v) in &p.labels {
-            let ns = p.namespace.as_str();
-            pods.by_ns_label
-                .entry((ns, k.as_str(), v.as_str()))
-                .or_default()
-                .push(i);
-            pods.by_label
+            group
+                .by_label
                 .entry((k.as_str(), v.as_str()))
                 .or_default()
                 .push(i);
         }
     }
-    pods
+    EligiblePods { all, namespaces }
 }

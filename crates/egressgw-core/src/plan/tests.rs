@@ -13,7 +13,7 @@ use crate::model::{
     Policy, PolicyRef,
 };
 use crate::net::{IpPool, IpRange};
-use crate::selector::LabelSelector;
+use crate::selector::{LabelSelector, Requirement};
 use crate::state::{Action, ClassifyEntry, SnatTo};
 use crate::status::{ConditionType, PolicyStatus};
 
@@ -1474,4 +1474,123 @@ fn a_nodes_external_ip_is_never_an_eip() {
         "{}",
         gw.conditions[0].message
     );
+}
+
+// ---- pod selection against a plain reading of the selectors ----
+
+/// A cluster whose pods carry two labels and whose policies select by
+/// every kind of selector: one label, two labels, expressions, an empty
+/// selector, pod subnets, namespaced and cluster-wide.
+fn arb_selection() -> impl Strategy<Value = Snapshot> {
+    let pod = (0usize..3, 0usize..3, 0usize..2, 0usize..2, any::<bool>());
+    let selector = (0u8..6, 0usize..3, 0usize..2);
+    let pol = (0usize..4, selector, 0u8..3);
+    (
+        prop::collection::vec(pod, 0..24),
+        prop::collection::vec(pol, 1..10),
+    )
+        .prop_map(|(pods, policies)| {
+            let mut s = build_snapshot(&[(true, true), (false, true)], &[], &[], 1);
+            s.namespaces.push(Namespace {
+                name: "c".into(),
+                labels: labels(&[("team", "b"), ("env", "prod")]),
+            });
+            for (i, (ns, app, version, node, host)) in pods.iter().enumerate() {
+                s.pods.push(Pod {
+                    namespace: ["a", "b", "c"][*ns].into(),
+                    name: format!("pod-{i}"),
+                    labels: labels(&[("app", &format!("app{app}")), ("v", ["1", "2"][*version])]),
+                    ips: vec![IpAddr::from([10, 244, *node as u8, 10 + i as u8])],
+                    node: Some(format!("node-{node}")),
+                    host_network: *host && i % 4 == 0,
+                });
+            }
+            for (i, (scope, (kind, app, version), ns_kind)) in policies.iter().enumerate() {
+                let app = format!("app{app}");
+                let version = ["1", "2"][*version];
+                let pods = match kind {
+                    0 => PodMatch::Selector(LabelSelector::eq("app", &app)),
+                    1 => PodMatch::Selector(LabelSelector {
+                        match_labels: labels(&[("app", &app), ("v", version)]),
+                        ..LabelSelector::default()
+                    }),
+                    2 => PodMatch::Selector(LabelSelector {
+                        match_labels: labels(&[("v", version)]),
+                        match_expressions: vec![Requirement::NotIn(
+                            "app".into(),
+                            [app.clone()].into(),
+                        )],
+                    }),
+                    3 => PodMatch::Selector(LabelSelector {
+                        match_labels: Labels::new(),
+                        match_expressions: vec![Requirement::In(
+                            "app".into(),
+                            [app.clone(), "app0".into()].into(),
+                        )],
+                    }),
+                    4 => PodMatch::Selector(LabelSelector::default()),
+                    _ => PodMatch::Subnets(vec![net("10.244.1.0/28")]),
+                };
+                let mut p = policy(["a", "b", "c", "a"][*scope], &format!("p{i}"), "x");
+                p.pods = pods;
+                if *scope == 3 {
+                    p.id = PolicyRef::cluster(format!("c{i}"));
+                    p.namespace_selector = match ns_kind {
+                        0 => None,
+                        1 => Some(LabelSelector::eq("team", "b")),
+                        _ => Some(LabelSelector {
+                            match_labels: labels(&[("team", "b"), ("env", "prod")]),
+                            ..LabelSelector::default()
+                        }),
+                    };
+                }
+                p.age.created = i as i64;
+                s.policies.push(p);
+            }
+            s
+        })
+}
+
+/// How many pods each policy selects, read plainly: every eligible pod of
+/// its namespaces against its selector.
+fn selected_plainly(s: &Snapshot) -> BTreeMap<PolicyRef, usize> {
+    let ns_labels: HashMap<&str, &Labels> = s
+        .namespaces
+        .iter()
+        .map(|n| (n.name.as_str(), &n.labels))
+        .collect();
+    s.policies
+        .iter()
+        .map(|p| {
+            let count = s
+                .pods
+                .iter()
+                .filter(|pod| pod.node.is_some() && !pod.ips.is_empty() && !pod.host_network)
+                .filter(|pod| match (&p.id.namespace, &p.namespace_selector) {
+                    (Some(own), _) => *own == pod.namespace,
+                    (None, Some(sel)) => sel.matches(ns_labels[pod.namespace.as_str()]),
+                    (None, None) => true,
+                })
+                .filter(|pod| match &p.pods {
+                    PodMatch::Selector(sel) => sel.matches(&pod.labels),
+                    PodMatch::Subnets(nets) => {
+                        pod.ips.iter().any(|ip| nets.iter().any(|n| n.contains(ip)))
+                    }
+                })
+                .count();
+            (p.id.clone(), count)
+        })
+        .collect()
+}
+
+proptest! {
+    #[test]
+    fn each_policy_selects_the_pods_its_selectors_say(s in arb_selection()) {
+        let counted: BTreeMap<PolicyRef, usize> = plan_status(&s)
+            .policies
+            .into_iter()
+            .map(|p| (p.policy, p.pods))
+            .collect();
+        prop_assert_eq!(counted, selected_plainly(&s));
+    }
 }
