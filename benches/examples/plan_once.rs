@@ -99,11 +99,17 @@ fn scoped_agent(kind: &str, size: (usize, usize, usize)) {
         .expect("the synthetic cluster has nodes of each kind");
     let scope = egressgw_core::pod_scope(&shape, &node);
     drop(shape);
-    let own = egressgw_benches::synthetic_cluster_where(nodes, policies, pods, &|p| {
+    let mut own = egressgw_benches::synthetic_cluster_where(nodes, policies, pods, &|p| {
         scope == egressgw_core::PodScope::Cluster || p.node.as_deref() == Some(node.as_str())
     });
+    // The controller's placement, published: what the agent follows.
+    // Placement does not depend on the Pods, so the agent's own Pods give
+    // the controller's.
+    let status = egressgw_core::plan_status(&own);
+    egressgw_core::remember(&mut own, &status);
+    drop(status);
     let start = Instant::now();
-    let plan = egressgw_core::plan_node(&own, &node);
+    let plan = egressgw_core::plan_node_published(&own, &node);
     println!(
         "{nodes} nodes, {policies} policies, {pods} pods, {kind} {node} ({} pods watched): \
          {:.2?}, {:.0} MiB at the peak",

@@ -555,13 +555,12 @@ impl Agent {
         }
         // Where each EIP is held is the controller's call (and, on failover,
         // the data plane's): the agent follows what the controller published.
-        let plan = egressgw_core::plan_node_published(&snapshot, &self.node);
-        let Some(state) = plan.nodes.get(&self.node) else {
+        let Some(state) = egressgw_core::plan_node_published(&snapshot, &self.node) else {
             tracing::warn!(node = self.node, "the planner has no state for this node");
             return false;
         };
-        self.liveness.follow(state);
-        self.planned = Some((state.clone(), underlay));
+        self.liveness.follow(&state);
+        self.planned = Some((state, underlay));
         true
     }
 

@@ -76,51 +76,58 @@ pub(super) fn classify<'a>(
     }
 
     let expanded: Vec<[Vec<IpNet>; 2]> = works.iter().map(expand_dests).collect();
-    let mut cache: FoldMap<(Family, Vec<usize>), Table> = FoldMap::default();
+    // Whether each policy steers each family at all, decided once.
+    let usable: Vec<[bool; 2]> = works
+        .iter()
+        .zip(&expanded)
+        .map(|(w, dests)| Family::ALL.map(|f| w.active(f) && !dests[fi(f)].is_empty()))
+        .collect();
+    // Tables per family, by the policies that decide them.
+    let mut cache: [FoldMap<Vec<usize>, Table>; 2] = Default::default();
+    let mut active: Vec<usize> = Vec::new();
     let mut sources = Vec::new();
     let mut seen: HashSet<IpAddr, foldhash::fast::RandomState> = HashSet::default();
     for (p, pod) in pods.all.iter().enumerate() {
         for src in &pod.ips {
             let family = Family::of(*src);
             // A podSubnet policy steers only the addresses inside its subnets.
-            let active: Vec<usize> = per_pod[p]
-                .iter()
-                .copied()
-                .filter(|i| {
-                    let policy = works[*i].policy;
-                    works[*i].active(family)
-                        && !expanded[*i][fi(family)].is_empty()
-                        && match &policy.pods {
-                            PodMatch::Subnets(nets) => nets.iter().any(|n| n.contains(src)),
-                            PodMatch::Selector(_) => true,
-                        }
-                })
-                .collect();
+            active.clear();
+            active.extend(per_pod[p].iter().copied().filter(|i| {
+                usable[*i][fi(family)]
+                    && match &works[*i].policy.pods {
+                        PodMatch::Subnets(nets) => nets.iter().any(|n| n.contains(src)),
+                        PodMatch::Selector(_) => true,
+                    }
+            }));
             // An address claimed by two pods (a stale object) goes to the first.
             if active.is_empty() || !seen.insert(*src) {
                 continue;
             }
-            let table = cache
-                .entry((family, active))
-                .or_insert_with_key(|(family, active)| {
+            let tables = &mut cache[fi(family)];
+            let table = match tables.get(active.as_slice()) {
+                Some(table) => Rc::clone(table),
+                None => {
                     let candidates: Vec<Candidate<'_>> = active
                         .iter()
                         .map(|i| Candidate {
-                            dests: &expanded[*i][fi(*family)],
+                            dests: &expanded[*i][fi(family)],
                             excludes: &works[*i].policy.exclude_subnets,
                             priority: works[*i].policy.priority,
                         })
                         .collect();
                     // Entries wholly inside the cluster are dead: the dataplane
                     // lets in-cluster traffic pass before it classifies.
-                    let compiled = precedence::compile(*family, &candidates)
-                        .into_iter()
-                        .filter(|(net, _)| !cluster_cidrs.iter().any(|c| net_contains(c, net)))
-                        .map(|(net, w)| (net, w.map(|k| active[k])))
-                        .collect();
-                    Rc::new(compiled)
-                })
-                .clone();
+                    let compiled: Table = Rc::new(
+                        precedence::compile(family, &candidates)
+                            .into_iter()
+                            .filter(|(net, _)| !cluster_cidrs.iter().any(|c| net_contains(c, net)))
+                            .map(|(net, w)| (net, w.map(|k| active[k])))
+                            .collect(),
+                    );
+                    tables.insert(active.clone(), Rc::clone(&compiled));
+                    compiled
+                }
+            };
             let node = pod.node.as_deref().expect("eligible pods are scheduled");
             sources.push(Source {
                 node,
@@ -230,13 +237,28 @@ impl Namespace<'_> {
 }
 
 fn eligible_pods(snapshot: &Snapshot) -> EligiblePods<'_> {
-    let mut all: Vec<&Pod> = snapshot
+    // Grouped by namespace first, then each group sorted by name: the same
+    // order as sorting by both, with shorter sorts and no namespace compared
+    // twice. Sorts are stable, so of two pods of one name the first stays.
+    let mut by_namespace: FoldMap<&str, Vec<&Pod>> = FoldMap::default();
+    for p in snapshot
         .pods
         .iter()
         .filter(|p| p.node.is_some() && !p.ips.is_empty() && !p.host_network)
-        .collect();
-    all.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
-    all.dedup_by(|a, b| a.namespace == b.namespace && a.name == b.name);
+    {
+        by_namespace
+            .entry(p.namespace.as_str())
+            .or_default()
+            .push(p);
+    }
+    let mut groups: Vec<(&str, Vec<&Pod>)> = by_namespace.into_iter().collect();
+    groups.sort_unstable_by_key(|(ns, _)| *ns);
+    let mut all: Vec<&Pod> = Vec::with_capacity(snapshot.pods.len());
+    for (_, mut pods) in groups {
+        pods.sort_by(|a, b| a.name.cmp(&b.name));
+        pods.dedup_by(|a, b| a.name == b.name);
+        all.append(&mut pods);
+    }
     let mut namespaces: Vec<Namespace<'_>> = Vec::new();
     for (i, p) in all.iter().enumerate() {
         let ns = p.namespace.as_str();

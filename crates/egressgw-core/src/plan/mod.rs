@@ -62,9 +62,12 @@ pub fn plan_node(snapshot: &Snapshot, node: &str) -> Plan {
 /// thus never derives ownership on its own, and agents and a controller of
 /// different versions agree on who holds what during a rolling upgrade.
 /// Failover among the candidates stays the data plane's (see
-/// [`crate::failover`]).
-pub fn plan_node_published(snapshot: &Snapshot, node: &str) -> Plan {
-    build_with(snapshot, States::One(node), Placement::Published)
+/// [`crate::failover`]). An agent writes no status, so none is built:
+/// the result is `node`'s state, `None` for a node not in the snapshot.
+pub fn plan_node_published(snapshot: &Snapshot, node: &str) -> Option<NodeState> {
+    build_with(snapshot, States::One(node), Placement::Published, false)
+        .nodes
+        .remove(node)
 }
 
 /// Plans the cluster's allocations and status, and no node's dataplane
@@ -93,10 +96,11 @@ enum Placement {
 }
 
 fn build(snapshot: &Snapshot, states: States<'_>) -> Plan {
-    build_with(snapshot, states, Placement::Own)
+    build_with(snapshot, states, Placement::Own, true)
 }
 
-fn build_with(snapshot: &Snapshot, states: States<'_>, placement: Placement) -> Plan {
+/// Runs the stages; without `report`, the status is left empty.
+fn build_with(snapshot: &Snapshot, states: States<'_>, placement: Placement, report: bool) -> Plan {
     let gateways = gateways::resolve(snapshot);
     let tunnels = tunnels::allocate(snapshot, &gateways);
     let gateways = gateways.with_eligibility(snapshot, &tunnels);
@@ -125,14 +129,18 @@ fn build_with(snapshot: &Snapshot, states: States<'_>, placement: Placement) -> 
         States::One(node) => build_nodes(Some(node)),
         States::None => BTreeMap::new(),
     };
-    let status = report::status(
-        snapshot,
-        &gateways,
-        &tunnels,
-        &policies,
-        &placed,
-        &classified,
-    );
+    let status = if report {
+        report::status(
+            snapshot,
+            &gateways,
+            &tunnels,
+            &policies,
+            &placed,
+            &classified,
+        )
+    } else {
+        ClusterStatus::default()
+    };
     Plan { nodes, status }
 }
 

@@ -2,6 +2,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use foldhash::fast::RandomState;
+
 use ipnet::IpNet;
 
 use crate::model::{Config, Snapshot};
@@ -41,7 +43,13 @@ struct Nodes<'p, 'a> {
     tunnels: &'p Tunnels,
     works: &'p [Work<'a>],
     placed: &'p Placed<'a>,
-    index: HashMap<&'p str, usize>,
+    index: FoldMap<&'p str, usize>,
+    /// Per policy (by index) and family: its unit and that unit's
+    /// candidates, looked up once rather than per classification entry.
+    units: Vec<[Option<Served<'p, 'a>>; 2]>,
+    /// Per pod node: its state's index here, and whether it can send each
+    /// family through the tunnel.
+    sources: FoldMap<&'p str, (Option<usize>, [bool; 2])>,
     states: Vec<NodeState>,
     /// Failover groups, numbered per node as they are first needed there.
     group_ids: Vec<BTreeMap<Unit<'a>, u32>>,
@@ -69,7 +77,7 @@ impl<'p, 'a> Nodes<'p, 'a> {
             .collect();
         names.sort_unstable();
         names.dedup();
-        let index = names.iter().enumerate().map(|(i, n)| (*n, i)).collect();
+        let index: FoldMap<&str, usize> = names.iter().enumerate().map(|(i, n)| (*n, i)).collect();
         let states: Vec<NodeState> = names
             .iter()
             .map(|name| NodeState {
@@ -90,12 +98,25 @@ impl<'p, 'a> Nodes<'p, 'a> {
                 ..NodeState::default()
             })
             .collect();
+        let units = works
+            .iter()
+            .enumerate()
+            .map(|(i, w)| {
+                Family::ALL.map(|family| {
+                    let unit = unit_for(i, w, family)?;
+                    let candidates = placed.candidates.get(&unit).map(Vec::as_slice);
+                    Some((unit, candidates))
+                })
+            })
+            .collect();
         Nodes {
             cfg,
             tunnels,
             works,
             placed,
             index,
+            units,
+            sources: FoldMap::default(),
             group_ids: vec![BTreeMap::new(); states.len()],
             states,
         }
@@ -137,13 +158,18 @@ impl<'p, 'a> Nodes<'p, 'a> {
     /// One pod address: its node's classification of each destination,
     /// and on every candidate gateway node of its traffic the SNAT and the
     /// reply route.
-    fn source(&mut self, source: &Source<'_>) {
+    fn source(&mut self, source: &Source<'p>) {
         let family = Family::of(source.src);
-        let here = self.index.get(source.node).copied();
+        let (here, can_send) = *self.sources.entry(source.node).or_insert_with(|| {
+            (
+                self.index.get(source.node).copied(),
+                Family::ALL.map(|f| self.tunnels.can_send(source.node, f)),
+            )
+        });
         // A node without a tunnel of this family cannot send its pods'
         // traffic to another node: those decisions are left out (or, failing
         // closed, dropped), rather than sent into a missing device.
-        let can_send = self.tunnels.can_send(source.node, family);
+        let can_send = can_send[fi(family)];
         for (dst, decided) in source.table.iter() {
             let entry = |action, policy, group| ClassifyEntry {
                 src: source.src,
@@ -160,10 +186,11 @@ impl<'p, 'a> Nodes<'p, 'a> {
                 }
                 continue;
             };
-            let (works, placed) = (self.works, self.placed);
-            let work = &works[w];
-            let unit = unit_for(w, work, family).expect("classified policies have a unit");
-            let Some(candidates) = placed.candidates.get(&unit) else {
+            let work = &self.works[w];
+            let (unit, candidates) = self.units[w][fi(family)]
+                .clone()
+                .expect("classified policies have a unit");
+            let Some(candidates) = candidates else {
                 // No node at all, and the gateway fails closed.
                 if let Some(i) = here {
                     self.states[i].classify.push(entry(
@@ -285,6 +312,13 @@ impl<'p, 'a> Nodes<'p, 'a> {
         states.into_iter().map(|s| (s.node.clone(), s)).collect()
     }
 }
+
+/// A policy's unit in one family, and the unit's candidates (`None`: no
+/// node at all).
+type Served<'p, 'a> = (Unit<'a>, Option<&'p [String]>);
+
+/// A hash map with a fast hasher, for lookups by node name within a plan.
+type FoldMap<K, V> = HashMap<K, V, RandomState>;
 
 /// A group's [`Group::key`].
 fn group_key(unit: &Unit<'_>, works: &[Work<'_>]) -> String {

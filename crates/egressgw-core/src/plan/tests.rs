@@ -1017,7 +1017,7 @@ proptest! {
         // Nothing published yet: an agent holds no EIP.
         for node in s.nodes.iter().map(|n| n.name.as_str()) {
             let own = plan_node_published(&s, node);
-            prop_assert!(own.nodes.get(node).is_none_or(|n| n.eips.is_empty()), "{} holds an EIP", node);
+            prop_assert!(own.is_none_or(|n| n.eips.is_empty()), "{} holds an EIP", node);
         }
         // Once the controller's status is written, the agent's plan of
         // every node is the controller's.
@@ -1026,11 +1026,11 @@ proptest! {
         let whole = plan(&published);
         for (node, state) in &whole.nodes {
             let one = plan_node_published(&published, node);
-            prop_assert_eq!(one.nodes.get(node), Some(state));
+            prop_assert_eq!(one.as_ref(), Some(state));
             // And from the Pods the agent watches.
             let scope = pod_scope(&published, node);
             let agent = plan_node_published(&scoped(&published, node, scope), node);
-            prop_assert_eq!(agent.nodes.get(node), Some(state));
+            prop_assert_eq!(agent.as_ref(), Some(state));
         }
     }
 
