@@ -7,6 +7,12 @@
 //!   agent does on every reconcile.
 //! - `status`: the steady cluster's allocations and status without any
 //!   node's dataplane state, as the controller plans it.
+//! - `agent-worker/full`, `agent-gateway/full`: an agent's [`Planner`]
+//!   built from the Pods its node watches (a worker's own, a gateway
+//!   node's every Pod): the whole plan of one node.
+//! - `agent-worker/pod-change`, `agent-gateway/pod-change`: one Pod
+//!   relabelled out of its policies' reach or back, in that planner; the
+//!   Pods are ones whose change reaches the node's state.
 //!
 //! Snapshots are built once per size, outside the measurement, and the
 //! plan's drop is not timed.
@@ -15,8 +21,9 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
-use egressgw_benches::{next_snapshot, synthetic_cluster};
-use egressgw_core::{plan, plan_node, plan_status};
+use egressgw_benches::{next_snapshot, pods_reaching, relabelled, synthetic_cluster};
+use egressgw_core::plan::scoped;
+use egressgw_core::{Planner, Snapshot, plan, plan_node, plan_status, pod_scope};
 
 /// `(nodes, policies, pods)`.
 type Size = (usize, usize, usize);
@@ -50,7 +57,35 @@ fn bench_size(c: &mut Criterion, size: Size, tune: impl FnOnce(&mut SizeGroup<'_
     group.bench_function("status", |b| {
         b.iter_with_large_drop(|| plan_status(black_box(&steady)));
     });
+    // node-00000 is gateway-capable, node-00001 a plain worker.
+    for (kind, node) in [
+        ("agent-worker", "node-00001"),
+        ("agent-gateway", "node-00000"),
+    ] {
+        bench_agent(&mut group, &steady, kind, node);
+    }
     group.finish();
+}
+
+/// An agent's planner of `node` from the Pods it watches: built whole,
+/// and changed by one Pod.
+fn bench_agent(group: &mut SizeGroup<'_>, steady: &Snapshot, kind: &str, node: &str) {
+    let own = scoped(steady, node, pod_scope(steady, node));
+    group.bench_function(format!("{kind}/full"), |b| {
+        b.iter_with_large_drop(|| Planner::new(black_box(own.clone()), node));
+    });
+    let mut planner = Planner::new(own.clone(), node);
+    let state = planner.state().expect("the node is planned").clone();
+    let pods = pods_reaching(&own, &state, 100);
+    let mut turn = 0usize;
+    group.bench_function(format!("{kind}/pod-change"), |b| {
+        b.iter(|| {
+            let pod = &pods[turn % pods.len()];
+            let away = (turn / pods.len()).is_multiple_of(2);
+            planner.set_pod(relabelled(pod, away));
+            turn += 1;
+        });
+    });
 }
 
 type SizeGroup<'a> = criterion::BenchmarkGroup<'a, criterion::measurement::WallTime>;

@@ -138,6 +138,46 @@ pub fn next_snapshot(snapshot: &Snapshot, plan: &Plan) -> Snapshot {
     next
 }
 
+/// `pod` with its `app` label changed to one no policy selects, or back
+/// (`away` false): a relabel that takes the Pod out of its policies' reach
+/// and puts it back.
+pub fn relabelled(pod: &Pod, away: bool) -> Pod {
+    let mut pod = pod.clone();
+    if away && let Some(app) = pod.labels.get_mut("app") {
+        *app = format!("{app}-moved");
+    }
+    pod
+}
+
+/// Up to `count` Pods whose changes reach `node`'s state: its own Pods
+/// with an address, and on a node that carries traffic, the Pods of
+/// other nodes it has SNAT entries for. In a fixed order.
+pub fn pods_reaching(
+    snapshot: &Snapshot,
+    state: &egressgw_core::state::NodeState,
+    count: usize,
+) -> Vec<Pod> {
+    let served: std::collections::BTreeSet<IpAddr> = state.snat.iter().map(|e| e.src).collect();
+    let mut pods: Vec<&Pod> = snapshot
+        .pods
+        .iter()
+        .filter(|p| {
+            !p.host_network
+                && (p.node.as_deref() == Some(state.node.as_str())
+                    || p.ips.iter().any(|ip| served.contains(ip)))
+                && !p.ips.is_empty()
+        })
+        .collect();
+    pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    // Spread over the whole list rather than the first namespaces.
+    let step = (pods.len() / count.max(1)).max(1);
+    pods.into_iter()
+        .step_by(step)
+        .take(count)
+        .cloned()
+        .collect()
+}
+
 /// A xorshift64* generator: plenty for picking shapes, and reproducible.
 #[derive(Debug)]
 struct Rng(u64);

@@ -17,5 +17,5 @@ pub mod status;
 
 pub use model::Snapshot;
 pub use plan::{
-    Plan, PodScope, plan, plan_node, plan_node_published, plan_status, pod_scope, remember,
+    Plan, Planner, PodScope, plan, plan_node, plan_node_published, plan_status, pod_scope, remember,
 };

@@ -16,7 +16,7 @@ use crate::selector::LabelSelector;
 pub type Labels = BTreeMap<String, String>;
 
 /// Everything the planner looks at.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Snapshot {
     /// Cluster-wide settings.
     pub config: Config,

@@ -34,6 +34,7 @@ use egressgw_dataplane::netlink::Rtnetlink;
 use egressgw_dataplane::nft::Nft;
 use egressgw_dataplane::reconcile::Dataplane;
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
@@ -42,6 +43,7 @@ use kube::{Api, Client};
 use tokio::sync::Notify;
 use tracing::Instrument as _;
 
+use crate::cluster::following::Following;
 use crate::cluster::health::{self, Health};
 use crate::cluster::metrics::{AgentMetrics, ApiRequests, PolicyCount, Verb};
 use crate::cluster::owner::Owner;
@@ -285,6 +287,7 @@ async fn agent(args: &AgentArgs, config: Config, running: &Running) -> anyhow::R
         liveness: Arc::clone(&liveness),
         memory,
         planned: None,
+        following: Following::new(&args.node),
         status_tx,
         reported: None,
         reconciles: 0,
@@ -376,6 +379,8 @@ struct Agent {
     memory: Memory,
     /// The last plan of this node and the node's underlay address then.
     planned: Option<(NodeState, Option<IpAddr>)>,
+    /// The planner of this node, fed from the stores.
+    following: Following,
     /// Queues the tunnel status for [`write_tunnel_status`].
     status_tx: tokio::sync::watch::Sender<Option<EgressTunnelStatus>>,
     /// The tunnel status last queued, and when.
@@ -529,7 +534,7 @@ impl Agent {
     /// the Pods the plan needs are still being listed (a gateway has just
     /// selected this node), the last plan stays.
     fn replan(&mut self) -> bool {
-        let Some(snapshot) = self.snapshot() else {
+        let Some((snapshot, scope, pods)) = self.snapshot() else {
             tracing::info!(
                 node = self.node,
                 "a gateway selects this node: waiting for the list of every pod before planning"
@@ -554,32 +559,36 @@ impl Agent {
             return false;
         }
         // Where each EIP is held is the controller's call (and, on failover,
-        // the data plane's): the agent follows what the controller published.
-        let Some(state) = egressgw_core::plan_node_published(&snapshot, &self.node) else {
+        // the data plane's): the agent follows what the controller published
+        // (the planner plans as `egressgw_core::plan_node_published`).
+        let start = Instant::now();
+        let replanned = self.following.update(snapshot, scope, pods);
+        tracing::debug!(node = self.node, ?replanned, took = ?start.elapsed(), "planned");
+        let Some(state) = self.following.state() else {
             tracing::warn!(node = self.node, "the planner has no state for this node");
             return false;
         };
-        self.liveness.follow(&state);
-        self.planned = Some((state, underlay));
+        self.liveness.follow(state);
+        self.planned = Some((state.clone(), underlay));
         true
     }
 
-    /// The stores' snapshot with the Pods this node's plan needs (see
-    /// [`egressgw_core::pod_scope`]); `None` while they are being listed.
-    fn snapshot(&self) -> Option<Snapshot> {
+    /// The stores' objects but the Pods, and the Pods this node's plan
+    /// needs (see [`egressgw_core::pod_scope`]) with the scope they are
+    /// of; `None` while they are being listed.
+    fn snapshot(&self) -> Option<(Snapshot, PodScope, Vec<Arc<Pod>>)> {
         for _ in 0..2 {
-            // Taken first: Pods listed between the two calls only add Pods.
-            let served = self.stores.pods.scope();
-            let snapshot = self.stores.snapshot(self.config.clone());
-            let wanted = egressgw_core::pod_scope(&snapshot, &self.node);
+            let cluster = self.stores.cluster_snapshot(self.config.clone());
+            let wanted = egressgw_core::pod_scope(&cluster, &self.node);
             if !self.stores.pods.serve(wanted) {
                 return None;
             }
             // Every Pod serves a node that needs its own only; a node that
-            // needs every Pod, listed since the snapshot, takes it again.
+            // needs every Pod, listed since, takes the objects again.
+            let (served, pods) = self.stores.pods.scoped_state();
             if served == wanted || served == PodScope::Cluster {
-                self.metrics.watched_pods(wanted, self.stores.pods.len());
-                return Some(snapshot);
+                self.metrics.watched_pods(wanted, pods.len());
+                return Some((cluster, served, pods));
             }
         }
         None

@@ -5,18 +5,18 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
-use std::rc::Rc;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 
-use crate::model::{Labels, Pod, PodMatch, Snapshot};
+use crate::model::{Labels, Pod, PodMatch, Policy, Snapshot};
 use crate::net::{Family, net_contains};
 use crate::precedence::{self, Candidate};
 
 use super::{Work, fi};
 
 /// A compiled table: (destination prefix, deciding policy index or `None`).
-pub(super) type Table = Rc<Vec<(IpNet, Option<usize>)>>;
+pub(super) type Table = Arc<Vec<(IpNet, Option<usize>)>>;
 
 /// One classified pod address.
 #[derive(Debug)]
@@ -38,28 +38,118 @@ pub(super) struct Classified<'a> {
     pub pod_counts: Vec<usize>,
 }
 
-/// Selects pods and compiles their tables.
-pub(super) fn classify<'a>(
-    snapshot: &'a Snapshot,
-    works: &[Work<'a>],
-    cluster_cidrs: &[IpNet],
-) -> Classified<'a> {
-    let pods = eligible_pods(snapshot);
+/// The compiled tables of a plan, by the policies that decide them, and
+/// what compiling them needs of each policy. An agent's planner keeps them
+/// while the policies stay.
+#[derive(Debug)]
+pub(super) struct Tables {
+    /// Per policy (by index): its destinations per family.
+    dests: Vec<[Vec<IpNet>; 2]>,
+    /// Per policy: whether it steers each family at all.
+    usable: Vec<[bool; 2]>,
+    cluster_cidrs: Vec<IpNet>,
+    /// Per family: the tables compiled so far.
+    compiled: [FoldMap<Vec<usize>, Table>; 2],
+}
+
+impl Tables {
+    pub fn new(works: &[Work<'_>], cluster_cidrs: &[IpNet]) -> Self {
+        let dests: Vec<[Vec<IpNet>; 2]> = works.iter().map(expand_dests).collect();
+        let usable = works
+            .iter()
+            .zip(&dests)
+            .map(|(w, dests)| Family::ALL.map(|f| w.active(f) && !dests[fi(f)].is_empty()))
+            .collect();
+        Self {
+            dests,
+            usable,
+            cluster_cidrs: cluster_cidrs.to_vec(),
+            compiled: Default::default(),
+        }
+    }
+
+    /// Into `out`: the policies among `selecting` (ascending indexes of
+    /// `policies`, the ones selecting a pod) that steer the pod's address
+    /// `src`. A podSubnet policy steers only the addresses inside its
+    /// subnets.
+    pub fn active(
+        &self,
+        policies: &[&Policy],
+        selecting: &[usize],
+        src: IpAddr,
+        out: &mut Vec<usize>,
+    ) {
+        let family = fi(Family::of(src));
+        out.clear();
+        out.extend(selecting.iter().copied().filter(|i| {
+            self.usable[*i][family]
+                && match &policies[*i].pods {
+                    PodMatch::Subnets(nets) => nets.iter().any(|n| n.contains(&src)),
+                    PodMatch::Selector(_) => true,
+                }
+        }));
+    }
+
+    /// The table of an address of `family` that the policies `active`
+    /// steer, compiled once.
+    pub fn table(&mut self, policies: &[&Policy], family: Family, active: &[usize]) -> Table {
+        if let Some(table) = self.compiled[fi(family)].get(active) {
+            return Arc::clone(table);
+        }
+        let candidates: Vec<Candidate<'_>> = active
+            .iter()
+            .map(|i| Candidate {
+                dests: &self.dests[*i][fi(family)],
+                excludes: &policies[*i].exclude_subnets,
+                priority: policies[*i].priority,
+            })
+            .collect();
+        // Entries wholly inside the cluster are dead: the dataplane lets
+        // in-cluster traffic pass before it classifies.
+        let cluster = &self.cluster_cidrs;
+        let compiled: Table = Arc::new(
+            precedence::compile(family, &candidates)
+                .into_iter()
+                .filter(|(net, _)| !cluster.iter().any(|c| net_contains(c, net)))
+                .map(|(net, w)| (net, w.map(|k| active[k])))
+                .collect(),
+        );
+        self.compiled[fi(family)].insert(active.to_vec(), Arc::clone(&compiled));
+        compiled
+    }
+}
+
+/// The eligible pods, sorted by namespace and name, and which policies
+/// select each.
+pub(super) struct Selection<'a> {
+    /// The pods.
+    pub pods: Vec<&'a Pod>,
+    /// Per pod: the indexes of the policies selecting it, ascending.
+    pub selecting: Vec<Vec<usize>>,
+    /// Per policy: how many pods it selects.
+    pub counts: Vec<usize>,
+}
+
+/// Which of `pods` each of `policies` selects.
+pub(super) fn select<'a>(
+    pods: impl IntoIterator<Item = &'a Pod>,
+    policies: &[&Policy],
+    namespaces: &[crate::model::Namespace],
+) -> Selection<'a> {
+    let pods = eligible_pods(pods);
     let no_labels = Labels::new();
-    let ns_labels: HashMap<&str, &Labels> = snapshot
-        .namespaces
+    let ns_labels: HashMap<&str, &Labels> = namespaces
         .iter()
         .map(|n| (n.name.as_str(), &n.labels))
         .collect();
 
-    let mut pod_counts = vec![0; works.len()];
-    let mut per_pod: Vec<Vec<usize>> = vec![Vec::new(); pods.all.len()];
-    for (i, w) in works.iter().enumerate() {
-        let policy = w.policy;
+    let mut counts = vec![0; policies.len()];
+    let mut selecting: Vec<Vec<usize>> = vec![Vec::new(); pods.all.len()];
+    for (i, policy) in policies.iter().enumerate() {
         let select = |group: &Namespace<'_>| {
             group.select(&pods.all, &policy.pods, |p| {
-                pod_counts[i] += 1;
-                per_pod[p].push(i);
+                counts[i] += 1;
+                selecting[p].push(i);
             });
         };
         match (&policy.id.namespace, &policy.namespace_selector) {
@@ -74,60 +164,33 @@ pub(super) fn classify<'a>(
             (None, None) => pods.namespaces.iter().for_each(select),
         }
     }
+    Selection {
+        pods: pods.all,
+        selecting,
+        counts,
+    }
+}
 
-    let expanded: Vec<[Vec<IpNet>; 2]> = works.iter().map(expand_dests).collect();
-    // Whether each policy steers each family at all, decided once.
-    let usable: Vec<[bool; 2]> = works
-        .iter()
-        .zip(&expanded)
-        .map(|(w, dests)| Family::ALL.map(|f| w.active(f) && !dests[fi(f)].is_empty()))
-        .collect();
-    // Tables per family, by the policies that decide them.
-    let mut cache: [FoldMap<Vec<usize>, Table>; 2] = Default::default();
+/// Selects pods and compiles their tables.
+pub(super) fn classify<'a>(
+    snapshot: &'a Snapshot,
+    works: &[Work<'a>],
+    cluster_cidrs: &[IpNet],
+) -> Classified<'a> {
+    let policies: Vec<&Policy> = works.iter().map(|w| w.policy).collect();
+    let selection = select(&snapshot.pods, &policies, &snapshot.namespaces);
+    let mut tables = Tables::new(works, cluster_cidrs);
     let mut active: Vec<usize> = Vec::new();
     let mut sources = Vec::new();
     let mut seen: HashSet<IpAddr, foldhash::fast::RandomState> = HashSet::default();
-    for (p, pod) in pods.all.iter().enumerate() {
+    for (pod, selecting) in selection.pods.iter().zip(&selection.selecting) {
         for src in &pod.ips {
-            let family = Family::of(*src);
-            // A podSubnet policy steers only the addresses inside its subnets.
-            active.clear();
-            active.extend(per_pod[p].iter().copied().filter(|i| {
-                usable[*i][fi(family)]
-                    && match &works[*i].policy.pods {
-                        PodMatch::Subnets(nets) => nets.iter().any(|n| n.contains(src)),
-                        PodMatch::Selector(_) => true,
-                    }
-            }));
+            tables.active(&policies, selecting, *src, &mut active);
             // An address claimed by two pods (a stale object) goes to the first.
             if active.is_empty() || !seen.insert(*src) {
                 continue;
             }
-            let tables = &mut cache[fi(family)];
-            let table = match tables.get(active.as_slice()) {
-                Some(table) => Rc::clone(table),
-                None => {
-                    let candidates: Vec<Candidate<'_>> = active
-                        .iter()
-                        .map(|i| Candidate {
-                            dests: &expanded[*i][fi(family)],
-                            excludes: &works[*i].policy.exclude_subnets,
-                            priority: works[*i].policy.priority,
-                        })
-                        .collect();
-                    // Entries wholly inside the cluster are dead: the dataplane
-                    // lets in-cluster traffic pass before it classifies.
-                    let compiled: Table = Rc::new(
-                        precedence::compile(family, &candidates)
-                            .into_iter()
-                            .filter(|(net, _)| !cluster_cidrs.iter().any(|c| net_contains(c, net)))
-                            .map(|(net, w)| (net, w.map(|k| active[k])))
-                            .collect(),
-                    );
-                    tables.insert(active.clone(), Rc::clone(&compiled));
-                    compiled
-                }
-            };
+            let table = tables.table(&policies, Family::of(*src), &active);
             let node = pod.node.as_deref().expect("eligible pods are scheduled");
             sources.push(Source {
                 node,
@@ -138,7 +201,7 @@ pub(super) fn classify<'a>(
     }
     Classified {
         sources,
-        pod_counts,
+        pod_counts: selection.counts,
     }
 }
 
@@ -156,7 +219,13 @@ fn expand_dests(w: &Work<'_>) -> [Vec<IpNet>; 2] {
     out
 }
 
-fn selects(pods: &PodMatch, pod: &Pod) -> bool {
+/// Whether a pod can be classified: scheduled, with an address, not
+/// host-network.
+pub(super) fn eligible(pod: &Pod) -> bool {
+    pod.node.is_some() && !pod.ips.is_empty() && !pod.host_network
+}
+
+pub(super) fn selects(pods: &PodMatch, pod: &Pod) -> bool {
     match pods {
         PodMatch::Selector(s) => s.matches(&pod.labels),
         PodMatch::Subnets(nets) => pod.ips.iter().any(|ip| nets.iter().any(|n| n.contains(ip))),
@@ -236,16 +305,14 @@ impl Namespace<'_> {
     }
 }
 
-fn eligible_pods(snapshot: &Snapshot) -> EligiblePods<'_> {
+fn eligible_pods<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> EligiblePods<'a> {
     // Grouped by namespace first, then each group sorted by name: the same
     // order as sorting by both, with shorter sorts and no namespace compared
     // twice. Sorts are stable, so of two pods of one name the first stays.
     let mut by_namespace: FoldMap<&str, Vec<&Pod>> = FoldMap::default();
-    for p in snapshot
-        .pods
-        .iter()
-        .filter(|p| p.node.is_some() && !p.ips.is_empty() && !p.host_network)
-    {
+    let mut count = 0;
+    for p in pods.into_iter().filter(|p| eligible(p)) {
+        count += 1;
         by_namespace
             .entry(p.namespace.as_str())
             .or_default()
@@ -253,7 +320,7 @@ fn eligible_pods(snapshot: &Snapshot) -> EligiblePods<'_> {
     }
     let mut groups: Vec<(&str, Vec<&Pod>)> = by_namespace.into_iter().collect();
     groups.sort_unstable_by_key(|(ns, _)| *ns);
-    let mut all: Vec<&Pod> = Vec::with_capacity(snapshot.pods.len());
+    let mut all: Vec<&Pod> = Vec::with_capacity(count);
     for (_, mut pods) in groups {
         pods.sort_by(|a, b| a.name.cmp(&b.name));
         pods.dedup_by(|a, b| a.name == b.name);

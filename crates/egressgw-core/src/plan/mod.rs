@@ -17,12 +17,14 @@
 mod classify;
 mod eips;
 mod gateways;
+mod incremental;
 mod nodes;
 mod placement;
 mod report;
 mod scope;
 mod tunnels;
 
+pub use incremental::Planner;
 pub use scope::{PodScope, pod_scope, scoped};
 
 use std::collections::BTreeMap;
@@ -113,21 +115,17 @@ fn build_with(snapshot: &Snapshot, states: States<'_>, placement: Placement, rep
         placement == Placement::Own,
     );
     let classified = classify::classify(snapshot, &policies, &cluster_cidrs);
-    let build_nodes = |only| {
-        nodes::build(
-            snapshot,
-            &tunnels,
-            &policies,
-            &placed,
-            &classified,
-            &cluster_cidrs,
-            only,
-        )
-    };
     let nodes = match states {
-        States::All => build_nodes(None),
-        States::One(node) => build_nodes(Some(node)),
         States::None => BTreeMap::new(),
+        States::All | States::One(_) => {
+            let only = match states {
+                States::One(node) => Some(node),
+                _ => None,
+            };
+            let serving =
+                nodes::serving(snapshot, &tunnels, &policies, &placed, &cluster_cidrs, only);
+            nodes::build(&serving, &classified)
+        }
     };
     let status = if report {
         report::status(

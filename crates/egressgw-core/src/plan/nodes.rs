@@ -1,86 +1,390 @@
 //! Stage 6a: the desired dataplane state of each node.
+//!
+//! What the cluster-wide stages decided is first resolved into a
+//! [`Serving`], owned, which says for each policy and family how its
+//! traffic is carried, and what each node has before any pod. Each
+//! classified pod address then adds its entries to its own node and to the
+//! candidates of its traffic ([`Serving::contribute`]); an agent's
+//! [`crate::Planner`] keeps the `Serving` and adds or takes back one
+//! address's entries when a pod changes.
 
 use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::sync::Arc;
 
 use foldhash::fast::RandomState;
-
 use ipnet::IpNet;
 
-use crate::model::{Config, Snapshot};
+use crate::model::{Config, PolicyRef, Snapshot};
 use crate::net::Family;
 use crate::state::{
     Action, Candidate, ClassifyEntry, Group, NodeState, OwnedEip, Peer, ReplyRoute, Route, Rule,
     SnatEntry, SnatTo, Vxlan,
 };
 
-use super::classify::{Classified, Source};
+use super::classify::{Classified, Table};
 use super::placement::{Placed, Unit, unit_for};
 use super::tunnels::Tunnels;
 use super::{Work, fi};
 
-/// Builds the state of every node, or of `only` that one.
-pub(super) fn build<'a>(
+/// A hash map with a fast hasher, for lookups by node name within a plan.
+type FoldMap<K, V> = HashMap<K, V, RandomState>;
+
+/// How the nodes carry each policy's traffic, and each node's state before
+/// its pods: what the cluster-wide stages decided, owned.
+#[derive(Debug)]
+pub(super) struct Serving {
+    /// The nodes being built, by name: their state without pods (no
+    /// classification, SNAT or reply route) and the groups they have
+    /// whatever the pods (the EIPs they may take over).
+    pub base: BTreeMap<String, (NodeState, Vec<Arc<Group>>)>,
+    /// Per pod node: whether it can send each family through the tunnel,
+    /// and its tunnel address of each family.
+    facts: FoldMap<String, ([bool; 2], [Option<IpAddr>; 2])>,
+    /// Per policy (by index) and family: how its traffic is carried.
+    policies: Vec<[Option<Served>; 2]>,
+    /// The reply rule, on nodes with reply routes.
+    reply_rule: Rule,
+    /// The reply table.
+    reply_table: u32,
+}
+
+/// How one policy's traffic of one family is carried.
+#[derive(Debug, Clone)]
+struct Served {
+    policy: PolicyRef,
+    fail_closed: bool,
+    to: SnatTo,
+    /// Its unit's failover group (the `id` is set per node), `None` when
+    /// no node can carry it and the gateway fails closed.
+    group: Option<Arc<Group>>,
+}
+
+/// One entry a classified pod address gives a node.
+#[derive(Debug)]
+pub(super) enum Entry {
+    /// On the pod's node, with the group its decision follows.
+    Classify(ClassifyEntry, Option<Arc<Group>>),
+    /// On a node that may carry the traffic.
+    Snat(SnatEntry),
+    /// On a node that may carry the traffic of another node's pod.
+    Reply(ReplyRoute),
+}
+
+/// Resolves the cluster-wide stages for the nodes' states: of every node,
+/// or of `only` that one.
+pub(super) fn serving<'a>(
     snapshot: &Snapshot,
     tunnels: &Tunnels,
     works: &[Work<'a>],
     placed: &Placed<'a>,
-    classified: &Classified<'_>,
     cluster_cidrs: &[IpNet],
     only: Option<&str>,
-) -> BTreeMap<String, NodeState> {
-    let mut nodes = Nodes::new(snapshot, tunnels, works, placed, cluster_cidrs, only);
-    for source in &classified.sources {
-        nodes.source(source);
+) -> Serving {
+    let cfg = &snapshot.config;
+    let mut groups: BTreeMap<&Unit<'a>, Arc<Group>> = BTreeMap::new();
+    for (unit, candidates) in &placed.candidates {
+        let first_user = placed.users[unit][0];
+        let group = Group {
+            id: 0,
+            key: group_key(unit, works),
+            gateway: unit.gateway().to_owned(),
+            eip: match unit {
+                Unit::Eip(_, ip) => Some(*ip),
+                Unit::NodeIp(..) => None,
+            },
+            candidates: candidates
+                .iter()
+                .map(|node| Candidate {
+                    node: node.clone(),
+                    mark: tunnels.mark(node).expect("gateway candidates have a mark"),
+                })
+                .collect(),
+            fail_closed: works[first_user].fail_closed,
+        };
+        groups.insert(unit, Arc::new(group));
     }
-    nodes.own_eips();
-    nodes.finish()
+    let policies = works
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            Family::ALL.map(|family| {
+                let unit = unit_for(i, w, family)?;
+                Some(Served {
+                    policy: w.policy.id.clone(),
+                    fail_closed: w.fail_closed,
+                    to: w.eips[fi(family)].map_or(SnatTo::NodeIp, SnatTo::Eip),
+                    group: groups.get(&unit).cloned(),
+                })
+            })
+        })
+        .collect();
+    let facts = tunnels
+        .by_node
+        .keys()
+        .map(|node| {
+            let facts = (
+                Family::ALL.map(|f| tunnels.can_send(node, f)),
+                Family::ALL.map(|f| tunnels.address(node, f)),
+            );
+            (node.clone(), facts)
+        })
+        .collect();
+    let base = base_states(snapshot, tunnels, cluster_cidrs, only)
+        .into_iter()
+        .map(|mut state| {
+            // A candidate of an EIP needs its group to take it over; the
+            // active node owns it.
+            let mut own = Vec::new();
+            for (unit, group) in &groups {
+                let Unit::Eip(gateway, ip) = unit else {
+                    continue;
+                };
+                let Some(rank) = group.candidates.iter().position(|c| c.node == state.node) else {
+                    continue;
+                };
+                own.push(Arc::clone(group));
+                if rank == 0 {
+                    state.eips.push(OwnedEip {
+                        ip: *ip,
+                        gateway: (*gateway).to_owned(),
+                    });
+                }
+            }
+            state.eips.sort();
+            state.eips.dedup();
+            (state.node.clone(), (state, own))
+        })
+        .collect();
+    Serving {
+        base,
+        facts,
+        policies,
+        reply_rule: Rule {
+            priority: cfg.rule_priority,
+            mark: cfg.reply_mark(),
+            mask: cfg.mark_mask,
+            table: cfg.reply_table(),
+        },
+        reply_table: cfg.reply_table(),
+    }
 }
 
-/// The nodes' states while they are built, found by index: the loops
-/// touch them once per classification entry.
-struct Nodes<'p, 'a> {
-    cfg: &'p Config,
-    tunnels: &'p Tunnels,
-    works: &'p [Work<'a>],
-    placed: &'p Placed<'a>,
-    index: FoldMap<&'p str, usize>,
-    /// Per policy (by index) and family: its unit and that unit's
-    /// candidates, looked up once rather than per classification entry.
-    units: Vec<[Option<Served<'p, 'a>>; 2]>,
-    /// Per pod node: its state's index here, and whether it can send each
-    /// family through the tunnel.
-    sources: FoldMap<&'p str, (Option<usize>, [bool; 2])>,
-    states: Vec<NodeState>,
-    /// Failover groups, numbered per node as they are first needed there.
-    group_ids: Vec<BTreeMap<Unit<'a>, u32>>,
-}
+impl Serving {
+    /// Calls `to` with every entry the pod address `src` on `node`, decided
+    /// by `table`, gives a node that `wanted` takes: its node's
+    /// classification of each destination and, on every candidate gateway
+    /// node of its traffic, the SNAT and the reply route.
+    pub fn contribute(
+        &self,
+        node: &str,
+        src: IpAddr,
+        table: &Table,
+        wanted: impl Fn(&str) -> bool,
+        mut to: impl FnMut(&str, Entry),
+    ) {
+        let here = wanted(node);
+        let family = Family::of(src);
+        let (can_send, address) = self
+            .facts
+            .get(node)
+            .map_or((false, None), |(send, address)| {
+                (send[fi(family)], address[fi(family)])
+            });
+        // A node without a tunnel of this family cannot send its pods'
+        // traffic to another node: those decisions are left out (or, failing
+        // closed, dropped), rather than sent into a missing device.
+        for (dst, decided) in table.iter() {
+            let classify = |action, policy, group| {
+                let entry = ClassifyEntry {
+                    src,
+                    dst: *dst,
+                    action,
+                    policy,
+                    group: None,
+                };
+                Entry::Classify(entry, group)
+            };
+            let Some(w) = *decided else {
+                if here {
+                    to(node, classify(Action::Bypass, None, None));
+                }
+                continue;
+            };
+            let served = self.policies[w][fi(family)]
+                .as_ref()
+                .expect("classified policies have a unit");
+            let Some(group) = &served.group else {
+                // No node at all, and the gateway fails closed.
+                if here {
+                    let policy = Some(served.policy.clone());
+                    to(node, classify(Action::Drop, policy, None));
+                }
+                continue;
+            };
+            let active = &group.candidates[0];
+            let local = active.node == node;
+            if !local && !can_send && !served.fail_closed {
+                continue;
+            }
+            if here {
+                let (action, group_of) = if !local && !can_send {
+                    (Action::Drop, None)
+                } else if local {
+                    (Action::Local, Some(Arc::clone(group)))
+                } else {
+                    let action = Action::Tunnel {
+                        gateway: active.node.clone(),
+                        mark: active.mark,
+                    };
+                    (action, Some(Arc::clone(group)))
+                };
+                let policy = Some(served.policy.clone());
+                to(node, classify(action, policy, group_of));
+            }
+            if !local && !can_send {
+                continue;
+            }
+            // Every candidate is ready to serve this traffic: the data
+            // plane may send it to any of them without a new plan.
+            for candidate in &group.candidates {
+                let gateway = candidate.node.as_str();
+                if !wanted(gateway) {
+                    continue;
+                }
+                if gateway != node
+                    && let Some(via) = address
+                {
+                    let reply = ReplyRoute {
+                        dst: src,
+                        via,
+                        origin: node.to_owned(),
+                        table: self.reply_table,
+                    };
+                    to(gateway, Entry::Reply(reply));
+                }
+                let snat = SnatEntry {
+                    src,
+                    dst: *dst,
+                    to: served.to,
+                    origin: node.to_owned(),
+                    policy: served.policy.clone(),
+                };
+                to(gateway, Entry::Snat(snat));
+            }
+        }
+    }
 
-impl<'p, 'a> Nodes<'p, 'a> {
-    /// Each node with its tunnel, peers, routes and rules, and nothing
-    /// classified yet.
-    fn new(
-        snapshot: &'p Snapshot,
-        tunnels: &'p Tunnels,
-        works: &'p [Work<'a>],
-        placed: &'p Placed<'a>,
-        cluster_cidrs: &[IpNet],
-        only: Option<&str>,
-    ) -> Self {
-        let cfg = &snapshot.config;
-        let peers = peers(tunnels);
-        let routes = routes(cfg, tunnels);
-        let mut names: Vec<&str> = snapshot
-            .nodes
+    /// `state` (its classification, SNAT and reply routes added to its
+    /// base, unsorted) finished: the groups its classification follows and
+    /// its base's, numbered by key; the reply rule where replies are
+    /// routed; everything in canonical order.
+    pub fn finish(
+        &self,
+        state: &mut NodeState,
+        follows: &[Option<Arc<Group>>],
+        own: &[Arc<Group>],
+    ) {
+        let mut groups: Vec<&Arc<Group>> = own.iter().chain(follows.iter().flatten()).collect();
+        groups.sort_by(|a, b| a.key.cmp(&b.key));
+        groups.dedup_by(|a, b| a.key == b.key);
+        state.groups = groups
             .iter()
-            .map(|n| n.name.as_str())
-            .filter(|n| only.is_none_or(|o| o == *n))
+            .enumerate()
+            .map(|(id, g)| Group {
+                id: u32::try_from(id).expect("fewer than 2^32 groups"),
+                ..Group::clone(g)
+            })
             .collect();
-        names.sort_unstable();
-        names.dedup();
-        let index: FoldMap<&str, usize> = names.iter().enumerate().map(|(i, n)| (*n, i)).collect();
-        let states: Vec<NodeState> = names
-            .iter()
-            .map(|name| NodeState {
+        for (entry, group) in state.classify.iter_mut().zip(follows) {
+            entry.group = group.as_ref().map(|g| {
+                let id = groups
+                    .binary_search_by(|o| o.key.cmp(&g.key))
+                    .expect("every followed group is numbered");
+                u32::try_from(id).expect("fewer than 2^32 groups")
+            });
+        }
+        state.classify.sort();
+        state.snat.sort();
+        state.snat.dedup();
+        state.replies.sort();
+        state.replies.dedup();
+        state.rules.retain(|r| *r != self.reply_rule);
+        if !state.replies.is_empty() {
+            state.rules.push(self.reply_rule.clone());
+        }
+        state.rules.sort();
+    }
+}
+
+/// Builds the state of the nodes `serving` was resolved for.
+pub(super) fn build(serving: &Serving, classified: &Classified<'_>) -> BTreeMap<String, NodeState> {
+    let index: FoldMap<&str, usize> = serving
+        .base
+        .keys()
+        .enumerate()
+        .map(|(i, n)| (n.as_str(), i))
+        .collect();
+    let mut states: Vec<(NodeState, Vec<Option<Arc<Group>>>)> = serving
+        .base
+        .values()
+        .map(|(state, _)| (state.clone(), Vec::new()))
+        .collect();
+    for source in &classified.sources {
+        let wanted = |node: &str| index.contains_key(node);
+        serving.contribute(
+            source.node,
+            source.src,
+            &source.table,
+            wanted,
+            |node, entry| {
+                let Some(i) = index.get(node).copied() else {
+                    return;
+                };
+                let (state, follows) = &mut states[i];
+                match entry {
+                    Entry::Classify(entry, group) => {
+                        state.classify.push(entry);
+                        follows.push(group);
+                    }
+                    Entry::Snat(entry) => state.snat.push(entry),
+                    Entry::Reply(route) => state.replies.push(route),
+                }
+            },
+        );
+    }
+    states
+        .into_iter()
+        .zip(serving.base.values())
+        .map(|((mut state, follows), (_, own))| {
+            serving.finish(&mut state, &follows, own);
+            (state.node.clone(), state)
+        })
+        .collect()
+}
+
+/// Each node with its tunnel, peers, routes and rules, and nothing else.
+fn base_states(
+    snapshot: &Snapshot,
+    tunnels: &Tunnels,
+    cluster_cidrs: &[IpNet],
+    only: Option<&str>,
+) -> Vec<NodeState> {
+    let cfg = &snapshot.config;
+    let peers = peers(tunnels);
+    let routes = routes(cfg, tunnels);
+    let mut names: Vec<&str> = snapshot
+        .nodes
+        .iter()
+        .map(|n| n.name.as_str())
+        .filter(|n| only.is_none_or(|o| o == *n))
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    names
+        .iter()
+        .map(|name| {
+            let mut state = NodeState {
                 node: (*name).to_owned(),
                 vxlan: vxlan(cfg, tunnels, name),
                 peers: peers.iter().filter(|p| p.node != *name).cloned().collect(),
@@ -96,229 +400,14 @@ impl<'p, 'a> Nodes<'p, 'a> {
                     .collect(),
                 cluster_cidrs: cluster_cidrs.to_vec(),
                 ..NodeState::default()
-            })
-            .collect();
-        let units = works
-            .iter()
-            .enumerate()
-            .map(|(i, w)| {
-                Family::ALL.map(|family| {
-                    let unit = unit_for(i, w, family)?;
-                    let candidates = placed.candidates.get(&unit).map(Vec::as_slice);
-                    Some((unit, candidates))
-                })
-            })
-            .collect();
-        Nodes {
-            cfg,
-            tunnels,
-            works,
-            placed,
-            index,
-            units,
-            sources: FoldMap::default(),
-            group_ids: vec![BTreeMap::new(); states.len()],
-            states,
-        }
-    }
-
-    /// The id of `unit`'s failover group on node `i`, added there when it
-    /// is first needed.
-    fn group_in(&mut self, i: usize, unit: &Unit<'a>) -> u32 {
-        if let Some(id) = self.group_ids[i].get(unit) {
-            return *id;
-        }
-        let id = u32::try_from(self.states[i].groups.len()).expect("fewer than 2^32 groups");
-        let candidates = self.placed.candidates[unit]
-            .iter()
-            .map(|node| Candidate {
-                node: node.clone(),
-                mark: self
-                    .tunnels
-                    .mark(node)
-                    .expect("gateway candidates have a mark"),
-            })
-            .collect();
-        let first_user = self.placed.users[unit][0];
-        self.states[i].groups.push(Group {
-            id,
-            key: group_key(unit, self.works),
-            gateway: unit.gateway().to_owned(),
-            eip: match unit {
-                Unit::Eip(_, ip) => Some(*ip),
-                Unit::NodeIp(..) => None,
-            },
-            candidates,
-            fail_closed: self.works[first_user].fail_closed,
-        });
-        self.group_ids[i].insert(unit.clone(), id);
-        id
-    }
-
-    /// One pod address: its node's classification of each destination,
-    /// and on every candidate gateway node of its traffic the SNAT and the
-    /// reply route.
-    fn source(&mut self, source: &Source<'p>) {
-        let family = Family::of(source.src);
-        let (here, can_send) = *self.sources.entry(source.node).or_insert_with(|| {
-            (
-                self.index.get(source.node).copied(),
-                Family::ALL.map(|f| self.tunnels.can_send(source.node, f)),
-            )
-        });
-        // A node without a tunnel of this family cannot send its pods'
-        // traffic to another node: those decisions are left out (or, failing
-        // closed, dropped), rather than sent into a missing device.
-        let can_send = can_send[fi(family)];
-        for (dst, decided) in source.table.iter() {
-            let entry = |action, policy, group| ClassifyEntry {
-                src: source.src,
-                dst: *dst,
-                action,
-                policy,
-                group,
             };
-            let Some(w) = *decided else {
-                if let Some(i) = here {
-                    self.states[i]
-                        .classify
-                        .push(entry(Action::Bypass, None, None));
-                }
-                continue;
-            };
-            let work = &self.works[w];
-            let (unit, candidates) = self.units[w][fi(family)]
-                .clone()
-                .expect("classified policies have a unit");
-            let Some(candidates) = candidates else {
-                // No node at all, and the gateway fails closed.
-                if let Some(i) = here {
-                    self.states[i].classify.push(entry(
-                        Action::Drop,
-                        Some(work.policy.id.clone()),
-                        None,
-                    ));
-                }
-                continue;
-            };
-            let active = candidates[0].as_str();
-            let local = active == source.node;
-            if !local && !can_send && !work.fail_closed {
-                continue;
-            }
-            if let Some(i) = here {
-                let (action, group) = if !local && !can_send {
-                    (Action::Drop, None)
-                } else if local {
-                    (Action::Local, Some(self.group_in(i, &unit)))
-                } else {
-                    let mark = self
-                        .tunnels
-                        .mark(active)
-                        .expect("gateway nodes have a mark");
-                    let action = Action::Tunnel {
-                        gateway: active.to_owned(),
-                        mark,
-                    };
-                    (action, Some(self.group_in(i, &unit)))
-                };
-                let policy = Some(work.policy.id.clone());
-                self.states[i].classify.push(entry(action, policy, group));
-            }
-            if local || can_send {
-                self.serve(source, *dst, work, candidates);
-            }
-        }
-    }
-
-    /// Every candidate is ready to serve `source`'s traffic to `dst`: the
-    /// data plane may send it to any of them without a new plan.
-    fn serve(&mut self, source: &Source<'_>, dst: IpNet, work: &Work<'a>, candidates: &[String]) {
-        let family = Family::of(source.src);
-        let to = work.eips[fi(family)].map_or(SnatTo::NodeIp, SnatTo::Eip);
-        for candidate in candidates {
-            let Some(i) = self.index.get(candidate.as_str()).copied() else {
-                continue;
-            };
-            if candidate != source.node
-                && let Some(via) = self.tunnels.address(source.node, family)
-            {
-                self.states[i].replies.push(ReplyRoute {
-                    dst: source.src,
-                    via,
-                    origin: source.node.to_owned(),
-                    table: self.cfg.reply_table(),
-                });
-            }
-            self.states[i].snat.push(SnatEntry {
-                src: source.src,
-                dst,
-                to,
-                origin: source.node.to_owned(),
-                policy: work.policy.id.clone(),
-            });
-        }
-    }
-
-    /// A candidate of an EIP needs its group to take it over; the active
-    /// node owns it.
-    fn own_eips(&mut self) {
-        let placed = self.placed;
-        for (unit, candidates) in &placed.candidates {
-            let Unit::Eip(gateway, ip) = unit else {
-                continue;
-            };
-            for (rank, node) in candidates.iter().enumerate() {
-                let Some(i) = self.index.get(node.as_str()).copied() else {
-                    continue;
-                };
-                self.group_in(i, unit);
-                if rank == 0 {
-                    self.states[i].eips.push(OwnedEip {
-                        ip: *ip,
-                        gateway: (*gateway).to_owned(),
-                    });
-                }
-            }
-        }
-    }
-
-    /// The states in canonical order, with the reply rule where replies
-    /// are routed.
-    fn finish(self) -> BTreeMap<String, NodeState> {
-        let cfg = self.cfg;
-        let mut states = self.states;
-        for state in &mut states {
             state.peers.sort();
             state.routes.sort();
             state.rules.sort();
-            state.classify.sort();
-            state.snat.sort();
-            state.snat.dedup();
-            state.replies.sort();
-            state.replies.dedup();
-            if !state.replies.is_empty() {
-                state.rules.push(Rule {
-                    priority: cfg.rule_priority,
-                    mark: cfg.reply_mark(),
-                    mask: cfg.mark_mask,
-                    table: cfg.reply_table(),
-                });
-                state.rules.sort();
-            }
-            state.eips.sort();
-            state.eips.dedup();
-        }
-        states.into_iter().map(|s| (s.node.clone(), s)).collect()
-    }
+            state
+        })
+        .collect()
 }
-
-/// A policy's unit in one family, and the unit's candidates (`None`: no
-/// node at all).
-type Served<'p, 'a> = (Unit<'a>, Option<&'p [String]>);
-
-/// A hash map with a fast hasher, for lookups by node name within a plan.
-type FoldMap<K, V> = HashMap<K, V, RandomState>;
 
 /// A group's [`Group::key`].
 fn group_key(unit: &Unit<'_>, works: &[Work<'_>]) -> String {

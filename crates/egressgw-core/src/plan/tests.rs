@@ -7,6 +7,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use proptest::prelude::*;
 
+use super::incremental::Planner;
 use super::*;
 use crate::model::{
     Age, Allocator, EgressIpSpec, Gateway, InvalidObject, Labels, Namespace, Node, Pod, PodMatch,
@@ -1592,5 +1593,108 @@ proptest! {
             .map(|p| (p.policy, p.pods))
             .collect();
         prop_assert_eq!(counted, selected_plainly(&s));
+    }
+}
+
+// ---- the incremental planner against the whole plan ----
+
+/// One change to a cluster, as an agent's watches see them.
+#[derive(Debug, Clone)]
+enum Step {
+    /// A Pod added or replaced: (namespace, name, app, node, address, host network).
+    Pod(usize, usize, usize, usize, u8, bool),
+    /// A Pod deleted.
+    PodGone(usize, usize),
+    /// A Pod not scheduled yet, or without an address.
+    Pending(usize, usize, bool),
+    /// A namespace relabelled (a cluster policy's selector may change).
+    Namespace(usize, usize),
+    /// A policy's pod selector edited.
+    Policy(usize, usize),
+    /// A node's readiness flipped.
+    Node(usize),
+}
+
+fn arb_step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        6 => (0usize..2, 0usize..8, 0usize..4, 0usize..6, 0u8..12, any::<bool>())
+            .prop_map(|(ns, name, app, node, ip, host)| Step::Pod(ns, name, app, node, ip, host)),
+        3 => (0usize..2, 0usize..8).prop_map(|(ns, name)| Step::PodGone(ns, name)),
+        1 => (0usize..2, 0usize..8, any::<bool>()).prop_map(|(ns, name, n)| Step::Pending(ns, name, n)),
+        1 => (0usize..2, 0usize..2).prop_map(|(ns, team)| Step::Namespace(ns, team)),
+        1 => (0usize..8, 0usize..4).prop_map(|(p, app)| Step::Policy(p, app)),
+        1 => (0usize..6).prop_map(Step::Node),
+    ]
+}
+
+/// Applies `step` to `planner` as an agent would: a Pod's change by itself,
+/// anything else as a new cluster.
+fn apply_step(planner: &mut Planner, step: &Step) {
+    let ns = |i: usize| ["a", "b"][i].to_owned();
+    let mut cluster = planner.snapshot();
+    let nodes = cluster.nodes.len();
+    match *step {
+        Step::Pod(n, name, app, node, ip, host) => {
+            let node = node % nodes;
+            planner.set_pod(Pod {
+                namespace: ns(n),
+                name: format!("pod-{name}"),
+                labels: labels(&[("app", &format!("app{app}"))]),
+                // Addresses collide on purpose: two Pods may claim one.
+                ips: vec![IpAddr::from([10, 244, node as u8, 10 + ip])],
+                node: Some(format!("node-{node}")),
+                host_network: host && ip % 5 == 0,
+            });
+        }
+        Step::PodGone(n, name) => planner.remove_pod(&ns(n), &format!("pod-{name}")),
+        Step::Pending(n, name, scheduled) => planner.set_pod(Pod {
+            namespace: ns(n),
+            name: format!("pod-{name}"),
+            labels: labels(&[("app", "app0")]),
+            ips: Vec::new(),
+            node: scheduled.then(|| "node-0".to_owned()),
+            host_network: false,
+        }),
+        Step::Namespace(n, team) => {
+            if let Some(namespace) = cluster.namespaces.get_mut(n) {
+                namespace.labels = labels(&[("team", ["a", "b"][team])]);
+            }
+            planner.set_cluster(cluster);
+        }
+        Step::Policy(p, app) => {
+            if let Some(policy) = cluster.policies.get_mut(p) {
+                policy.pods = PodMatch::Selector(LabelSelector::eq("app", &format!("app{app}")));
+            }
+            planner.set_cluster(cluster);
+        }
+        Step::Node(n) => {
+            let node = &mut cluster.nodes[n % nodes];
+            node.ready = !node.ready;
+            planner.set_cluster(cluster);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn a_planner_changed_step_by_step_plans_what_the_whole_plan_does(
+        s in arb_snapshot(),
+        steps in prop::collection::vec(arb_step(), 1..40),
+    ) {
+        // The controller's placement, published, as agents find it.
+        let mut s = s;
+        let status = plan(&s).status;
+        remember(&mut s, &status);
+        let nodes: Vec<String> = s.nodes.iter().map(|n| n.name.clone()).collect();
+        let mut planners: Vec<Planner> = nodes.iter().map(|n| Planner::new(s.clone(), n)).collect();
+        for (i, step) in steps.iter().enumerate() {
+            for (planner, node) in planners.iter_mut().zip(&nodes) {
+                apply_step(planner, step);
+                let whole = plan_node_published(&planner.snapshot(), node);
+                prop_assert_eq!(planner.state(), whole.as_ref(), "{} after step {}: {:?}", node, i, step);
+            }
+        }
     }
 }

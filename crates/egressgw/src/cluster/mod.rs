@@ -2,6 +2,7 @@
 //! client, the watched objects, Leases and the health endpoint.
 
 pub mod decoded;
+pub mod following;
 pub mod health;
 pub mod lease;
 pub mod metrics;

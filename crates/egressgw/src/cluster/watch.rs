@@ -89,13 +89,24 @@ impl Stores {
     /// The planner's view of the stores now. A node counts as ready only
     /// while its agent reports (see [`SnapshotBuilder::agents_required`]).
     pub fn snapshot(&self, config: Config) -> Snapshot {
+        let mut snapshot = self.cluster_snapshot(config);
+        snapshot.pods = self
+            .pods
+            .state()
+            .iter()
+            .filter_map(|p| egressgw_api::snapshot::pod(p))
+            .collect();
+        snapshot
+    }
+
+    /// [`Stores::snapshot`] without the Pods.
+    pub fn cluster_snapshot(&self, config: Config) -> Snapshot {
         let policies = self.policies.state();
         let cluster_policies = self.cluster_policies.state();
         let builder = SnapshotBuilder::new(config)
             .agents_required()
             .nodes(self.nodes.state())
             .namespaces(self.namespaces.state())
-            .pods(self.pods.state())
             .gateways(self.gateways.state())
             .policies(policies.iter().filter_map(|p| p.ok()))
             .cluster_policies(cluster_policies.iter().filter_map(|p| p.ok()))
@@ -170,31 +181,24 @@ impl Pods {
         }
     }
 
-    /// Which Pods [`Pods::state`] gives now: every Pod once the watch of
-    /// every Pod has listed them, else the first watch's.
-    pub fn scope(&self) -> PodScope {
-        if self.cluster_store().is_some() {
-            PodScope::Cluster
-        } else {
-            self.first_scope
+    /// The Pods watched now and which they are: every Pod once the watch
+    /// of every Pod has listed them, else the first watch's.
+    pub fn scoped_state(&self) -> (PodScope, Vec<Arc<Pod>>) {
+        match self.cluster_store() {
+            Some(store) => (PodScope::Cluster, store.state()),
+            None => (self.first_scope, self.first.state()),
         }
     }
 
-    /// The Pods of [`Pods::scope`].
+    /// The Pods of [`Pods::scoped_state`] alone.
     pub fn state(&self) -> Vec<Arc<Pod>> {
         self.cluster_store()
             .unwrap_or_else(|| self.first.clone())
             .state()
     }
 
-    /// How many Pods [`Pods::state`] gives.
-    pub fn len(&self) -> usize {
-        self.cluster_store()
-            .map_or_else(|| self.first.len(), |store| store.len())
-    }
-
     /// Asks for the Pods of `scope`, starting or stopping the watch of
-    /// every Pod (an agent's); true when [`Pods::scope`] gives them now.
+    /// every Pod (an agent's); true when [`Pods::scoped_state`] gives them now.
     /// A watch started here wakes the daemon when it has listed.
     pub fn serve(&self, scope: PodScope) -> bool {
         if self.first_scope == PodScope::Cluster {

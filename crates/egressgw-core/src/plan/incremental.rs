@@ -1,0 +1,349 @@
+//! An agent's planner that outlives a plan: one Pod's change updates only
+//! the entries of that Pod's addresses.
+//!
+//! The cluster-wide stages (gateways, tunnel identities, EIPs, placement)
+//! read no Pod. [`Planner`] runs them, and pod selection and the node's
+//! state as a whole, when anything but a Pod changes. It keeps what they
+//! decided ([`Serving`]), which policies select each Pod, which Pods claim
+//! each address, and the compiled tables. A Pod added, changed or deleted
+//! is then matched against the policies of its namespace and the cluster
+//! policies alone, and only its addresses' classification, SNAT and reply
+//! entries are taken out of the node's state and put back.
+//!
+//! The result is always what [`super::plan_node_published`] plans from the
+//! same objects: a property test checks it after random changes.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use crate::model::{Labels, Pod, Policy, Snapshot};
+use crate::net::Family;
+use crate::state::{ClassifyEntry, Group, NodeState};
+
+use super::classify::{self, Table, Tables};
+use super::nodes::{self, Entry, Serving};
+use super::{eips, gateways, placement, tunnels};
+
+/// A Pod's namespace and name.
+type PodKey = (String, String);
+
+/// One node's plan, kept up to date change by change.
+#[derive(Debug)]
+pub struct Planner {
+    node: String,
+    /// Every object but the Pods (its `pods` stay empty).
+    cluster: Snapshot,
+    /// The Pods, with the policies selecting each (empty for a Pod that
+    /// cannot be classified).
+    pods: BTreeMap<PodKey, (Pod, Vec<usize>)>,
+    frame: Frame,
+    /// Per pod address: the Pods a policy steers it for, by key. The first
+    /// one's traffic is classified, as in a whole plan.
+    claims: HashMap<IpAddr, BTreeMap<PodKey, Claim>>,
+    /// This node's classification entries per address, with the group
+    /// each follows.
+    classify: BTreeMap<IpAddr, Vec<Followed>>,
+    /// The node's state; `None` while the node is not in the cluster.
+    state: Option<NodeState>,
+}
+
+/// A classification entry and the group it follows.
+type Followed = (ClassifyEntry, Option<Arc<Group>>);
+
+/// A Pod's claim on one of its addresses.
+#[derive(Debug, Clone)]
+struct Claim {
+    node: String,
+    table: Table,
+}
+
+/// What the cluster-wide stages decided, owned, and the indexes that match
+/// one Pod against the policies.
+#[derive(Debug)]
+struct Frame {
+    /// The policies, by index in the stages' order.
+    policies: Vec<Policy>,
+    /// Namespaced policies by namespace, ascending.
+    namespaced: HashMap<String, Vec<usize>>,
+    /// Cluster policies, ascending.
+    cluster_wide: Vec<usize>,
+    namespace_labels: HashMap<String, Labels>,
+    tables: Tables,
+    serving: Serving,
+}
+
+impl Frame {
+    fn new(cluster: &Snapshot, node: &str) -> Self {
+        let gateways = gateways::resolve(cluster);
+        let tunnels = tunnels::allocate(cluster, &gateways);
+        let gateways = gateways.with_eligibility(cluster, &tunnels);
+        let cluster_cidrs = nodes::cluster_cidrs(cluster);
+        let mut works = eips::allocate(cluster, &gateways, &cluster_cidrs);
+        let placed = placement::place(cluster, &gateways, &mut works, false);
+        let serving = nodes::serving(
+            cluster,
+            &tunnels,
+            &works,
+            &placed,
+            &cluster_cidrs,
+            Some(node),
+        );
+        let tables = Tables::new(&works, &cluster_cidrs);
+        let policies: Vec<Policy> = works.iter().map(|w| w.policy.clone()).collect();
+        let mut namespaced: HashMap<String, Vec<usize>> = HashMap::new();
+        let mut cluster_wide = Vec::new();
+        for (i, p) in policies.iter().enumerate() {
+            match &p.id.namespace {
+                Some(ns) => namespaced.entry(ns.clone()).or_default().push(i),
+                None => cluster_wide.push(i),
+            }
+        }
+        let namespace_labels = cluster
+            .namespaces
+            .iter()
+            .map(|n| (n.name.clone(), n.labels.clone()))
+            .collect();
+        Frame {
+            policies,
+            namespaced,
+            cluster_wide,
+            namespace_labels,
+            tables,
+            serving,
+        }
+    }
+
+    /// The policies selecting `pod`, ascending: those of its namespace and
+    /// the cluster policies whose namespace selector takes it.
+    fn select(&self, pod: &Pod) -> Vec<usize> {
+        let no_labels = Labels::new();
+        let labels = self
+            .namespace_labels
+            .get(&pod.namespace)
+            .unwrap_or(&no_labels);
+        let own = self
+            .namespaced
+            .get(&pod.namespace)
+            .map_or(&[][..], Vec::as_slice);
+        let cluster = self.cluster_wide.iter().copied().filter(|i| {
+            self.policies[*i]
+                .namespace_selector
+                .as_ref()
+                .is_none_or(|s| s.matches(labels))
+        });
+        let mut selecting: Vec<usize> = own
+            .iter()
+            .copied()
+            .chain(cluster)
+            .filter(|i| classify::selects(&self.policies[*i].pods, pod))
+            .collect();
+        selecting.sort_unstable();
+        selecting
+    }
+}
+
+impl Planner {
+    /// Plans `node` from `snapshot`, as [`super::plan_node_published`]
+    /// does.
+    pub fn new(mut snapshot: Snapshot, node: &str) -> Self {
+        let pods = std::mem::take(&mut snapshot.pods);
+        let frame = Frame::new(&snapshot, node);
+        let mut planner = Planner {
+            node: node.to_owned(),
+            cluster: snapshot,
+            pods: BTreeMap::new(),
+            frame,
+            claims: HashMap::new(),
+            classify: BTreeMap::new(),
+            state: None,
+        };
+        for pod in pods {
+            // Of two Pods of one name, the first stays, as in a whole plan.
+            let key = (pod.namespace.clone(), pod.name.clone());
+            planner.pods.entry(key).or_insert((pod, Vec::new()));
+        }
+        planner.rebuild();
+        planner
+    }
+
+    /// The node's state; `None` while the node is not in the cluster.
+    pub fn state(&self) -> Option<&NodeState> {
+        self.state.as_ref()
+    }
+
+    /// Every object planned but the Pods (its `pods` are empty).
+    pub fn cluster(&self) -> &Snapshot {
+        &self.cluster
+    }
+
+    /// The objects planned: the cluster and the Pods.
+    pub fn snapshot(&self) -> Snapshot {
+        let mut snapshot = self.cluster.clone();
+        snapshot.pods = self.pods.values().map(|(p, _)| p.clone()).collect();
+        snapshot
+    }
+
+    /// Replaces every object but the Pods (the Pods of `cluster` are not
+    /// read) and plans the node again as a whole.
+    pub fn set_cluster(&mut self, mut cluster: Snapshot) {
+        cluster.pods = Vec::new();
+        self.frame = Frame::new(&cluster, &self.node);
+        self.cluster = cluster;
+        self.rebuild();
+    }
+
+    /// Adds `pod`, or replaces the Pod of its namespace and name.
+    pub fn set_pod(&mut self, pod: Pod) {
+        let key = (pod.namespace.clone(), pod.name.clone());
+        let mut touched = self.forget(&key);
+        let selecting = if classify::eligible(&pod) {
+            self.frame.select(&pod)
+        } else {
+            Vec::new()
+        };
+        self.claim(&key, &pod, &selecting);
+        touched.extend(pod.ips.iter().copied());
+        self.pods.insert(key, (pod, selecting));
+        self.refresh(touched);
+    }
+
+    /// Deletes the Pod `namespace`/`name`, if there is one.
+    pub fn remove_pod(&mut self, namespace: &str, name: &str) {
+        let key = (namespace.to_owned(), name.to_owned());
+        let touched = self.forget(&key);
+        self.pods.remove(&key);
+        self.refresh(touched);
+    }
+
+    /// Takes back the claims of the Pod `key`; its addresses.
+    fn forget(&mut self, key: &PodKey) -> Vec<IpAddr> {
+        let Some((old, _)) = self.pods.get(key) else {
+            return Vec::new();
+        };
+        for ip in &old.ips {
+            if let Some(claims) = self.claims.get_mut(ip) {
+                claims.remove(key);
+                if claims.is_empty() {
+                    self.claims.remove(ip);
+                }
+            }
+        }
+        old.ips.clone()
+    }
+
+    /// Claims each address of `pod` that one of `selecting` steers.
+    fn claim(&mut self, key: &PodKey, pod: &Pod, selecting: &[usize]) {
+        let Some(node) = pod.node.as_deref().filter(|_| !selecting.is_empty()) else {
+            return;
+        };
+        let policies: Vec<&Policy> = self.frame.policies.iter().collect();
+        let mut active = Vec::new();
+        for src in &pod.ips {
+            self.frame
+                .tables
+                .active(&policies, selecting, *src, &mut active);
+            if active.is_empty() {
+                continue;
+            }
+            let table = self
+                .frame
+                .tables
+                .table(&policies, Family::of(*src), &active);
+            let claim = Claim {
+                node: node.to_owned(),
+                table,
+            };
+            self.claims
+                .entry(*src)
+                .or_default()
+                .entry(key.clone())
+                .or_insert(claim);
+        }
+    }
+
+    /// Everything planned again from the frame: selection, claims, state.
+    fn rebuild(&mut self) {
+        let policies: Vec<&Policy> = self.frame.policies.iter().collect();
+        let selection = classify::select(
+            self.pods.values().map(|(p, _)| p),
+            &policies,
+            &self.cluster.namespaces,
+        );
+        let selected: Vec<(PodKey, Vec<usize>)> = selection
+            .pods
+            .iter()
+            .zip(selection.selecting)
+            .map(|(p, s)| ((p.namespace.clone(), p.name.clone()), s))
+            .collect();
+        drop(policies);
+        self.claims.clear();
+        self.classify.clear();
+        for (_, selecting) in self.pods.values_mut() {
+            selecting.clear();
+        }
+        for (key, selecting) in selected {
+            let pod = self.pods[&key].0.clone();
+            self.claim(&key, &pod, &selecting);
+            if let Some(entry) = self.pods.get_mut(&key) {
+                entry.1 = selecting;
+            }
+        }
+        self.state = self
+            .frame
+            .serving
+            .base
+            .get(&self.node)
+            .map(|(state, _)| state.clone());
+        let addresses: Vec<IpAddr> = self.claims.keys().copied().collect();
+        self.refresh(addresses);
+    }
+
+    /// Takes the entries of `addresses` out of the node's state and puts
+    /// back those of each one's first claim, then finishes the state.
+    fn refresh(&mut self, mut addresses: Vec<IpAddr>) {
+        let Some(state) = self.state.as_mut() else {
+            return;
+        };
+        addresses.sort_unstable();
+        addresses.dedup();
+        let node = self.node.as_str();
+        let serving = &self.frame.serving;
+        let taken = |ip: &IpAddr| addresses.binary_search(ip).is_ok();
+        state.snat.retain(|e| !taken(&e.src));
+        state.replies.retain(|r| !taken(&r.dst));
+        let (mut snat, mut replies) = (Vec::new(), Vec::new());
+        for src in addresses.iter().copied() {
+            self.classify.remove(&src);
+            let Some(claim) = self.claims.get(&src).and_then(|c| c.values().next()) else {
+                continue;
+            };
+            let mut classified = Vec::new();
+            let wanted = |n: &str| n == node;
+            serving.contribute(
+                &claim.node,
+                src,
+                &claim.table,
+                wanted,
+                |_, entry| match entry {
+                    Entry::Classify(entry, group) => classified.push((entry, group)),
+                    Entry::Snat(entry) => snat.push(entry),
+                    Entry::Reply(route) => replies.push(route),
+                },
+            );
+            if !classified.is_empty() {
+                self.classify.insert(src, classified);
+            }
+        }
+        state.snat.append(&mut snat);
+        state.replies.append(&mut replies);
+        let (classify, follows): (Vec<ClassifyEntry>, Vec<Option<Arc<Group>>>) =
+            self.classify.values().flatten().cloned().unzip();
+        state.classify = classify;
+        let own = serving
+            .base
+            .get(node)
+            .map_or(&[][..], |(_, own)| own.as_slice());
+        serving.finish(state, &follows, own);
+    }
+}

@@ -1,0 +1,275 @@
+//! An agent's [`Planner`], fed from the watch stores.
+//!
+//! The reconcile loop reads the stores whole (level-based), but plans only
+//! what changed since its last read: a stored Pod is a new object each time
+//! the API server sends a new version of it, so a Pod whose stored object
+//! is the one planned last time is skipped, and only new, changed and
+//! deleted Pods go to the planner one by one. Any change to the other
+//! objects, or to which Pods are watched, plans the node whole.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use egressgw_core::state::NodeState;
+use egressgw_core::{Planner, PodScope, Snapshot};
+use k8s_openapi::api::core::v1::Pod;
+
+/// A Pod's namespace and name.
+type PodKey = (String, String);
+
+/// The planner of one node and what it planned from.
+#[derive(Debug)]
+pub struct Following {
+    node: String,
+    planner: Option<Planner>,
+    /// Which Pods the planner was fed from.
+    scope: Option<PodScope>,
+    /// The stored Pods planned, by the address of the stored object. The
+    /// object is kept, so that its address is not reused while it is here.
+    seen: HashMap<usize, (Arc<Pod>, PodKey)>,
+}
+
+/// How much one [`Following::update`] planned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replanned {
+    /// The node as a whole.
+    Whole,
+    /// This many Pods, one by one (0: nothing changed).
+    Pods(usize),
+}
+
+impl Following {
+    pub fn new(node: &str) -> Self {
+        Self {
+            node: node.to_owned(),
+            planner: None,
+            scope: None,
+            seen: HashMap::new(),
+        }
+    }
+
+    /// Brings the plan up to `cluster` (every object but the Pods) and
+    /// `pods`, the stored Pods of `scope`.
+    pub fn update(&mut self, cluster: Snapshot, scope: PodScope, pods: Vec<Arc<Pod>>) -> Replanned {
+        let cluster = canonical(cluster);
+        let planner = match self.planner.as_mut() {
+            Some(planner) if self.scope == Some(scope) => planner,
+            _ => {
+                self.whole(cluster, scope, pods);
+                return Replanned::Whole;
+            }
+        };
+        let whole = *planner.cluster() != cluster;
+        if whole {
+            planner.set_cluster(cluster);
+        }
+        let mut next = HashMap::with_capacity(pods.len());
+        let mut changed = Vec::new();
+        for pod in pods {
+            let at = address(&pod);
+            match self.seen.remove(&at) {
+                Some(entry) => {
+                    next.insert(at, entry);
+                }
+                None => changed.push(pod),
+            }
+        }
+        // What is left was deleted, or replaced by one of `changed`.
+        let replaced: HashSet<PodKey> = changed.iter().map(|p| key(p)).collect();
+        let mut count = 0;
+        for (_, (_, gone)) in self.seen.drain() {
+            if !replaced.contains(&gone) {
+                planner.remove_pod(&gone.0, &gone.1);
+                count += 1;
+            }
+        }
+        for pod in changed {
+            let k = key(&pod);
+            match egressgw_api::snapshot::pod(&pod) {
+                Some(planned) => planner.set_pod(planned),
+                // Finished or being deleted: it sends nothing any more.
+                None => planner.remove_pod(&k.0, &k.1),
+            }
+            count += 1;
+            next.insert(address(&pod), (pod, k));
+        }
+        self.seen = next;
+        if whole {
+            Replanned::Whole
+        } else {
+            Replanned::Pods(count)
+        }
+    }
+
+    /// The node's state as last planned; `None` while the node is not in
+    /// the cluster.
+    pub fn state(&self) -> Option<&NodeState> {
+        self.planner.as_ref().and_then(Planner::state)
+    }
+
+    fn whole(&mut self, mut cluster: Snapshot, scope: PodScope, pods: Vec<Arc<Pod>>) {
+        cluster.pods = pods
+            .iter()
+            .filter_map(|p| egressgw_api::snapshot::pod(p))
+            .collect();
+        self.planner = Some(Planner::new(cluster, &self.node));
+        self.scope = Some(scope);
+        self.seen = pods
+            .into_iter()
+            .map(|p| (address(&p), (Arc::clone(&p), key(&p))))
+            .collect();
+    }
+}
+
+fn address(pod: &Arc<Pod>) -> usize {
+    Arc::as_ptr(pod) as usize
+}
+
+fn key(pod: &Pod) -> PodKey {
+    (
+        pod.metadata.namespace.clone().unwrap_or_default(),
+        pod.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+/// `cluster` in a fixed order: the stores give their objects in an order
+/// that may change when one of them does, and the planner's result does
+/// not depend on it, so two reads of the same objects compare equal.
+fn canonical(mut cluster: Snapshot) -> Snapshot {
+    cluster.pods = Vec::new();
+    cluster.nodes.sort_by(|a, b| a.name.cmp(&b.name));
+    cluster.namespaces.sort_by(|a, b| a.name.cmp(&b.name));
+    cluster.gateways.sort_by(|a, b| a.name.cmp(&b.name));
+    cluster.policies.sort_by(|a, b| a.id.cmp(&b.id));
+    cluster.tunnels.sort_by(|a, b| a.node.cmp(&b.node));
+    cluster
+        .invalid
+        .sort_by(|a, b| (&a.kind, &a.namespace, &a.name).cmp(&(&b.kind, &b.namespace, &b.name)));
+    cluster
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use egressgw_core::model::Config;
+
+    const CLUSTER: &str = r#"
+apiVersion: v1
+kind: Node
+metadata: {name: n1, labels: {egress: "true"}}
+spec: {podCIDRs: [10.244.1.0/24]}
+status:
+  addresses: [{type: InternalIP, address: 192.168.1.11}]
+  conditions: [{type: Ready, status: "True"}]
+---
+apiVersion: v1
+kind: Node
+metadata: {name: n2}
+spec: {podCIDRs: [10.244.2.0/24]}
+status:
+  addresses: [{type: InternalIP, address: 192.168.1.12}]
+  conditions: [{type: Ready, status: "True"}]
+---
+apiVersion: egressgw.io/v1alpha1
+kind: EgressGateway
+metadata: {name: gw1}
+spec:
+  nodeSelector: {selector: {matchLabels: {egress: "true"}}}
+  ippools: {ipv4: [10.6.1.1-10.6.1.2]}
+  clusterDefault: true
+---
+apiVersion: egressgw.io/v1alpha1
+kind: EgressPolicy
+metadata: {name: p1, namespace: shop}
+spec:
+  appliedTo: {podSelector: {matchLabels: {app: web}}}
+"#;
+
+    /// The cluster with its allocations written back, as agents read it.
+    fn cluster() -> Snapshot {
+        let mut snapshot = egressgw_api::objects_from_yaml(CLUSTER)
+            .unwrap()
+            .into_snapshot(Config::default());
+        let status = egressgw_core::plan(&snapshot).status;
+        egressgw_core::remember(&mut snapshot, &status);
+        snapshot.tunnels = status
+            .tunnels
+            .iter()
+            .map(|t| egressgw_core::model::Tunnel {
+                node: t.node.clone(),
+                ipv4: t.ipv4,
+                ipv6: t.ipv6,
+                mac: Some(t.mac),
+                mark: t.mark,
+            })
+            .collect();
+        snapshot
+    }
+
+    fn pod(name: &str, app: &str, node: &str, ip: &str) -> Arc<Pod> {
+        let yaml = format!(
+            "metadata: {{name: {name}, namespace: shop, labels: {{app: {app}}}}}\n\
+             spec: {{nodeName: {node}, containers: []}}\n\
+             status: {{podIP: {ip}, podIPs: [{{ip: {ip}}}]}}"
+        );
+        Arc::new(serde_yaml::from_str(&yaml).unwrap())
+    }
+
+    /// Feeds `pods` and checks the result against the whole plan of the
+    /// same objects.
+    fn step(following: &mut Following, cluster: &Snapshot, pods: &[Arc<Pod>]) -> Replanned {
+        let replanned = following.update(cluster.clone(), PodScope::Cluster, pods.to_vec());
+        let mut whole = cluster.clone();
+        whole.pods = pods
+            .iter()
+            .filter_map(|p| egressgw_api::snapshot::pod(p))
+            .collect();
+        let expected = egressgw_core::plan_node_published(&whole, "n1");
+        assert_eq!(following.state(), expected.as_ref());
+        replanned
+    }
+
+    #[test]
+    fn only_the_pods_stored_anew_are_planned_one_by_one() {
+        let cluster = cluster();
+        let mut following = Following::new("n1");
+        let web1 = pod("web-1", "web", "n2", "10.244.2.5");
+        let web2 = pod("web-2", "web", "n1", "10.244.1.5");
+        let mut pods = vec![Arc::clone(&web1), Arc::clone(&web2)];
+        assert_eq!(step(&mut following, &cluster, &pods), Replanned::Whole);
+        let snat = following.state().unwrap().snat.len();
+        assert!(snat > 0, "n1 carries web-1's traffic");
+        // The same stored objects: nothing to plan.
+        assert_eq!(step(&mut following, &cluster, &pods), Replanned::Pods(0));
+        // web-1 stored anew, out of the policy's reach: one Pod planned.
+        pods[0] = pod("web-1", "db", "n2", "10.244.2.5");
+        assert_eq!(step(&mut following, &cluster, &pods), Replanned::Pods(1));
+        assert!(following.state().unwrap().snat.len() < snat);
+        // web-2 deleted, then one of its name created again elsewhere.
+        pods.truncate(1);
+        assert_eq!(step(&mut following, &cluster, &pods), Replanned::Pods(1));
+        pods.push(pod("web-2", "web", "n2", "10.244.2.9"));
+        assert_eq!(step(&mut following, &cluster, &pods), Replanned::Pods(1));
+        // Another order of the same objects plans nothing.
+        pods.reverse();
+        assert_eq!(step(&mut following, &cluster, &pods), Replanned::Pods(0));
+        // Another object than a Pod changed: the node is planned whole.
+        let mut edited = cluster.clone();
+        edited.policies[0].dest_subnets = vec!["203.0.113.0/24".parse().unwrap()];
+        assert_eq!(step(&mut following, &edited, &pods), Replanned::Whole);
+        // The same objects read in another order are the same objects.
+        let mut reordered = edited.clone();
+        reordered.nodes.reverse();
+        assert_eq!(step(&mut following, &reordered, &pods), Replanned::Pods(0));
+    }
+
+    #[test]
+    fn other_pods_watched_plan_the_node_whole() {
+        let cluster = cluster();
+        let mut following = Following::new("n1");
+        let pods = vec![pod("web-1", "web", "n1", "10.244.1.5")];
+        following.update(cluster.clone(), PodScope::Node, pods.clone());
+        let replanned = following.update(cluster, PodScope::Cluster, pods);
+        assert_eq!(replanned, Replanned::Whole);
+    }
+}
