@@ -20,8 +20,8 @@
 use std::hint::black_box;
 use std::time::Duration;
 
-use criterion::{Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
-use egressgw_benches::{next_snapshot, pods_reaching, relabelled, synthetic_cluster};
+use criterion::{BatchSize, Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
+use egressgw_benches::{agent_node, next_snapshot, pods_reaching, relabelled, synthetic_cluster};
 use egressgw_core::plan::scoped;
 use egressgw_core::{Planner, Snapshot, plan, plan_node, plan_status, pod_scope};
 
@@ -57,12 +57,8 @@ fn bench_size(c: &mut Criterion, size: Size, tune: impl FnOnce(&mut SizeGroup<'_
     group.bench_function("status", |b| {
         b.iter_with_large_drop(|| plan_status(black_box(&steady)));
     });
-    // node-00000 is gateway-capable, node-00001 a plain worker.
-    for (kind, node) in [
-        ("agent-worker", "node-00001"),
-        ("agent-gateway", "node-00000"),
-    ] {
-        bench_agent(&mut group, &steady, kind, node);
+    for (kind, gateway) in [("agent-worker", false), ("agent-gateway", true)] {
+        bench_agent(&mut group, &steady, kind, &agent_node(&steady, gateway));
     }
     group.finish();
 }
@@ -72,7 +68,11 @@ fn bench_size(c: &mut Criterion, size: Size, tune: impl FnOnce(&mut SizeGroup<'_
 fn bench_agent(group: &mut SizeGroup<'_>, steady: &Snapshot, kind: &str, node: &str) {
     let own = scoped(steady, node, pod_scope(steady, node));
     group.bench_function(format!("{kind}/full"), |b| {
-        b.iter_with_large_drop(|| Planner::new(black_box(own.clone()), node));
+        b.iter_batched(
+            || own.clone(),
+            |own| Planner::new(black_box(own), node),
+            BatchSize::LargeInput,
+        );
     });
     let mut planner = Planner::new(own.clone(), node);
     let state = planner.state().expect("the node is planned").clone();

@@ -8,7 +8,9 @@
 //! the Pods their agents watch (`egressgw_core::pod_scope`), in a process
 //! that never holds the other Pods, and print its peak memory. With
 //! `PLAN_ONCE_DIGEST=1`, a digest of the whole plan, to check that a change
-//! to the planner plans the same.
+//! to the planner plans the same. With `PLAN_ONCE_CHANGES=N` beside
+//! `PLAN_ONCE_AGENT=worker|gateway`, the agent's incremental planner is
+//! built and N of its Pods changed one by one, each timed.
 
 use std::time::Instant;
 
@@ -81,22 +83,7 @@ fn scoped_agent(kind: &str, size: (usize, usize, usize)) {
     let (nodes, policies, pods) = size;
     // The nodes and gateways alone decide which Pods a node watches.
     let shape = egressgw_benches::synthetic_cluster(nodes, policies, 0);
-    // The second of its kind where there are two: the synthetic cluster
-    // leaves node-00001's Pods pending at some sizes.
-    let of_kind: Vec<String> = shape
-        .nodes
-        .iter()
-        .map(|n| n.name.clone())
-        .filter(|n| {
-            let scope = egressgw_core::pod_scope(&shape, n);
-            (scope == egressgw_core::PodScope::Cluster) == (kind == "gateway")
-        })
-        .collect();
-    let node = of_kind
-        .get(1)
-        .or(of_kind.first())
-        .cloned()
-        .expect("the synthetic cluster has nodes of each kind");
+    let node = egressgw_benches::agent_node(&shape, kind == "gateway");
     let scope = egressgw_core::pod_scope(&shape, &node);
     drop(shape);
     let mut own = egressgw_benches::synthetic_cluster_where(nodes, policies, pods, &|p| {
@@ -108,6 +95,13 @@ fn scoped_agent(kind: &str, size: (usize, usize, usize)) {
     let status = egressgw_core::plan_status(&own);
     egressgw_core::remember(&mut own, &status);
     drop(status);
+    if let Some(changes) = std::env::var("PLAN_ONCE_CHANGES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+    {
+        planner_changes(kind, &node, size, own, changes);
+        return;
+    }
     let start = Instant::now();
     let plan = egressgw_core::plan_node_published(&own, &node);
     println!(
@@ -118,6 +112,60 @@ fn scoped_agent(kind: &str, size: (usize, usize, usize)) {
         rss("VmHWM:")
     );
     drop(plan);
+}
+
+/// An agent's [`egressgw_core::Planner`] of `node`, built from `own` (the
+/// Pods it watches), then `changes` Pods whose change reaches the node's
+/// state each relabelled out of their policies' reach and back, deleted
+/// and added again; prints the time of each kind of change and the peak
+/// memory of the process, which holds the planner's copy of the objects.
+fn planner_changes(
+    kind: &str,
+    node: &str,
+    (nodes, policies, pods): (usize, usize, usize),
+    own: egressgw_core::Snapshot,
+    changes: usize,
+) {
+    use egressgw_benches::{pods_reaching, relabelled};
+    let watched = own.pods.len();
+    // The Pods to change, chosen before: the planner takes the objects.
+    let state = egressgw_core::plan_node_published(&own, node).expect("the node is planned");
+    let changing = pods_reaching(&own, &state, changes);
+    drop(state);
+    let start = Instant::now();
+    let mut planner = egressgw_core::Planner::new(own, node);
+    let whole = start.elapsed();
+    let mut times: [Vec<std::time::Duration>; 4] = Default::default();
+    for pod in &changing {
+        let steps: [&dyn Fn(&mut egressgw_core::Planner); 4] = [
+            &|p| p.set_pod(relabelled(pod, true)),
+            &|p| p.set_pod(relabelled(pod, false)),
+            &|p| p.remove_pod(&pod.namespace, &pod.name),
+            &|p| p.set_pod(pod.clone()),
+        ];
+        for (step, times) in steps.iter().zip(&mut times) {
+            let start = Instant::now();
+            step(&mut planner);
+            times.push(start.elapsed());
+        }
+    }
+    let quantiles = |times: &mut Vec<std::time::Duration>| {
+        times.sort();
+        let at = |q: f64| times[((times.len() - 1) as f64 * q).round() as usize];
+        format!("p50 {:.2?} p99 {:.2?}", at(0.5), at(0.99))
+    };
+    let [away, back, delete, add] = &mut times;
+    println!(
+        "{nodes} nodes, {policies} policies, {pods} pods, {kind} {node} ({watched} pods watched), \
+         planner: whole {whole:.2?}; {} Pods changed: relabel {}, relabel back {}, \
+         delete {}, add {}; {:.0} MiB at the peak",
+        changing.len(),
+        quantiles(away),
+        quantiles(back),
+        quantiles(delete),
+        quantiles(add),
+        rss("VmHWM:")
+    );
 }
 
 /// A `/proc/self/status` figure in MiB (`VmHWM:`: the peak resident set).

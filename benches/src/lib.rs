@@ -138,6 +138,27 @@ pub fn next_snapshot(snapshot: &Snapshot, plan: &Plan) -> Snapshot {
     next
 }
 
+/// A node of `snapshot` whose agent watches every Pod (`gateway`: some
+/// gateway selects it) or only its own: the second of its kind where there
+/// are two, as the synthetic cluster leaves the first worker's Pods pending
+/// at some sizes.
+pub fn agent_node(snapshot: &Snapshot, gateway: bool) -> String {
+    let of_kind: Vec<&str> = snapshot
+        .nodes
+        .iter()
+        .map(|n| n.name.as_str())
+        .filter(|n| {
+            let scope = egressgw_core::pod_scope(snapshot, n);
+            (scope == egressgw_core::PodScope::Cluster) == gateway
+        })
+        .collect();
+    of_kind
+        .get(1)
+        .or(of_kind.first())
+        .map(|n| (*n).to_owned())
+        .expect("the synthetic cluster has nodes of each kind")
+}
+
 /// `pod` with its `app` label changed to one no policy selects, or back
 /// (`away` false): a relabel that takes the Pod out of its policies' reach
 /// and puts it back.

@@ -3,6 +3,7 @@
 //!
 //! Pods that match the same set of policies share one compiled table.
 
+use std::borrow::Borrow;
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -72,9 +73,9 @@ impl Tables {
     /// `policies`, the ones selecting a pod) that steer the pod's address
     /// `src`. A podSubnet policy steers only the addresses inside its
     /// subnets.
-    pub fn active(
+    pub fn active<P: Borrow<Policy>>(
         &self,
-        policies: &[&Policy],
+        policies: &[P],
         selecting: &[usize],
         src: IpAddr,
         out: &mut Vec<usize>,
@@ -83,7 +84,7 @@ impl Tables {
         out.clear();
         out.extend(selecting.iter().copied().filter(|i| {
             self.usable[*i][family]
-                && match &policies[*i].pods {
+                && match &policies[*i].borrow().pods {
                     PodMatch::Subnets(nets) => nets.iter().any(|n| n.contains(&src)),
                     PodMatch::Selector(_) => true,
                 }
@@ -92,7 +93,12 @@ impl Tables {
 
     /// The table of an address of `family` that the policies `active`
     /// steer, compiled once.
-    pub fn table(&mut self, policies: &[&Policy], family: Family, active: &[usize]) -> Table {
+    pub fn table<P: Borrow<Policy>>(
+        &mut self,
+        policies: &[P],
+        family: Family,
+        active: &[usize],
+    ) -> Table {
         if let Some(table) = self.compiled[fi(family)].get(active) {
             return Arc::clone(table);
         }
@@ -100,8 +106,8 @@ impl Tables {
             .iter()
             .map(|i| Candidate {
                 dests: &self.dests[*i][fi(family)],
-                excludes: &policies[*i].exclude_subnets,
-                priority: policies[*i].priority,
+                excludes: &policies[*i].borrow().exclude_subnets,
+                priority: policies[*i].borrow().priority,
             })
             .collect();
         // Entries wholly inside the cluster are dead: the dataplane lets
@@ -168,6 +174,15 @@ pub(super) fn select<'a>(
         pods: pods.all,
         selecting,
         counts,
+    }
+}
+
+/// Selects pods and counts them, compiling no table: what the status needs.
+pub(super) fn count<'a>(snapshot: &'a Snapshot, works: &[Work<'a>]) -> Classified<'a> {
+    let policies: Vec<&Policy> = works.iter().map(|w| w.policy).collect();
+    Classified {
+        sources: Vec::new(),
+        pod_counts: select(&snapshot.pods, &policies, &snapshot.namespaces).counts,
     }
 }
 

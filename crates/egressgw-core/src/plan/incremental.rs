@@ -28,19 +28,22 @@ use super::{eips, gateways, placement, tunnels};
 /// A Pod's namespace and name.
 type PodKey = (String, String);
 
+/// A hash map with a fast hasher: the keys are the cluster's own names and
+/// addresses.
+type FoldMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 /// One node's plan, kept up to date change by change.
 #[derive(Debug)]
 pub struct Planner {
     node: String,
     /// Every object but the Pods (its `pods` stay empty).
     cluster: Snapshot,
-    /// The Pods, with the policies selecting each (empty for a Pod that
-    /// cannot be classified).
-    pods: BTreeMap<PodKey, (Pod, Vec<usize>)>,
+    /// The Pods, by namespace and name.
+    pods: FoldMap<Arc<PodKey>, Planned>,
     frame: Frame,
-    /// Per pod address: the Pods a policy steers it for, by key. The first
-    /// one's traffic is classified, as in a whole plan.
-    claims: HashMap<IpAddr, BTreeMap<PodKey, Claim>>,
+    /// Per pod address: the Pods a policy steers it for, ascending. The
+    /// first one's traffic is classified, as in a whole plan.
+    claims: FoldMap<IpAddr, Vec<Arc<PodKey>>>,
     /// This node's classification entries per address, with the group
     /// each follows.
     classify: BTreeMap<IpAddr, Vec<Followed>>,
@@ -51,11 +54,15 @@ pub struct Planner {
 /// A classification entry and the group it follows.
 type Followed = (ClassifyEntry, Option<Arc<Group>>);
 
-/// A Pod's claim on one of its addresses.
-#[derive(Debug, Clone)]
-struct Claim {
-    node: String,
-    table: Table,
+/// A Pod and what was planned of it.
+#[derive(Debug)]
+struct Planned {
+    pod: Pod,
+    /// The policies selecting it, ascending (none when it cannot be
+    /// classified).
+    selecting: Vec<usize>,
+    /// Per address (as in `pod.ips`): its table, when a policy steers it.
+    tables: Vec<Option<Table>>,
 }
 
 /// What the cluster-wide stages decided, owned, and the indexes that match
@@ -152,16 +159,20 @@ impl Planner {
         let mut planner = Planner {
             node: node.to_owned(),
             cluster: snapshot,
-            pods: BTreeMap::new(),
+            pods: FoldMap::with_capacity_and_hasher(pods.len(), Default::default()),
             frame,
-            claims: HashMap::new(),
+            claims: FoldMap::default(),
             classify: BTreeMap::new(),
             state: None,
         };
         for pod in pods {
             // Of two Pods of one name, the first stays, as in a whole plan.
-            let key = (pod.namespace.clone(), pod.name.clone());
-            planner.pods.entry(key).or_insert((pod, Vec::new()));
+            let key = Arc::new((pod.namespace.clone(), pod.name.clone()));
+            planner.pods.entry(key).or_insert(Planned {
+                pod,
+                selecting: Vec::new(),
+                tables: Vec::new(),
+            });
         }
         planner.rebuild();
         planner
@@ -180,7 +191,7 @@ impl Planner {
     /// The objects planned: the cluster and the Pods.
     pub fn snapshot(&self) -> Snapshot {
         let mut snapshot = self.cluster.clone();
-        snapshot.pods = self.pods.values().map(|(p, _)| p.clone()).collect();
+        snapshot.pods = self.pods.values().map(|p| p.pod.clone()).collect();
         snapshot
     }
 
@@ -195,16 +206,28 @@ impl Planner {
 
     /// Adds `pod`, or replaces the Pod of its namespace and name.
     pub fn set_pod(&mut self, pod: Pod) {
-        let key = (pod.namespace.clone(), pod.name.clone());
+        let key = Arc::new((pod.namespace.clone(), pod.name.clone()));
         let mut touched = self.forget(&key);
         let selecting = if classify::eligible(&pod) {
             self.frame.select(&pod)
         } else {
             Vec::new()
         };
-        self.claim(&key, &pod, &selecting);
-        touched.extend(pod.ips.iter().copied());
-        self.pods.insert(key, (pod, selecting));
+        let mut planned = Planned {
+            pod,
+            selecting,
+            tables: Vec::new(),
+        };
+        let frame = &mut self.frame;
+        claim(
+            &mut frame.tables,
+            &frame.policies,
+            &mut self.claims,
+            &key,
+            &mut planned,
+        );
+        touched.extend(planned.pod.ips.iter().copied());
+        self.pods.insert(key, planned);
         self.refresh(touched);
     }
 
@@ -218,76 +241,49 @@ impl Planner {
 
     /// Takes back the claims of the Pod `key`; its addresses.
     fn forget(&mut self, key: &PodKey) -> Vec<IpAddr> {
-        let Some((old, _)) = self.pods.get(key) else {
+        let Some(old) = self.pods.get(key) else {
             return Vec::new();
         };
-        for ip in &old.ips {
+        for ip in &old.pod.ips {
             if let Some(claims) = self.claims.get_mut(ip) {
-                claims.remove(key);
+                claims.retain(|k| **k != *key);
                 if claims.is_empty() {
                     self.claims.remove(ip);
                 }
             }
         }
-        old.ips.clone()
-    }
-
-    /// Claims each address of `pod` that one of `selecting` steers.
-    fn claim(&mut self, key: &PodKey, pod: &Pod, selecting: &[usize]) {
-        let Some(node) = pod.node.as_deref().filter(|_| !selecting.is_empty()) else {
-            return;
-        };
-        let policies: Vec<&Policy> = self.frame.policies.iter().collect();
-        let mut active = Vec::new();
-        for src in &pod.ips {
-            self.frame
-                .tables
-                .active(&policies, selecting, *src, &mut active);
-            if active.is_empty() {
-                continue;
-            }
-            let table = self
-                .frame
-                .tables
-                .table(&policies, Family::of(*src), &active);
-            let claim = Claim {
-                node: node.to_owned(),
-                table,
-            };
-            self.claims
-                .entry(*src)
-                .or_default()
-                .entry(key.clone())
-                .or_insert(claim);
-        }
+        old.pod.ips.clone()
     }
 
     /// Everything planned again from the frame: selection, claims, state.
     fn rebuild(&mut self) {
         let policies: Vec<&Policy> = self.frame.policies.iter().collect();
+        // Selected with the whole plan's indexes, found again by address.
         let selection = classify::select(
-            self.pods.values().map(|(p, _)| p),
+            self.pods.values().map(|p| &p.pod),
             &policies,
             &self.cluster.namespaces,
         );
-        let selected: Vec<(PodKey, Vec<usize>)> = selection
+        let mut selected: FoldMap<*const Pod, Vec<usize>> = selection
             .pods
             .iter()
+            .map(|p| std::ptr::from_ref::<Pod>(p))
             .zip(selection.selecting)
-            .map(|(p, s)| ((p.namespace.clone(), p.name.clone()), s))
             .collect();
         drop(policies);
         self.claims.clear();
         self.classify.clear();
-        for (_, selecting) in self.pods.values_mut() {
-            selecting.clear();
-        }
-        for (key, selecting) in selected {
-            let pod = self.pods[&key].0.clone();
-            self.claim(&key, &pod, &selecting);
-            if let Some(entry) = self.pods.get_mut(&key) {
-                entry.1 = selecting;
-            }
+        for (key, planned) in &mut self.pods {
+            let at = std::ptr::from_ref::<Pod>(&planned.pod);
+            planned.selecting = selected.remove(&at).unwrap_or_default();
+            let frame = &mut self.frame;
+            claim(
+                &mut frame.tables,
+                &frame.policies,
+                &mut self.claims,
+                key,
+                planned,
+            );
         }
         self.state = self
             .frame
@@ -315,22 +311,28 @@ impl Planner {
         let (mut snat, mut replies) = (Vec::new(), Vec::new());
         for src in addresses.iter().copied() {
             self.classify.remove(&src);
-            let Some(claim) = self.claims.get(&src).and_then(|c| c.values().next()) else {
+            let Some(owner) = self.claims.get(&src).and_then(|c| c.first()) else {
+                continue;
+            };
+            let planned = &self.pods[&**owner];
+            let (Some(pod_node), Some(table)) = (
+                planned.pod.node.as_deref(),
+                planned
+                    .pod
+                    .ips
+                    .iter()
+                    .position(|ip| *ip == src)
+                    .and_then(|i| planned.tables[i].as_ref()),
+            ) else {
                 continue;
             };
             let mut classified = Vec::new();
             let wanted = |n: &str| n == node;
-            serving.contribute(
-                &claim.node,
-                src,
-                &claim.table,
-                wanted,
-                |_, entry| match entry {
-                    Entry::Classify(entry, group) => classified.push((entry, group)),
-                    Entry::Snat(entry) => snat.push(entry),
-                    Entry::Reply(route) => replies.push(route),
-                },
-            );
+            serving.contribute(pod_node, src, table, wanted, |_, entry| match entry {
+                Entry::Classify(entry, group) => classified.push((entry, group)),
+                Entry::Snat(entry) => snat.push(entry),
+                Entry::Reply(route) => replies.push(route),
+            });
             if !classified.is_empty() {
                 self.classify.insert(src, classified);
             }
@@ -345,5 +347,32 @@ impl Planner {
             .get(node)
             .map_or(&[][..], |(_, own)| own.as_slice());
         serving.finish(state, &follows, own);
+    }
+}
+
+/// Compiles the tables of `planned`'s addresses that one of its selecting
+/// policies steers, and claims those addresses for it.
+fn claim(
+    tables: &mut Tables,
+    policies: &[Policy],
+    claims: &mut FoldMap<IpAddr, Vec<Arc<PodKey>>>,
+    key: &Arc<PodKey>,
+    planned: &mut Planned,
+) {
+    planned.tables.clear();
+    if planned.selecting.is_empty() {
+        return;
+    }
+    let mut active = Vec::new();
+    for src in &planned.pod.ips {
+        tables.active(policies, &planned.selecting, *src, &mut active);
+        let table = (!active.is_empty()).then(|| tables.table(policies, Family::of(*src), &active));
+        if table.is_some() {
+            let claimed = claims.entry(*src).or_default();
+            if let Err(at) = claimed.binary_search_by(|k| (**k).cmp(&**key)) {
+                claimed.insert(at, Arc::clone(key));
+            }
+        }
+        planned.tables.push(table);
     }
 }

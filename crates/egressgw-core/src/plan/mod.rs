@@ -114,7 +114,11 @@ fn build_with(snapshot: &Snapshot, states: States<'_>, placement: Placement, rep
         &mut policies,
         placement == Placement::Own,
     );
-    let classified = classify::classify(snapshot, &policies, &cluster_cidrs);
+    // The status needs only how many pods each policy selects.
+    let classified = match states {
+        States::None => classify::count(snapshot, &policies),
+        States::All | States::One(_) => classify::classify(snapshot, &policies, &cluster_cidrs),
+    };
     let nodes = match states {
         States::None => BTreeMap::new(),
         States::All | States::One(_) => {

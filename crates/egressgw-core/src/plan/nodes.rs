@@ -55,9 +55,17 @@ struct Served {
     policy: PolicyRef,
     fail_closed: bool,
     to: SnatTo,
-    /// Its unit's failover group (the `id` is set per node), `None` when
-    /// no node can carry it and the gateway fails closed.
-    group: Option<Arc<Group>>,
+    /// Its unit's failover group, `None` when no node can carry it and
+    /// the gateway fails closed.
+    group: Option<Arc<Carried>>,
+}
+
+/// A unit's failover group (the `id` is set per node), and which of its
+/// candidates have their state built.
+#[derive(Debug)]
+struct Carried {
+    group: Arc<Group>,
+    built: Vec<bool>,
 }
 
 /// One entry a classified pod address gives a node.
@@ -82,7 +90,9 @@ pub(super) fn serving<'a>(
     only: Option<&str>,
 ) -> Serving {
     let cfg = &snapshot.config;
-    let mut groups: BTreeMap<&Unit<'a>, Arc<Group>> = BTreeMap::new();
+    let base = base_states(snapshot, tunnels, cluster_cidrs, only);
+    let built: FoldMap<&str, ()> = base.iter().map(|s| (s.node.as_str(), ())).collect();
+    let mut groups: BTreeMap<&Unit<'a>, Arc<Carried>> = BTreeMap::new();
     for (unit, candidates) in &placed.candidates {
         let first_user = placed.users[unit][0];
         let group = Group {
@@ -102,7 +112,15 @@ pub(super) fn serving<'a>(
                 .collect(),
             fail_closed: works[first_user].fail_closed,
         };
-        groups.insert(unit, Arc::new(group));
+        let carried = Carried {
+            built: group
+                .candidates
+                .iter()
+                .map(|c| built.contains_key(c.node.as_str()))
+                .collect(),
+            group: Arc::new(group),
+        };
+        groups.insert(unit, Arc::new(carried));
     }
     let policies = works
         .iter()
@@ -130,16 +148,17 @@ pub(super) fn serving<'a>(
             (node.clone(), facts)
         })
         .collect();
-    let base = base_states(snapshot, tunnels, cluster_cidrs, only)
+    let base = base
         .into_iter()
         .map(|mut state| {
             // A candidate of an EIP needs its group to take it over; the
             // active node owns it.
             let mut own = Vec::new();
-            for (unit, group) in &groups {
+            for (unit, carried) in &groups {
                 let Unit::Eip(gateway, ip) = unit else {
                     continue;
                 };
+                let group = &carried.group;
                 let Some(rank) = group.candidates.iter().position(|c| c.node == state.node) else {
                     continue;
                 };
@@ -214,7 +233,7 @@ impl Serving {
             let served = self.policies[w][fi(family)]
                 .as_ref()
                 .expect("classified policies have a unit");
-            let Some(group) = &served.group else {
+            let Some(carried) = &served.group else {
                 // No node at all, and the gateway fails closed.
                 if here {
                     let policy = Some(served.policy.clone());
@@ -222,6 +241,7 @@ impl Serving {
                 }
                 continue;
             };
+            let group = &carried.group;
             let active = &group.candidates[0];
             let local = active.node == node;
             if !local && !can_send && !served.fail_closed {
@@ -247,9 +267,9 @@ impl Serving {
             }
             // Every candidate is ready to serve this traffic: the data
             // plane may send it to any of them without a new plan.
-            for candidate in &group.candidates {
+            for (candidate, built) in group.candidates.iter().zip(&carried.built) {
                 let gateway = candidate.node.as_str();
-                if !wanted(gateway) {
+                if !built {
                     continue;
                 }
                 if gateway != node
