@@ -117,7 +117,8 @@ fn scoped_agent(kind: &str, size: (usize, usize, usize)) {
 /// An agent's [`egressgw_core::Planner`] of `node`, built from `own` (the
 /// Pods it watches), then `changes` Pods whose change reaches the node's
 /// state each relabelled out of their policies' reach and back, deleted
-/// and added again; prints the time of each kind of change and the peak
+/// and added again, then ten policies edited (a destination added and
+/// taken back); prints the time of each kind of change and the peak
 /// memory of the process, which holds the planner's copy of the objects.
 fn planner_changes(
     kind: &str,
@@ -149,6 +150,25 @@ fn planner_changes(
             times.push(start.elapsed());
         }
     }
+    // Policies edited one at a time: a destination added and taken back.
+    let mut edits = Vec::new();
+    let count = planner.cluster().policies.len();
+    for k in 0..10.min(count) {
+        for add in [true, false] {
+            let mut cluster = planner.cluster().clone();
+            let policy = &mut cluster.policies[k * count / 10];
+            if add {
+                policy
+                    .dest_subnets
+                    .push("192.0.2.0/24".parse().expect("a prefix"));
+            } else {
+                policy.dest_subnets.pop();
+            }
+            let start = Instant::now();
+            planner.set_cluster(cluster);
+            edits.push(start.elapsed());
+        }
+    }
     let quantiles = |times: &mut Vec<std::time::Duration>| {
         times.sort();
         let at = |q: f64| times[((times.len() - 1) as f64 * q).round() as usize];
@@ -158,12 +178,14 @@ fn planner_changes(
     println!(
         "{nodes} nodes, {policies} policies, {pods} pods, {kind} {node} ({watched} pods watched), \
          planner: whole {whole:.2?}; {} Pods changed: relabel {}, relabel back {}, \
-         delete {}, add {}; {:.0} MiB at the peak",
+         delete {}, add {}; {} policy edits: {}; {:.0} MiB at the peak",
         changing.len(),
         quantiles(away),
         quantiles(back),
         quantiles(delete),
         quantiles(add),
+        edits.len(),
+        quantiles(&mut edits),
         rss("VmHWM:")
     );
 }

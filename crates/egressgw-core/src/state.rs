@@ -44,8 +44,9 @@ pub struct NodeState {
     /// EIPs this node must own and announce.
     pub eips: Vec<OwnedEip>,
     /// The failover groups this node's entries refer to, or whose EIP it
-    /// may hold, by id: what [`crate::failover::resolve`] needs to move this
-    /// node's decisions to the next live candidate without a new plan.
+    /// may hold, by id (ids are positions, the groups sorted by key): what
+    /// [`crate::failover::resolve`] needs to move this node's decisions to
+    /// the next live candidate without a new plan.
     pub groups: Vec<Group>,
 }
 

@@ -54,6 +54,17 @@ pub(super) struct Tables {
 }
 
 impl Tables {
+    /// Whether what compiling policy `i`'s tables needs, and the
+    /// in-cluster prefixes, are those of `other`.
+    pub fn same_policy(&self, other: &Tables, i: usize) -> bool {
+        self.dests.get(i) == other.dests.get(i) && self.usable.get(i) == other.usable.get(i)
+    }
+
+    /// Whether the in-cluster prefixes are those of `other`.
+    pub fn same_cluster(&self, other: &Tables) -> bool {
+        self.cluster_cidrs == other.cluster_cidrs
+    }
+
     pub fn new(works: &[Work<'_>], cluster_cidrs: &[IpNet]) -> Self {
         let dests: Vec<[Vec<IpNet>; 2]> = works.iter().map(expand_dests).collect();
         let usable = works

@@ -13,7 +13,7 @@
 //! The result is always what [`super::plan_node_published`] plans from the
 //! same objects: a property test checks it after random changes.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -63,6 +63,41 @@ struct Planned {
     selecting: Vec<usize>,
     /// Per address (as in `pod.ips`): its table, when a policy steers it.
     tables: Vec<Option<Table>>,
+}
+
+/// What a new frame changes for the Pods already planned.
+#[derive(Debug, Default)]
+struct FrameChanges {
+    /// Every Pod is matched against the policies again (a cluster
+    /// policy's selection changed).
+    reselect_all: bool,
+    /// The namespaces whose Pods are matched again.
+    reselect: HashSet<String>,
+    /// The policies whose traffic is steered or carried otherwise.
+    steering: HashSet<usize>,
+    /// The nodes whose tunnel facts changed: their Pods' entries change.
+    nodes: HashSet<String>,
+    /// The node's state without Pods changed.
+    base: bool,
+}
+
+/// The namespaces whose labels differ between `old` and `new`, or that are
+/// in one of them only.
+fn relabelled<'a>(old: &'a Snapshot, new: &'a Snapshot) -> HashSet<&'a str> {
+    let labels = |s: &'a Snapshot| -> HashMap<&'a str, &'a Labels> {
+        s.namespaces
+            .iter()
+            .map(|n| (n.name.as_str(), &n.labels))
+            .collect()
+    };
+    let (before, after) = (labels(old), labels(new));
+    let mut changed: HashSet<&str> = before
+        .iter()
+        .filter(|(ns, l)| after.get(*ns) != Some(*l))
+        .map(|(ns, _)| *ns)
+        .collect();
+    changed.extend(after.keys().filter(|ns| !before.contains_key(*ns)));
+    changed
 }
 
 /// What the cluster-wide stages decided, owned, and the indexes that match
@@ -119,6 +154,51 @@ impl Frame {
             tables,
             serving,
         }
+    }
+
+    /// What changed from `old` to this frame, as far as planned Pods are
+    /// concerned; `None` when the node must be planned whole: the
+    /// policies are not the same ones in the same order, the in-cluster
+    /// prefixes or the reply rule changed, or `node` came or went.
+    fn changes_since(&self, old: &Frame, node: &str) -> Option<FrameChanges> {
+        let same_ids = self.policies.len() == old.policies.len()
+            && self
+                .policies
+                .iter()
+                .zip(&old.policies)
+                .all(|(a, b)| a.id == b.id);
+        let same_node = self.serving.base.contains_key(node) == old.serving.base.contains_key(node);
+        if !same_ids
+            || !same_node
+            || !self.tables.same_cluster(&old.tables)
+            || !self.serving.same_replies(&old.serving)
+        {
+            return None;
+        }
+        let mut changes = FrameChanges::default();
+        for (i, (new, was)) in self.policies.iter().zip(&old.policies).enumerate() {
+            if new.pods != was.pods || new.namespace_selector != was.namespace_selector {
+                match &new.id.namespace {
+                    Some(ns) => {
+                        changes.reselect.insert(ns.clone());
+                    }
+                    None => changes.reselect_all = true,
+                }
+            }
+            if new != was
+                || !self.serving.same_policy(&old.serving, i)
+                || !self.tables.same_policy(&old.tables, i)
+            {
+                changes.steering.insert(i);
+            }
+        }
+        changes.nodes = self
+            .serving
+            .nodes_changed(&old.serving)
+            .into_iter()
+            .collect();
+        changes.base = self.serving.base.get(node) != old.serving.base.get(node);
+        Some(changes)
     }
 
     /// The policies selecting `pod`, ascending: those of its namespace and
@@ -196,12 +276,82 @@ impl Planner {
     }
 
     /// Replaces every object but the Pods (the Pods of `cluster` are not
-    /// read) and plans the node again as a whole.
+    /// read). The cluster-wide stages run again; the Pods whose selection
+    /// or entries they change are planned again, or the node as a whole
+    /// when the policies are not the same ones in the same order, or the
+    /// settings or the in-cluster prefixes changed.
     pub fn set_cluster(&mut self, mut cluster: Snapshot) {
         cluster.pods = Vec::new();
-        self.frame = Frame::new(&cluster, &self.node);
-        self.cluster = cluster;
-        self.rebuild();
+        let frame = Frame::new(&cluster, &self.node);
+        let old = std::mem::replace(&mut self.frame, frame);
+        let same_config = cluster.config == self.cluster.config;
+        let old_cluster = std::mem::replace(&mut self.cluster, cluster);
+        match self
+            .frame
+            .changes_since(&old, &self.node)
+            .filter(|_| same_config)
+        {
+            Some(changes) => self.replan(&changes, &old_cluster),
+            None => self.rebuild(),
+        }
+    }
+
+    /// Plans again the Pods `changes` reach.
+    fn replan(&mut self, changes: &FrameChanges, old: &Snapshot) {
+        let relabelled: HashSet<&str> = relabelled(old, &self.cluster);
+        let mut touched = Vec::new();
+        let frame = &mut self.frame;
+        for (key, planned) in &mut self.pods {
+            let pod = &planned.pod;
+            let reselect = changes.reselect_all
+                || changes.reselect.contains(pod.namespace.as_str())
+                || relabelled.contains(pod.namespace.as_str());
+            let reached = reselect
+                || pod
+                    .node
+                    .as_deref()
+                    .is_some_and(|n| changes.nodes.contains(n))
+                || planned
+                    .selecting
+                    .iter()
+                    .any(|i| changes.steering.contains(i));
+            if !reached {
+                continue;
+            }
+            for ip in &pod.ips {
+                if let Some(claims) = self.claims.get_mut(ip) {
+                    claims.retain(|k| k != key);
+                    if claims.is_empty() {
+                        self.claims.remove(ip);
+                    }
+                }
+            }
+            if reselect {
+                planned.selecting = if classify::eligible(pod) {
+                    frame.select(pod)
+                } else {
+                    Vec::new()
+                };
+            }
+            claim(
+                &mut frame.tables,
+                &frame.policies,
+                &mut self.claims,
+                key,
+                planned,
+            );
+            touched.extend(planned.pod.ips.iter().copied());
+        }
+        if changes.base {
+            let base = frame.serving.base.get(&self.node).map(|(s, _)| s);
+            if let (Some(state), Some(base)) = (self.state.as_mut(), base) {
+                let mut next = base.clone();
+                next.snat = std::mem::take(&mut state.snat);
+                next.replies = std::mem::take(&mut state.replies);
+                *state = next;
+            }
+        }
+        self.refresh(touched);
     }
 
     /// Adds `pod`, or replaces the Pod of its namespace and name.

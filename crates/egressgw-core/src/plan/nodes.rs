@@ -50,7 +50,7 @@ pub(super) struct Serving {
 }
 
 /// How one policy's traffic of one family is carried.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Served {
     policy: PolicyRef,
     fail_closed: bool,
@@ -62,7 +62,7 @@ struct Served {
 
 /// A unit's failover group (the `id` is set per node), and which of its
 /// candidates have their state built.
-#[derive(Debug)]
+#[derive(Debug, PartialEq, Eq)]
 struct Carried {
     group: Arc<Group>,
     built: Vec<bool>,
@@ -190,6 +190,33 @@ pub(super) fn serving<'a>(
 }
 
 impl Serving {
+    /// Whether policy `i`'s traffic is carried the same way by `other`.
+    pub fn same_policy(&self, other: &Serving, i: usize) -> bool {
+        self.policies.get(i) == other.policies.get(i)
+    }
+
+    /// The pod nodes whose tunnel facts differ in `other`.
+    pub fn nodes_changed(&self, other: &Serving) -> Vec<String> {
+        let mut changed: Vec<String> = self
+            .facts
+            .iter()
+            .filter(|(node, facts)| other.facts.get(*node) != Some(*facts))
+            .map(|(node, _)| node.clone())
+            .collect();
+        changed.extend(
+            other
+                .facts
+                .keys()
+                .filter(|node| !self.facts.contains_key(*node))
+                .cloned(),
+        );
+        changed
+    }
+
+    /// Whether the reply rule and table are those of `other`.
+    pub fn same_replies(&self, other: &Serving) -> bool {
+        self.reply_rule == other.reply_rule && self.reply_table == other.reply_table
+    }
     /// Calls `to` with every entry the pod address `src` on `node`, decided
     /// by `table`, gives a node that `wanted` takes: its node's
     /// classification of each destination and, on every candidate gateway

@@ -1611,8 +1611,15 @@ enum Step {
     Namespace(usize, usize),
     /// A policy's pod selector edited.
     Policy(usize, usize),
+    /// A policy's destinations edited.
+    Destinations(usize, usize),
+    /// A cluster policy's namespace selector set to a team, or removed.
+    Scope(usize, Option<usize>),
     /// A node's readiness flipped.
     Node(usize),
+    /// A node's tunnel address changed (as an operator editing its
+    /// EgressTunnel would).
+    Tunnel(usize),
 }
 
 fn arb_step() -> impl Strategy<Value = Step> {
@@ -1623,7 +1630,10 @@ fn arb_step() -> impl Strategy<Value = Step> {
         1 => (0usize..2, 0usize..8, any::<bool>()).prop_map(|(ns, name, n)| Step::Pending(ns, name, n)),
         1 => (0usize..2, 0usize..2).prop_map(|(ns, team)| Step::Namespace(ns, team)),
         1 => (0usize..8, 0usize..4).prop_map(|(p, app)| Step::Policy(p, app)),
+        1 => (0usize..8, 0usize..4).prop_map(|(p, d)| Step::Destinations(p, d)),
+        1 => (0usize..8, prop::option::of(0usize..2)).prop_map(|(p, t)| Step::Scope(p, t)),
         1 => (0usize..6).prop_map(Step::Node),
+        1 => (0usize..6).prop_map(Step::Tunnel),
     ]
 }
 
@@ -1667,16 +1677,44 @@ fn apply_step(planner: &mut Planner, step: &Step) {
             }
             planner.set_cluster(cluster);
         }
+        Step::Destinations(p, d) => {
+            let dests = [
+                vec![],
+                vec![net("203.0.113.0/24")],
+                vec![net("203.0.0.0/8")],
+                vec![net("203.0.113.128/25"), net("198.18.0.0/15")],
+            ];
+            if let Some(policy) = cluster.policies.get_mut(p) {
+                policy.dest_subnets = dests[d].clone();
+            }
+            planner.set_cluster(cluster);
+        }
+        Step::Scope(p, team) => {
+            if let Some(policy) = cluster.policies.get_mut(p)
+                && policy.id.namespace.is_none()
+            {
+                policy.namespace_selector = team.map(|t| LabelSelector::eq("team", ["a", "b"][t]));
+            }
+            planner.set_cluster(cluster);
+        }
         Step::Node(n) => {
             let node = &mut cluster.nodes[n % nodes];
             node.ready = !node.ready;
+            planner.set_cluster(cluster);
+        }
+        Step::Tunnel(n) => {
+            let name = format!("node-{}", n % nodes);
+            for tunnel in cluster.tunnels.iter_mut().filter(|t| t.node == name) {
+                let [a, b, _, d] = tunnel.ipv4.map_or([172, 31, 0, 1], |ip| ip.octets());
+                tunnel.ipv4 = Some([a, b, 7, d].into());
+            }
             planner.set_cluster(cluster);
         }
     }
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    #![proptest_config(ProptestConfig::with_cases(128))]
 
     #[test]
     fn a_planner_changed_step_by_step_plans_what_the_whole_plan_does(

@@ -4,8 +4,10 @@
 //! what changed since its last read: a stored Pod is a new object each time
 //! the API server sends a new version of it, so a Pod whose stored object
 //! is the one planned last time is skipped, and only new, changed and
-//! deleted Pods go to the planner one by one. Any change to the other
-//! objects, or to which Pods are watched, plans the node whole.
+//! deleted Pods go to the planner one by one. A change to the other
+//! objects runs the cluster-wide stages again and plans again the Pods
+//! they reach ([`Planner::set_cluster`]); another set of Pods watched plans
+//! the node whole.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -32,8 +34,10 @@ pub struct Following {
 /// How much one [`Following::update`] planned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Replanned {
-    /// The node as a whole.
+    /// The node as a whole, from a new planner.
     Whole,
+    /// Another object than a Pod changed (and this many Pods, one by one).
+    Cluster(usize),
     /// This many Pods, one by one (0: nothing changed).
     Pods(usize),
 }
@@ -59,8 +63,8 @@ impl Following {
                 return Replanned::Whole;
             }
         };
-        let whole = *planner.cluster() != cluster;
-        if whole {
+        let cluster_changed = *planner.cluster() != cluster;
+        if cluster_changed {
             planner.set_cluster(cluster);
         }
         let mut next = HashMap::with_capacity(pods.len());
@@ -94,8 +98,8 @@ impl Following {
             next.insert(address(&pod), (pod, k));
         }
         self.seen = next;
-        if whole {
-            Replanned::Whole
+        if cluster_changed {
+            Replanned::Cluster(count)
         } else {
             Replanned::Pods(count)
         }
@@ -253,10 +257,10 @@ spec:
         // Another order of the same objects plans nothing.
         pods.reverse();
         assert_eq!(step(&mut following, &cluster, &pods), Replanned::Pods(0));
-        // Another object than a Pod changed: the node is planned whole.
+        // Another object than a Pod changed.
         let mut edited = cluster.clone();
         edited.policies[0].dest_subnets = vec!["203.0.113.0/24".parse().unwrap()];
-        assert_eq!(step(&mut following, &edited, &pods), Replanned::Whole);
+        assert_eq!(step(&mut following, &edited, &pods), Replanned::Cluster(0));
         // The same objects read in another order are the same objects.
         let mut reordered = edited.clone();
         reordered.nodes.reverse();
