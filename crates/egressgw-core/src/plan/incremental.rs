@@ -201,6 +201,34 @@ impl Frame {
         Some(changes)
     }
 
+    /// Compiles the tables of `planned`'s addresses that one of its
+    /// selecting policies steers, and claims those addresses for it.
+    fn claim(
+        &mut self,
+        claims: &mut FoldMap<IpAddr, Vec<Arc<PodKey>>>,
+        key: &Arc<PodKey>,
+        planned: &mut Planned,
+    ) {
+        let (tables, policies) = (&mut self.tables, &self.policies);
+        planned.tables.clear();
+        if planned.selecting.is_empty() {
+            return;
+        }
+        let mut active = Vec::new();
+        for src in &planned.pod.ips {
+            tables.active(policies, &planned.selecting, *src, &mut active);
+            let table =
+                (!active.is_empty()).then(|| tables.table(policies, Family::of(*src), &active));
+            if table.is_some() {
+                let claimed = claims.entry(*src).or_default();
+                if let Err(at) = claimed.binary_search_by(|k| (**k).cmp(&**key)) {
+                    claimed.insert(at, Arc::clone(key));
+                }
+            }
+            planned.tables.push(table);
+        }
+    }
+
     /// The policies selecting `pod`, ascending: those of its namespace and
     /// the cluster policies whose namespace selector takes it.
     fn select(&self, pod: &Pod) -> Vec<usize> {
@@ -318,14 +346,7 @@ impl Planner {
             if !reached {
                 continue;
             }
-            for ip in &pod.ips {
-                if let Some(claims) = self.claims.get_mut(ip) {
-                    claims.retain(|k| k != key);
-                    if claims.is_empty() {
-                        self.claims.remove(ip);
-                    }
-                }
-            }
+            unclaim(&mut self.claims, key, &pod.ips);
             if reselect {
                 planned.selecting = if classify::eligible(pod) {
                     frame.select(pod)
@@ -333,13 +354,7 @@ impl Planner {
                     Vec::new()
                 };
             }
-            claim(
-                &mut frame.tables,
-                &frame.policies,
-                &mut self.claims,
-                key,
-                planned,
-            );
+            frame.claim(&mut self.claims, key, planned);
             touched.extend(planned.pod.ips.iter().copied());
         }
         if changes.base {
@@ -368,14 +383,7 @@ impl Planner {
             selecting,
             tables: Vec::new(),
         };
-        let frame = &mut self.frame;
-        claim(
-            &mut frame.tables,
-            &frame.policies,
-            &mut self.claims,
-            &key,
-            &mut planned,
-        );
+        self.frame.claim(&mut self.claims, &key, &mut planned);
         touched.extend(planned.pod.ips.iter().copied());
         self.pods.insert(key, planned);
         self.refresh(touched);
@@ -394,14 +402,7 @@ impl Planner {
         let Some(old) = self.pods.get(key) else {
             return Vec::new();
         };
-        for ip in &old.pod.ips {
-            if let Some(claims) = self.claims.get_mut(ip) {
-                claims.retain(|k| **k != *key);
-                if claims.is_empty() {
-                    self.claims.remove(ip);
-                }
-            }
-        }
+        unclaim(&mut self.claims, key, &old.pod.ips);
         old.pod.ips.clone()
     }
 
@@ -426,14 +427,7 @@ impl Planner {
         for (key, planned) in &mut self.pods {
             let at = std::ptr::from_ref::<Pod>(&planned.pod);
             planned.selecting = selected.remove(&at).unwrap_or_default();
-            let frame = &mut self.frame;
-            claim(
-                &mut frame.tables,
-                &frame.policies,
-                &mut self.claims,
-                key,
-                planned,
-            );
+            self.frame.claim(&mut self.claims, key, planned);
         }
         self.state = self
             .frame
@@ -500,29 +494,14 @@ impl Planner {
     }
 }
 
-/// Compiles the tables of `planned`'s addresses that one of its selecting
-/// policies steers, and claims those addresses for it.
-fn claim(
-    tables: &mut Tables,
-    policies: &[Policy],
-    claims: &mut FoldMap<IpAddr, Vec<Arc<PodKey>>>,
-    key: &Arc<PodKey>,
-    planned: &mut Planned,
-) {
-    planned.tables.clear();
-    if planned.selecting.is_empty() {
-        return;
-    }
-    let mut active = Vec::new();
-    for src in &planned.pod.ips {
-        tables.active(policies, &planned.selecting, *src, &mut active);
-        let table = (!active.is_empty()).then(|| tables.table(policies, Family::of(*src), &active));
-        if table.is_some() {
-            let claimed = claims.entry(*src).or_default();
-            if let Err(at) = claimed.binary_search_by(|k| (**k).cmp(&**key)) {
-                claimed.insert(at, Arc::clone(key));
+/// Takes back the claims of the Pod `key` on `ips`.
+fn unclaim(claims: &mut FoldMap<IpAddr, Vec<Arc<PodKey>>>, key: &PodKey, ips: &[IpAddr]) {
+    for ip in ips {
+        if let Some(claimed) = claims.get_mut(ip) {
+            claimed.retain(|k| **k != *key);
+            if claimed.is_empty() {
+                claims.remove(ip);
             }
         }
-        planned.tables.push(table);
     }
 }

@@ -196,17 +196,6 @@ spec:
             .into_snapshot(Config::default());
         let status = egressgw_core::plan(&snapshot).status;
         egressgw_core::remember(&mut snapshot, &status);
-        snapshot.tunnels = status
-            .tunnels
-            .iter()
-            .map(|t| egressgw_core::model::Tunnel {
-                node: t.node.clone(),
-                ipv4: t.ipv4,
-                ipv6: t.ipv6,
-                mac: Some(t.mac),
-                mark: t.mark,
-            })
-            .collect();
         snapshot
     }
 
