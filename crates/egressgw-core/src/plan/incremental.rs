@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use crate::model::{Labels, Pod, Policy, Snapshot};
 use crate::net::Family;
-use crate::state::{ClassifyEntry, Group, NodeState};
+use crate::state::{ClassifyEntry, Group, NodeState, ReplyRoute, SnatEntry};
 
 use super::classify::{self, Table, Tables};
 use super::nodes::{self, Entry, Serving};
@@ -43,13 +43,16 @@ pub struct Planner {
     frame: Frame,
     /// Per pod address: the Pods a policy steers it for, ascending. The
     /// first one's traffic is classified, as in a whole plan.
-    claims: FoldMap<IpAddr, Vec<Arc<PodKey>>>,
+    claims: FoldMap<IpAddr, Claimants>,
     /// This node's classification entries per address, with the group
     /// each follows.
     classify: BTreeMap<IpAddr, Vec<Followed>>,
     /// The node's state; `None` while the node is not in the cluster.
     state: Option<NodeState>,
 }
+
+/// The Pods claiming one address, ascending: almost always one.
+type Claimants = Vec<Arc<PodKey>>;
 
 /// A classification entry and the group it follows.
 type Followed = (ClassifyEntry, Option<Arc<Group>>);
@@ -205,7 +208,7 @@ impl Frame {
     /// selecting policies steers, and claims those addresses for it.
     fn claim(
         &mut self,
-        claims: &mut FoldMap<IpAddr, Vec<Arc<PodKey>>>,
+        claims: &mut FoldMap<IpAddr, Claimants>,
         key: &Arc<PodKey>,
         planned: &mut Planned,
     ) {
@@ -423,6 +426,7 @@ impl Planner {
             .collect();
         drop(policies);
         self.claims.clear();
+        self.claims.reserve(self.pods.len());
         self.classify.clear();
         for (key, planned) in &mut self.pods {
             let at = std::ptr::from_ref::<Pod>(&planned.pod);
@@ -435,8 +439,7 @@ impl Planner {
             .base
             .get(&self.node)
             .map(|(state, _)| state.clone());
-        let addresses: Vec<IpAddr> = self.claims.keys().copied().collect();
-        self.refresh(addresses);
+        self.fill();
     }
 
     /// Takes the entries of `addresses` out of the node's state and puts
@@ -447,55 +450,112 @@ impl Planner {
         };
         addresses.sort_unstable();
         addresses.dedup();
-        let node = self.node.as_str();
-        let serving = &self.frame.serving;
         let taken = |ip: &IpAddr| addresses.binary_search(ip).is_ok();
         state.snat.retain(|e| !taken(&e.src));
         state.replies.retain(|r| !taken(&r.dst));
-        let (mut snat, mut replies) = (Vec::new(), Vec::new());
+        let mut adding = Adding::new(&self.frame.serving, &self.node, &mut self.classify);
         for src in addresses.iter().copied() {
-            self.classify.remove(&src);
+            adding.classify.remove(&src);
             let Some(owner) = self.claims.get(&src).and_then(|c| c.first()) else {
                 continue;
             };
             let planned = &self.pods[&**owner];
-            let (Some(pod_node), Some(table)) = (
-                planned.pod.node.as_deref(),
-                planned
-                    .pod
-                    .ips
-                    .iter()
-                    .position(|ip| *ip == src)
-                    .and_then(|i| planned.tables[i].as_ref()),
-            ) else {
+            let table = planned
+                .pod
+                .ips
+                .iter()
+                .position(|ip| *ip == src)
+                .and_then(|i| planned.tables[i].as_ref());
+            if let (Some(pod_node), Some(table)) = (planned.pod.node.as_deref(), table) {
+                adding.add(pod_node, src, table);
+            }
+        }
+        adding.finish(state);
+    }
+
+    /// Puts the entries of every claimed address into the node's state
+    /// (just reset to its base), then finishes the state.
+    fn fill(&mut self) {
+        let Some(state) = self.state.as_mut() else {
+            return;
+        };
+        let mut adding = Adding::new(&self.frame.serving, &self.node, &mut self.classify);
+        for (key, planned) in &self.pods {
+            let Some(pod_node) = planned.pod.node.as_deref() else {
                 continue;
             };
-            let mut classified = Vec::new();
-            let wanted = |n: &str| n == node;
-            serving.contribute(pod_node, src, table, wanted, |_, entry| match entry {
+            for (src, table) in planned.pod.ips.iter().zip(&planned.tables) {
+                let first = self.claims.get(src).and_then(|c| c.first());
+                if let Some(table) = table
+                    && first.is_some_and(|first| Arc::ptr_eq(first, key))
+                {
+                    adding.add(pod_node, *src, table);
+                }
+            }
+        }
+        adding.finish(state);
+    }
+}
+
+/// Entries of classified addresses on their way into a node's state.
+struct Adding<'p> {
+    serving: &'p Serving,
+    node: &'p str,
+    classify: &'p mut BTreeMap<IpAddr, Vec<Followed>>,
+    snat: Vec<SnatEntry>,
+    replies: Vec<ReplyRoute>,
+}
+
+impl<'p> Adding<'p> {
+    fn new(
+        serving: &'p Serving,
+        node: &'p str,
+        classify: &'p mut BTreeMap<IpAddr, Vec<Followed>>,
+    ) -> Self {
+        Self {
+            serving,
+            node,
+            classify,
+            snat: Vec::new(),
+            replies: Vec::new(),
+        }
+    }
+
+    /// The entries of the address `src` of a pod on `pod_node`.
+    fn add(&mut self, pod_node: &str, src: IpAddr, table: &Table) {
+        let mut classified = Vec::new();
+        let node = self.node;
+        let (snat, replies) = (&mut self.snat, &mut self.replies);
+        let wanted = |n: &str| n == node;
+        self.serving
+            .contribute(pod_node, src, table, wanted, |_, entry| match entry {
                 Entry::Classify(entry, group) => classified.push((entry, group)),
                 Entry::Snat(entry) => snat.push(entry),
                 Entry::Reply(route) => replies.push(route),
             });
-            if !classified.is_empty() {
-                self.classify.insert(src, classified);
-            }
+        if !classified.is_empty() {
+            self.classify.insert(src, classified);
         }
-        state.snat.append(&mut snat);
-        state.replies.append(&mut replies);
+    }
+
+    /// `state` with the entries added, finished.
+    fn finish(mut self, state: &mut NodeState) {
+        state.snat.append(&mut self.snat);
+        state.replies.append(&mut self.replies);
         let (classify, follows): (Vec<ClassifyEntry>, Vec<Option<Arc<Group>>>) =
             self.classify.values().flatten().cloned().unzip();
         state.classify = classify;
-        let own = serving
+        let own = self
+            .serving
             .base
-            .get(node)
+            .get(self.node)
             .map_or(&[][..], |(_, own)| own.as_slice());
-        serving.finish(state, &follows, own);
+        self.serving.finish(state, &follows, own);
     }
 }
 
 /// Takes back the claims of the Pod `key` on `ips`.
-fn unclaim(claims: &mut FoldMap<IpAddr, Vec<Arc<PodKey>>>, key: &PodKey, ips: &[IpAddr]) {
+fn unclaim(claims: &mut FoldMap<IpAddr, Claimants>, key: &PodKey, ips: &[IpAddr]) {
     for ip in ips {
         if let Some(claimed) = claims.get_mut(ip) {
             claimed.retain(|k| **k != *key);

@@ -1620,6 +1620,9 @@ enum Step {
     /// A node's tunnel address changed (as an operator editing its
     /// EgressTunnel would).
     Tunnel(usize),
+    /// A policy deleted and one like it created under another name: the
+    /// policies are no longer the same ones.
+    Recreated(usize),
 }
 
 fn arb_step() -> impl Strategy<Value = Step> {
@@ -1634,6 +1637,7 @@ fn arb_step() -> impl Strategy<Value = Step> {
         1 => (0usize..8, prop::option::of(0usize..2)).prop_map(|(p, t)| Step::Scope(p, t)),
         1 => (0usize..6).prop_map(Step::Node),
         1 => (0usize..6).prop_map(Step::Tunnel),
+        1 => (0usize..8).prop_map(Step::Recreated),
     ]
 }
 
@@ -1700,6 +1704,13 @@ fn apply_step(planner: &mut Planner, step: &Step) {
         Step::Node(n) => {
             let node = &mut cluster.nodes[n % nodes];
             node.ready = !node.ready;
+            planner.set_cluster(cluster);
+        }
+        Step::Recreated(p) => {
+            if let Some(policy) = cluster.policies.get_mut(p) {
+                policy.id.name.push('x');
+                policy.age.uid.push('x');
+            }
             planner.set_cluster(cluster);
         }
         Step::Tunnel(n) => {
