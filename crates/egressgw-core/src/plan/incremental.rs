@@ -23,7 +23,7 @@ use crate::state::{ClassifyEntry, Group, NodeState, ReplyRoute, SnatEntry};
 
 use super::classify::{self, Table, Tables};
 use super::nodes::{self, Entry, Serving};
-use super::{eips, gateways, placement, tunnels};
+use super::{Placement, Stages, stages};
 
 /// A Pod's namespace and name.
 type PodKey = (String, String);
@@ -74,7 +74,8 @@ struct FrameChanges {
     /// Every Pod is matched against the policies again (a cluster
     /// policy's selection changed).
     reselect_all: bool,
-    /// The namespaces whose Pods are matched again.
+    /// The namespaces whose Pods are matched again (a namespaced
+    /// policy's selection changed, or the namespace was relabelled).
     reselect: HashSet<String>,
     /// The policies whose traffic is steered or carried otherwise.
     steering: HashSet<usize>,
@@ -82,25 +83,6 @@ struct FrameChanges {
     nodes: HashSet<String>,
     /// The node's state without Pods changed.
     base: bool,
-}
-
-/// The namespaces whose labels differ between `old` and `new`, or that are
-/// in one of them only.
-fn relabelled<'a>(old: &'a Snapshot, new: &'a Snapshot) -> HashSet<&'a str> {
-    let labels = |s: &'a Snapshot| -> HashMap<&'a str, &'a Labels> {
-        s.namespaces
-            .iter()
-            .map(|n| (n.name.as_str(), &n.labels))
-            .collect()
-    };
-    let (before, after) = (labels(old), labels(new));
-    let mut changed: HashSet<&str> = before
-        .iter()
-        .filter(|(ns, l)| after.get(*ns) != Some(*l))
-        .map(|(ns, _)| *ns)
-        .collect();
-    changed.extend(after.keys().filter(|ns| !before.contains_key(*ns)));
-    changed
 }
 
 /// What the cluster-wide stages decided, owned, and the indexes that match
@@ -120,12 +102,14 @@ struct Frame {
 
 impl Frame {
     fn new(cluster: &Snapshot, node: &str) -> Self {
-        let gateways = gateways::resolve(cluster);
-        let tunnels = tunnels::allocate(cluster, &gateways);
-        let gateways = gateways.with_eligibility(cluster, &tunnels);
-        let cluster_cidrs = nodes::cluster_cidrs(cluster);
-        let mut works = eips::allocate(cluster, &gateways, &cluster_cidrs);
-        let placed = placement::place(cluster, &gateways, &mut works, false);
+        // An agent follows the published placement.
+        let Stages {
+            tunnels,
+            cluster_cidrs,
+            policies: works,
+            placed,
+            ..
+        } = stages(cluster, Placement::Published);
         let serving = nodes::serving(
             cluster,
             &tunnels,
@@ -195,6 +179,17 @@ impl Frame {
                 changes.steering.insert(i);
             }
         }
+        // A relabelled namespace may be taken or left by a cluster policy's
+        // namespace selector.
+        let relabelled = |a: &Frame, b: &Frame| {
+            a.namespace_labels
+                .iter()
+                .filter(|(ns, labels)| b.namespace_labels.get(*ns) != Some(*labels))
+                .map(|(ns, _)| ns.clone())
+                .collect::<Vec<_>>()
+        };
+        changes.reselect.extend(relabelled(self, old));
+        changes.reselect.extend(relabelled(old, self));
         changes.nodes = self
             .serving
             .nodes_changed(&old.serving)
@@ -316,27 +311,25 @@ impl Planner {
         let frame = Frame::new(&cluster, &self.node);
         let old = std::mem::replace(&mut self.frame, frame);
         let same_config = cluster.config == self.cluster.config;
-        let old_cluster = std::mem::replace(&mut self.cluster, cluster);
+        self.cluster = cluster;
         match self
             .frame
             .changes_since(&old, &self.node)
             .filter(|_| same_config)
         {
-            Some(changes) => self.replan(&changes, &old_cluster),
+            Some(changes) => self.replan(&changes),
             None => self.rebuild(),
         }
     }
 
     /// Plans again the Pods `changes` reach.
-    fn replan(&mut self, changes: &FrameChanges, old: &Snapshot) {
-        let relabelled: HashSet<&str> = relabelled(old, &self.cluster);
+    fn replan(&mut self, changes: &FrameChanges) {
         let mut touched = Vec::new();
         let frame = &mut self.frame;
         for (key, planned) in &mut self.pods {
             let pod = &planned.pod;
-            let reselect = changes.reselect_all
-                || changes.reselect.contains(pod.namespace.as_str())
-                || relabelled.contains(pod.namespace.as_str());
+            let reselect =
+                changes.reselect_all || changes.reselect.contains(pod.namespace.as_str());
             let reached = reselect
                 || pod
                     .node
@@ -526,13 +519,17 @@ impl<'p> Adding<'p> {
         let mut classified = Vec::new();
         let node = self.node;
         let (snat, replies) = (&mut self.snat, &mut self.replies);
-        let wanted = |n: &str| n == node;
-        self.serving
-            .contribute(pod_node, src, table, wanted, |_, entry| match entry {
+        self.serving.contribute(
+            pod_node,
+            src,
+            table,
+            pod_node == node,
+            |_, entry| match entry {
                 Entry::Classify(entry, group) => classified.push((entry, group)),
                 Entry::Snat(entry) => snat.push(entry),
                 Entry::Reply(route) => replies.push(route),
-            });
+            },
+        );
         if !classified.is_empty() {
             self.classify.insert(src, classified);
         }

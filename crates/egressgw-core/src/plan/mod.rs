@@ -30,6 +30,7 @@ pub use scope::{PodScope, pod_scope, scoped};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
+use ipnet::IpNet;
 use serde::Serialize;
 
 use crate::model::{Policy, Snapshot};
@@ -102,7 +103,17 @@ fn build(snapshot: &Snapshot, states: States<'_>) -> Plan {
 }
 
 /// Runs the stages; without `report`, the status is left empty.
-fn build_with(snapshot: &Snapshot, states: States<'_>, placement: Placement, report: bool) -> Plan {
+/// What the cluster-wide stages (1 to 4) decide; they read no Pod.
+struct Stages<'a> {
+    gateways: gateways::Gateways<'a>,
+    tunnels: tunnels::Tunnels,
+    cluster_cidrs: Vec<IpNet>,
+    policies: Vec<Work<'a>>,
+    placed: placement::Placed<'a>,
+}
+
+/// Runs the cluster-wide stages on `snapshot`.
+fn stages(snapshot: &Snapshot, placement: Placement) -> Stages<'_> {
     let gateways = gateways::resolve(snapshot);
     let tunnels = tunnels::allocate(snapshot, &gateways);
     let gateways = gateways.with_eligibility(snapshot, &tunnels);
@@ -114,6 +125,23 @@ fn build_with(snapshot: &Snapshot, states: States<'_>, placement: Placement, rep
         &mut policies,
         placement == Placement::Own,
     );
+    Stages {
+        gateways,
+        tunnels,
+        cluster_cidrs,
+        policies,
+        placed,
+    }
+}
+
+fn build_with(snapshot: &Snapshot, states: States<'_>, placement: Placement, report: bool) -> Plan {
+    let Stages {
+        gateways,
+        tunnels,
+        cluster_cidrs,
+        policies,
+        placed,
+    } = stages(snapshot, placement);
     // The status needs only how many pods each policy selects.
     let classified = match states {
         States::None => classify::count(snapshot, &policies),

@@ -218,18 +218,18 @@ impl Serving {
         self.reply_rule == other.reply_rule && self.reply_table == other.reply_table
     }
     /// Calls `to` with every entry the pod address `src` on `node`, decided
-    /// by `table`, gives a node that `wanted` takes: its node's
-    /// classification of each destination and, on every candidate gateway
-    /// node of its traffic, the SNAT and the reply route.
+    /// by `table`, gives a node being built: its node's classification of
+    /// each destination (when `here`, the pod's node is built) and, on every
+    /// candidate gateway node of its traffic that is built, the SNAT and
+    /// the reply route.
     pub fn contribute(
         &self,
         node: &str,
         src: IpAddr,
         table: &Table,
-        wanted: impl Fn(&str) -> bool,
+        here: bool,
         mut to: impl FnMut(&str, Entry),
     ) {
-        let here = wanted(node);
         let family = Family::of(src);
         let (can_send, address) = self
             .facts
@@ -378,12 +378,12 @@ pub(super) fn build(serving: &Serving, classified: &Classified<'_>) -> BTreeMap<
         .map(|(state, _)| (state.clone(), Vec::new()))
         .collect();
     for source in &classified.sources {
-        let wanted = |node: &str| index.contains_key(node);
+        let here = index.contains_key(source.node);
         serving.contribute(
             source.node,
             source.src,
             &source.table,
-            wanted,
+            here,
             |node, entry| {
                 let Some(i) = index.get(node).copied() else {
                     return;
