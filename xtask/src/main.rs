@@ -11,6 +11,7 @@ mod dashboard;
 mod e2e;
 mod gen_crds;
 mod lab;
+mod scale;
 
 /// egressgw's development tasks.
 #[derive(Debug, Parser)]
@@ -44,6 +45,11 @@ enum Task {
     /// `egressgw bench` on the lab: up if needed, egressgw installed from the
     /// chart, the three iperf3 cases measured (see docs/bench.md).
     Bench(bench::BenchArgs),
+    /// egressgw on the lab's API server with 1 000 Nodes, 10 000 policies
+    /// and 100 000 Pods (objects only): load, convergence, status writes,
+    /// watch events, memory, and a Pod's time into its node's kernel (see
+    /// docs/scale.md).
+    Scale(scale::ScaleArgs),
 }
 
 /// Runs the task. An error prints as its message chain, one line: a
@@ -55,6 +61,7 @@ fn main() -> ExitCode {
         Task::Lab(command) => lab::run(command),
         Task::E2e(args) => e2e::run(&args),
         Task::Bench(args) => bench::run(&args),
+        Task::Scale(args) => scale::run(&args),
         Task::GenCrds { check } => gen_crds::run(check),
         Task::Chart(command) => chart::run(&command),
         Task::Dashboard(command) => dashboard::run(&command),

@@ -14,7 +14,8 @@ use egressgw_api::{
 use egressgw_core::model::Config;
 use egressgw_core::{PodScope, Snapshot};
 use futures_util::{FutureExt as _, StreamExt as _, TryStreamExt as _};
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Node, NodeSpec, NodeStatus, Pod, PodSpec, PodStatus};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::utils::Backoff;
 use kube::runtime::{WatchStreamExt as _, watcher};
@@ -323,7 +324,7 @@ pub fn watch<K>(
     renew: Duration,
 ) -> Store<K>
 where
-    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+    K: Trim + Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
 {
     watch_fields(api, None, changed, tasks, renew)
 }
@@ -337,7 +338,7 @@ fn watch_fields<K>(
     renew: Duration,
 ) -> Store<K>
 where
-    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+    K: Trim + Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
 {
     let (store, writer) = reflector::store();
     let changed = Arc::clone(changed);
@@ -348,14 +349,7 @@ where
         config = config.fields(fields);
     }
     let stream = watcher(api, config)
-        .map_ok(|event| {
-            event.modify(|object| {
-                // Nothing egressgw reads; dropping it keeps the stores small.
-                let meta = object.meta_mut();
-                meta.managed_fields = None;
-                meta.annotations = None;
-            })
-        })
+        .map_ok(|event| event.modify(Trim::trim))
         .backoff(WatchBackoff::default())
         .reflect(writer);
     tasks.push(tokio::spawn(async move {
@@ -368,4 +362,165 @@ where
         }
     }));
     store
+}
+
+/// What a daemon keeps of a watched object: what the planner reads
+/// ([`egressgw_api::snapshot`]), and the metadata a store needs. The rest
+/// is dropped before the store, so it costs no memory however much of it
+/// the objects carry (a Pod's containers, volumes and conditions, a Node's
+/// images).
+pub trait Trim: Resource {
+    /// Drops managed fields and annotations, which nothing reads.
+    fn trim(&mut self) {
+        let meta = self.meta_mut();
+        meta.managed_fields = None;
+        meta.annotations = None;
+    }
+}
+
+impl Trim for Namespace {}
+impl Trim for EgressGateway {}
+impl Trim for EgressTunnel {}
+impl Trim for Lease {}
+impl<K: Resource<DynamicType = ()>> Trim for Decoded<K> {}
+
+/// A Pod keeps its node, whether it uses the host's network, its phase and
+/// its addresses.
+impl Trim for Pod {
+    fn trim(&mut self) {
+        let meta = self.meta_mut();
+        meta.managed_fields = None;
+        meta.annotations = None;
+        meta.owner_references = None;
+        self.spec = self.spec.take().map(|spec| PodSpec {
+            node_name: spec.node_name,
+            host_network: spec.host_network,
+            ..PodSpec::default()
+        });
+        self.status = self.status.take().map(|status| PodStatus {
+            phase: status.phase,
+            pod_ip: status.pod_ip,
+            pod_ips: status.pod_ips,
+            ..PodStatus::default()
+        });
+    }
+}
+
+/// A Node keeps its pod CIDRs, addresses and conditions.
+impl Trim for Node {
+    fn trim(&mut self) {
+        let meta = self.meta_mut();
+        meta.managed_fields = None;
+        meta.annotations = None;
+        self.spec = self.spec.take().map(|spec| NodeSpec {
+            pod_cidr: spec.pod_cidr,
+            pod_cidrs: spec.pod_cidrs,
+            ..NodeSpec::default()
+        });
+        self.status = self.status.take().map(|status| NodeStatus {
+            addresses: status.addresses,
+            conditions: status.conditions,
+            ..NodeStatus::default()
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use egressgw_api::snapshot;
+    use serde_json::json;
+
+    use super::*;
+
+    fn size<T: serde::Serialize>(object: &T) -> usize {
+        serde_json::to_vec(object).expect("serialisable").len()
+    }
+
+    /// A Pod as a kubelet reports it, with what a cluster adds around it.
+    fn full_pod(phase: &str, host_network: bool, deleting: bool) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {
+                "name": "web-1", "namespace": "team-a", "uid": "u-1",
+                "resourceVersion": "42",
+                "labels": { "app": "web" },
+                "annotations": { "note": "x".repeat(500) },
+                "ownerReferences": [{ "apiVersion": "apps/v1", "kind": "ReplicaSet",
+                    "name": "web", "uid": "rs-1" }],
+                "managedFields": [{ "manager": "kubelet", "operation": "Update",
+                    "fieldsType": "FieldsV1", "fieldsV1": { "f:status": {} } }],
+                "deletionTimestamp": deleting.then_some("2026-01-01T00:00:00Z"),
+            },
+            "spec": {
+                "nodeName": "node-1",
+                "hostNetwork": host_network,
+                "containers": [{ "name": "web", "image": "nginx",
+                    "env": [{ "name": "A", "value": "y".repeat(500) }] }],
+                "volumes": [{ "name": "data", "emptyDir": {} }],
+            },
+            "status": {
+                "phase": phase,
+                "podIP": "10.244.1.2",
+                "podIPs": [{ "ip": "10.244.1.2" }, { "ip": "fd00::2" }],
+                "hostIP": "172.18.0.11",
+                "conditions": [{ "type": "Ready", "status": "True" }],
+                "containerStatuses": [{ "name": "web", "image": "nginx", "imageID": "sha",
+                    "ready": true, "restartCount": 0 }],
+            },
+        }))
+        .expect("a Pod")
+    }
+
+    /// What the planner reads of a Pod is the same before and after the
+    /// trim, for every kind of Pod it tells apart; the rest is gone.
+    #[test]
+    fn a_trimmed_pod_plans_as_the_whole_one() {
+        for (phase, host, deleting) in [
+            ("Running", false, false),
+            ("Running", true, false),
+            ("Pending", false, false),
+            ("Succeeded", false, false),
+            ("Running", false, true),
+        ] {
+            let pod = full_pod(phase, host, deleting);
+            let mut trimmed = pod.clone();
+            trimmed.trim();
+            assert_eq!(
+                snapshot::pod(&trimmed),
+                snapshot::pod(&pod),
+                "{phase} {host} {deleting}"
+            );
+            assert!(size(&trimmed) * 4 < size(&pod), "{}", size(&trimmed));
+            assert_eq!(trimmed.metadata.resource_version.as_deref(), Some("42"));
+        }
+    }
+
+    #[test]
+    fn a_trimmed_node_plans_as_the_whole_one() {
+        let images: Vec<_> = (0..50)
+            .map(|i| json!({ "names": [format!("registry/image-{i}:v1")], "sizeBytes": 1000 }))
+            .collect();
+        let node: Node = serde_json::from_value(json!({
+            "metadata": { "name": "node-1", "labels": { "egressgw.io/gateway": "true" },
+                "annotations": { "a": "b" } },
+            "spec": { "podCIDR": "10.244.1.0/24", "podCIDRs": ["10.244.1.0/24", "fd00:1::/64"],
+                "providerID": "lab://node-1" },
+            "status": {
+                "addresses": [{ "type": "InternalIP", "address": "172.18.0.11" },
+                    { "type": "ExternalIP", "address": "198.51.100.11" },
+                    { "type": "Hostname", "address": "node-1" }],
+                "conditions": [{ "type": "Ready", "status": "True" },
+                    { "type": "MemoryPressure", "status": "False" }],
+                "images": images,
+                "capacity": { "cpu": "2" },
+                "nodeInfo": { "architecture": "amd64", "bootID": "", "containerRuntimeVersion": "",
+                    "kernelVersion": "", "kubeProxyVersion": "", "kubeletVersion": "",
+                    "machineID": "", "operatingSystem": "linux", "osImage": "", "systemUUID": "" },
+            },
+        }))
+        .expect("a Node");
+        let mut trimmed = node.clone();
+        trimmed.trim();
+        assert_eq!(snapshot::node(&trimmed), snapshot::node(&node));
+        assert!(size(&trimmed) * 4 < size(&node), "{}", size(&trimmed));
+    }
 }

@@ -51,13 +51,10 @@ impl Api {
             .with_context(|| format!("parsing `kubectl get {}`", args.join(" ")))
     }
 
-    /// Every Pod bound to a node.
-    pub fn bound_pods(&self) -> anyhow::Result<Vec<Pod>> {
-        let list: Items<Pod> = self.get(&[
-            "pods",
-            "--all-namespaces",
-            "--field-selector=spec.nodeName!=",
-        ])?;
+    /// The Pods bound to `node`.
+    pub fn bound_pods(&self, node: &str) -> anyhow::Result<Vec<Pod>> {
+        let selector = format!("--field-selector=spec.nodeName={node}");
+        let list: Items<Pod> = self.get(&["pods", "--all-namespaces", &selector])?;
         Ok(list.items)
     }
 

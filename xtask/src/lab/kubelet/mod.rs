@@ -134,13 +134,13 @@ pub fn serve(paths: &Paths) -> anyhow::Result<()> {
         &kubectl.kubeconfig,
         &cp.netns,
     ));
-    let watch = watch::PodWatch::start(api.clone(), kubectl);
     let nodes: BTreeMap<String, Node> = state
         .topology
         .nodes
         .iter()
         .map(|n| (n.name.clone(), n.clone()))
         .collect();
+    let watch = watch::PodWatch::start(&api, &kubectl, nodes.keys().map(String::as_str));
     let shim = std::env::current_exe().context("finding this program")?;
     let logs = server::Shared::default();
     if let Err(e) = server::start(&paths.pki(), &state.topology.nodes, &logs) {

@@ -1,6 +1,9 @@
-//! The Pods bound to a node, kept current by a watch: a thread lists them,
-//! then follows `kubectl get pods --watch` and applies each event to a
-//! store, which the stand-in's rounds read. When the watch ends (the API
+//! The Pods bound to the lab's nodes, kept current by one watch per node,
+//! as each kubelet watches its own node's Pods (a `spec.nodeName` field
+//! selector): Pods of Nodes that are objects only (the scale test's
+//! hundred thousand) never reach the stand-in. A thread per node lists
+//! them, then follows `kubectl get pods --watch` and applies each event to
+//! a store, which the stand-in's rounds read. When the watch ends (the API
 //! restarts, say), the store is marked stale until a new list succeeds; a
 //! new list replaces the store whole, so a Pod deleted meanwhile is not
 //! kept. The watch is also started afresh every [`RELIST`], as informers
@@ -51,10 +54,10 @@ struct Event {
     object: Value,
 }
 
-/// The Pods bound to a node, as the API has them.
+/// The Pods bound to the lab's nodes, as the API has them: a store per node.
 #[derive(Debug, Clone)]
 pub struct PodWatch {
-    store: Arc<Mutex<Store>>,
+    stores: Vec<Arc<Mutex<Store>>>,
 }
 
 /// How to run kubectl: the program, its kubeconfig, the namespace where
@@ -80,41 +83,56 @@ impl KubectlCommand {
 }
 
 impl PodWatch {
-    /// Starts the watch thread.
-    pub fn start(api: Api, kubectl: KubectlCommand) -> Self {
-        let store = Arc::new(Mutex::new(Store::default()));
-        let shared = store.clone();
-        thread::spawn(move || follow(&api, &kubectl, &shared));
-        Self { store }
+    /// Starts a watch thread per node.
+    pub fn start<'a>(
+        api: &Api,
+        kubectl: &KubectlCommand,
+        nodes: impl IntoIterator<Item = &'a str>,
+    ) -> Self {
+        let stores = nodes
+            .into_iter()
+            .map(|node| {
+                let store = Arc::new(Mutex::new(Store::default()));
+                let shared = store.clone();
+                let (api, kubectl, node) = (api.clone(), kubectl.clone(), node.to_owned());
+                thread::spawn(move || follow(&api, &kubectl, &node, &shared));
+                store
+            })
+            .collect();
+        Self { stores }
     }
 
-    /// The Pods now, or why the store does not follow the API.
+    /// The Pods now, or why a node's store does not follow the API.
     pub fn snapshot(&self) -> anyhow::Result<Vec<Pod>> {
-        let store = self.store.lock().unwrap_or_else(PoisonError::into_inner);
-        if !store.synced {
-            let why = store
-                .error
-                .clone()
-                .unwrap_or_else(|| "not listed yet".to_owned());
-            return Err(anyhow!(why));
+        let mut pods = Vec::new();
+        for store in &self.stores {
+            let store = store.lock().unwrap_or_else(PoisonError::into_inner);
+            if !store.synced {
+                let why = store
+                    .error
+                    .clone()
+                    .unwrap_or_else(|| "not listed yet".to_owned());
+                return Err(anyhow!(why));
+            }
+            pods.extend(store.pods.values().cloned());
         }
-        Ok(store.pods.values().cloned().collect())
+        Ok(pods)
     }
 }
 
 /// List, watch, repeat, forever. A watch that ends cleanly is followed
 /// by a new list at once, the store still taken as current; one that fails
 /// marks the store stale until a list succeeds.
-fn follow(api: &Api, kubectl: &KubectlCommand, store: &Mutex<Store>) {
+fn follow(api: &Api, kubectl: &KubectlCommand, node: &str, store: &Mutex<Store>) {
     loop {
-        let result = api.bound_pods().and_then(|pods| {
+        let result = api.bound_pods(node).and_then(|pods| {
             {
                 let mut s = store.lock().unwrap_or_else(PoisonError::into_inner);
                 s.pods = by_uid(pods);
                 s.synced = true;
                 s.error = None;
             }
-            watch(kubectl, store)
+            watch(kubectl, node, store)
         });
         if let Err(e) = result {
             let mut s = store.lock().unwrap_or_else(PoisonError::into_inner);
@@ -135,13 +153,14 @@ fn by_uid(pods: Vec<Pod>) -> BTreeMap<String, Pod> {
 /// Follows one `kubectl get pods --watch` until it ends (`Ok` if kubectl
 /// ended it cleanly, as the API server closes a watch after a while) or
 /// has run for [`RELIST`] (`Ok`).
-fn watch(kubectl: &KubectlCommand, store: &Mutex<Store>) -> anyhow::Result<()> {
+fn watch(kubectl: &KubectlCommand, node: &str, store: &Mutex<Store>) -> anyhow::Result<()> {
+    let selector = format!("--field-selector=spec.nodeName={node}");
     let mut child = kubectl
         .command(&[
             "get",
             "pods",
             "--all-namespaces",
-            "--field-selector=spec.nodeName!=",
+            &selector,
             "--watch",
             "--output-watch-events",
             "--output=json",
@@ -274,10 +293,16 @@ mod tests {
     #[test]
     fn a_store_that_does_not_follow_the_api_says_why() {
         let watch = PodWatch {
-            store: Arc::new(Mutex::new(Store {
-                error: Some("connection refused".to_owned()),
-                ..Store::default()
-            })),
+            stores: vec![
+                Arc::new(Mutex::new(Store {
+                    synced: true,
+                    ..Store::default()
+                })),
+                Arc::new(Mutex::new(Store {
+                    error: Some("connection refused".to_owned()),
+                    ..Store::default()
+                })),
+            ],
         };
         assert!(
             watch
