@@ -6,6 +6,7 @@
 //!   returns every problem, each named by its field path; the same checks
 //!   run at admission as CEL rules (see `docs/api.md`).
 //! - [`snapshot`]: watched objects into an [`egressgw_core::Snapshot`].
+//! - [`watched`]: a Pod as the daemons keep it, with what the planner reads.
 //! - [`status`]: the planner's status output into the CRDs' status types.
 //! - [`load`]: objects from a multi-document YAML file, with the
 //!   apiserver's strict check for unknown fields.
@@ -28,6 +29,7 @@ pub mod status;
 mod strict;
 pub mod tunnel;
 mod validation;
+pub mod watched;
 
 pub use error::{Error, LoadError, Location};
 pub use gateway::{EgressGateway, EgressGatewaySpec, EgressGatewayStatus};
@@ -42,6 +44,7 @@ pub use tunnel::{
     TunnelUnreachable,
 };
 pub use validation::{FieldError, ValidationErrors};
+pub use watched::WatchedPod;
 
 /// The API group of every egressgw kind.
 pub const GROUP: &str = "egressgw.io";

@@ -24,6 +24,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 
 use crate::validation::{ValidationErrors, non_empty};
+use crate::watched::WatchedPod;
 use crate::{
     EgressClusterPolicy, EgressGateway, EgressPolicy, EgressTunnel, TunnelEipState, TunnelPhase,
     UnknownFields,
@@ -403,6 +404,11 @@ pub fn namespace(namespace: &Namespace) -> Option<model::Namespace> {
 ///
 /// Its IPs come from `status.podIPs`, else `status.podIP`.
 pub fn pod(pod: &Pod) -> Option<model::Pod> {
+    watched_pod(&WatchedPod::from(pod))
+}
+
+/// [`pod`] of a Pod as the daemons keep it.
+pub fn watched_pod(pod: &WatchedPod) -> Option<model::Pod> {
     if pod.metadata.deletion_timestamp.is_some() {
         return None;
     }

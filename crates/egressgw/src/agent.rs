@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use egressgw_api::EgressTunnel;
+use egressgw_api::WatchedPod;
 use egressgw_api::tunnel::{
     EgressTunnelStatus, TunnelDatapath, TunnelEip, TunnelEipState, TunnelEndpoint, TunnelParent,
     TunnelPhase, TunnelUnreachable,
@@ -34,7 +35,6 @@ use egressgw_dataplane::netlink::Rtnetlink;
 use egressgw_dataplane::nft::Nft;
 use egressgw_dataplane::reconcile::Dataplane;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
@@ -43,7 +43,7 @@ use kube::{Api, Client};
 use tokio::sync::Notify;
 use tracing::Instrument as _;
 
-use crate::cluster::following::Following;
+use crate::cluster::following::{Following, Replanned};
 use crate::cluster::health::{self, Health};
 use crate::cluster::metrics::{AgentMetrics, ApiRequests, PolicyCount, Verb};
 use crate::cluster::owner::Owner;
@@ -288,6 +288,7 @@ async fn agent(args: &AgentArgs, config: Config, running: &Running) -> anyhow::R
         memory,
         planned: None,
         following: Following::new(&args.node),
+        planned_version: None,
         status_tx,
         reported: None,
         reconciles: 0,
@@ -381,6 +382,9 @@ struct Agent {
     planned: Option<(NodeState, Option<IpAddr>)>,
     /// The planner of this node, fed from the stores.
     following: Following,
+    /// The stores' [`Stores::cluster_version`] the plan was made from:
+    /// while it reads the same, only Pods changed.
+    planned_version: Option<u64>,
     /// Queues the tunnel status for [`write_tunnel_status`].
     status_tx: tokio::sync::watch::Sender<Option<EgressTunnelStatus>>,
     /// The tunnel status last queued, and when.
@@ -534,6 +538,22 @@ impl Agent {
     /// the Pods the plan needs are still being listed (a gateway has just
     /// selected this node), the last plan stays.
     fn replan(&mut self) -> bool {
+        // Read before the stores: a change while they are read counts
+        // after it, and the next replan reads them again.
+        let version = self.stores.cluster_version();
+        if self.planned_version == Some(version)
+            && let Some((_, underlay)) = self.planned.as_ref()
+        {
+            let underlay = *underlay;
+            let (scope, pods) = self.stores.pods.scoped_state();
+            let count = pods.len();
+            let start = Instant::now();
+            if let Some(replanned) = self.following.update_pods(scope, pods) {
+                self.metrics.watched_pods(scope, count);
+                return self.adopt(replanned, start, underlay);
+            }
+        }
+        self.planned_version = None;
         let Some((snapshot, scope, pods)) = self.snapshot() else {
             tracing::info!(
                 node = self.node,
@@ -563,6 +583,15 @@ impl Agent {
         // (the planner plans as `egressgw_core::plan_node_published`).
         let start = Instant::now();
         let replanned = self.following.update(snapshot, scope, pods);
+        let adopted = self.adopt(replanned, start, underlay);
+        if adopted {
+            self.planned_version = Some(version);
+        }
+        adopted
+    }
+
+    /// Takes the planner's state as this node's plan.
+    fn adopt(&mut self, replanned: Replanned, start: Instant, underlay: Option<IpAddr>) -> bool {
         tracing::debug!(node = self.node, ?replanned, took = ?start.elapsed(), "planned");
         let Some(state) = self.following.state() else {
             tracing::warn!(node = self.node, "the planner has no state for this node");
@@ -576,7 +605,7 @@ impl Agent {
     /// The stores' objects but the Pods, and the Pods this node's plan
     /// needs (see [`egressgw_core::pod_scope`]) with the scope they are
     /// of; `None` while they are being listed.
-    fn snapshot(&self) -> Option<(Snapshot, PodScope, Vec<Arc<Pod>>)> {
+    fn snapshot(&self) -> Option<(Snapshot, PodScope, Vec<Arc<WatchedPod>>)> {
         for _ in 0..2 {
             let cluster = self.stores.cluster_snapshot(self.config.clone());
             let wanted = egressgw_core::pod_scope(&cluster, &self.node);

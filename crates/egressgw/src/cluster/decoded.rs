@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer};
 
 /// An object of kind `K`, or what is known of one that did not decode.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Decoded<K> {
     /// It decoded.
     Ok(K),

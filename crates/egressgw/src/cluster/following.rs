@@ -12,9 +12,9 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use egressgw_api::WatchedPod as Pod;
 use egressgw_core::state::NodeState;
 use egressgw_core::{Planner, PodScope, Snapshot};
-use k8s_openapi::api::core::v1::Pod;
 
 /// A Pod's namespace and name.
 type PodKey = (String, String);
@@ -67,42 +67,24 @@ impl Following {
         if cluster_changed {
             planner.set_cluster(cluster);
         }
-        let mut next = HashMap::with_capacity(pods.len());
-        let mut changed = Vec::new();
-        for pod in pods {
-            let at = address(&pod);
-            match self.seen.remove(&at) {
-                Some(entry) => {
-                    next.insert(at, entry);
-                }
-                None => changed.push(pod),
-            }
-        }
-        // What is left was deleted, or replaced by one of `changed`.
-        let replaced: HashSet<PodKey> = changed.iter().map(|p| key(p)).collect();
-        let mut count = 0;
-        for (_, (_, gone)) in self.seen.drain() {
-            if !replaced.contains(&gone) {
-                planner.remove_pod(&gone.0, &gone.1);
-                count += 1;
-            }
-        }
-        for pod in changed {
-            let k = key(&pod);
-            match egressgw_api::snapshot::pod(&pod) {
-                Some(planned) => planner.set_pod(planned),
-                // Finished or being deleted: it sends nothing any more.
-                None => planner.remove_pod(&k.0, &k.1),
-            }
-            count += 1;
-            next.insert(address(&pod), (pod, k));
-        }
-        self.seen = next;
+        let count = follow_pods(planner, &mut self.seen, pods);
         if cluster_changed {
             Replanned::Cluster(count)
         } else {
             Replanned::Pods(count)
         }
+    }
+
+    /// [`Following::update`] when nothing but the Pods changed since the
+    /// last update: the cluster-wide objects are neither converted nor
+    /// compared again. `None` when it cannot be done that way (no planner
+    /// yet, or `pods` of another scope): the caller updates whole.
+    pub fn update_pods(&mut self, scope: PodScope, pods: Vec<Arc<Pod>>) -> Option<Replanned> {
+        let planner = self
+            .planner
+            .as_mut()
+            .filter(|_| self.scope == Some(scope))?;
+        Some(Replanned::Pods(follow_pods(planner, &mut self.seen, pods)))
     }
 
     /// The node's state as last planned; `None` while the node is not in
@@ -114,7 +96,7 @@ impl Following {
     fn whole(&mut self, mut cluster: Snapshot, scope: PodScope, pods: Vec<Arc<Pod>>) {
         cluster.pods = pods
             .iter()
-            .filter_map(|p| egressgw_api::snapshot::pod(p))
+            .filter_map(|p| egressgw_api::snapshot::watched_pod(p))
             .collect();
         self.planner = Some(Planner::new(cluster, &self.node));
         self.scope = Some(scope);
@@ -123,6 +105,47 @@ impl Following {
             .map(|p| (address(&p), (Arc::clone(&p), key(&p))))
             .collect();
     }
+}
+
+/// Feeds the planner the Pods of `pods` stored anew since `seen`, and the
+/// Pods gone since; returns how many.
+fn follow_pods(
+    planner: &mut Planner,
+    seen: &mut HashMap<usize, (Arc<Pod>, PodKey)>,
+    pods: Vec<Arc<Pod>>,
+) -> usize {
+    let mut next = HashMap::with_capacity(pods.len());
+    let mut changed = Vec::new();
+    for pod in pods {
+        let at = address(&pod);
+        match seen.remove(&at) {
+            Some(entry) => {
+                next.insert(at, entry);
+            }
+            None => changed.push(pod),
+        }
+    }
+    // What is left was deleted, or replaced by one of `changed`.
+    let replaced: HashSet<PodKey> = changed.iter().map(|p| key(p)).collect();
+    let mut count = 0;
+    for (_, (_, gone)) in seen.drain() {
+        if !replaced.contains(&gone) {
+            planner.remove_pod(&gone.0, &gone.1);
+            count += 1;
+        }
+    }
+    for pod in changed {
+        let k = key(&pod);
+        match egressgw_api::snapshot::watched_pod(&pod) {
+            Some(planned) => planner.set_pod(planned),
+            // Finished or being deleted: it sends nothing any more.
+            None => planner.remove_pod(&k.0, &k.1),
+        }
+        count += 1;
+        next.insert(address(&pod), (pod, k));
+    }
+    *seen = next;
+    count
 }
 
 fn address(pod: &Arc<Pod>) -> usize {
@@ -215,7 +238,7 @@ spec:
         let mut whole = cluster.clone();
         whole.pods = pods
             .iter()
-            .filter_map(|p| egressgw_api::snapshot::pod(p))
+            .filter_map(|p| egressgw_api::snapshot::watched_pod(p))
             .collect();
         let expected = egressgw_core::plan_node_published(&whole, "n1");
         assert_eq!(following.state(), expected.as_ref());

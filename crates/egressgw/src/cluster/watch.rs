@@ -5,9 +5,11 @@
 //! loop ([`Notify`]); the loop reads the stores as a whole (level-based).
 
 use std::fmt::Debug;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use egressgw_api::WatchedPod;
 use egressgw_api::{
     EgressClusterPolicy, EgressGateway, EgressPolicy, EgressTunnel, SnapshotBuilder,
 };
@@ -15,8 +17,8 @@ use egressgw_core::model::Config;
 use egressgw_core::{PodScope, Snapshot};
 use futures_util::{FutureExt as _, StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Node, NodeSpec, NodeStatus, Pod, PodSpec, PodStatus};
-use kube::runtime::reflector::{self, Store};
+use k8s_openapi::api::core::v1::{Namespace, Node, NodeSpec, NodeStatus};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::utils::Backoff;
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Api, Client, Resource};
@@ -38,6 +40,9 @@ pub struct Stores {
     pub policies: Store<Decoded<EgressPolicy>>,
     pub cluster_policies: Store<Decoded<EgressClusterPolicy>>,
     pub tunnels: Store<EgressTunnel>,
+    /// Counts the changes of every kind but Pods: equal readings mean the
+    /// same [`Stores::cluster_snapshot`].
+    cluster_version: Arc<AtomicU64>,
 }
 
 impl Debug for Stores {
@@ -58,14 +63,17 @@ impl Stores {
     ) -> (Self, Vec<JoinHandle<()>>) {
         let mut tasks = Vec::new();
         let t = &mut tasks;
+        let version = Arc::new(AtomicU64::new(0));
+        let v = Some(&version);
         let stores = Self {
-            nodes: watch(Api::all(client.clone()), changed, t, renew),
-            namespaces: watch(Api::all(client.clone()), changed, t, renew),
+            nodes: watch_fields(Api::all(client.clone()), None, changed, v, t, renew),
+            namespaces: watch_fields(Api::all(client.clone()), None, changed, v, t, renew),
             pods: Pods::start(client, changed, t, renew, node),
-            gateways: watch(Api::all(client.clone()), changed, t, renew),
-            policies: watch(Api::all(client.clone()), changed, t, renew),
-            cluster_policies: watch(Api::all(client.clone()), changed, t, renew),
-            tunnels: watch(Api::all(client.clone()), changed, t, renew),
+            gateways: watch_fields(Api::all(client.clone()), None, changed, v, t, renew),
+            policies: watch_fields(Api::all(client.clone()), None, changed, v, t, renew),
+            cluster_policies: watch_fields(Api::all(client.clone()), None, changed, v, t, renew),
+            tunnels: watch_fields(Api::all(client.clone()), None, changed, v, t, renew),
+            cluster_version: Arc::clone(&version),
         };
         (stores, tasks)
     }
@@ -95,9 +103,16 @@ impl Stores {
             .pods
             .state()
             .iter()
-            .filter_map(|p| egressgw_api::snapshot::pod(p))
+            .filter_map(|p| egressgw_api::snapshot::watched_pod(p))
             .collect();
         snapshot
+    }
+
+    /// How many times a store of another kind than Pods has changed: read
+    /// before [`Stores::cluster_snapshot`], an equal reading later means
+    /// nothing but Pods changed since.
+    pub fn cluster_version(&self) -> u64 {
+        self.cluster_version.load(Ordering::Acquire)
     }
 
     /// [`Stores::snapshot`] without the Pods.
@@ -128,7 +143,7 @@ impl Stores {
 #[derive(Clone)]
 pub struct Pods {
     /// The watch started with the daemon.
-    first: Store<Pod>,
+    first: Store<WatchedPod>,
     /// Which Pods `first` holds.
     first_scope: PodScope,
     /// An agent's watch of every Pod, started and stopped on demand.
@@ -140,7 +155,7 @@ struct OnDemand {
     client: Client,
     changed: Arc<Notify>,
     renew: Duration,
-    running: Option<(Store<Pod>, JoinHandle<()>)>,
+    running: Option<(Store<WatchedPod>, JoinHandle<()>)>,
 }
 
 impl Drop for OnDemand {
@@ -167,6 +182,7 @@ impl Pods {
             Api::all(client.clone()),
             fields.as_deref(),
             changed,
+            None,
             tasks,
             renew,
         );
@@ -184,7 +200,7 @@ impl Pods {
 
     /// The Pods watched now and which they are: every Pod once the watch
     /// of every Pod has listed them, else the first watch's.
-    pub fn scoped_state(&self) -> (PodScope, Vec<Arc<Pod>>) {
+    pub fn scoped_state(&self) -> (PodScope, Vec<Arc<WatchedPod>>) {
         match self.cluster_store() {
             Some(store) => (PodScope::Cluster, store.state()),
             None => (self.first_scope, self.first.state()),
@@ -192,7 +208,7 @@ impl Pods {
     }
 
     /// The Pods of [`Pods::scoped_state`] alone.
-    pub fn state(&self) -> Vec<Arc<Pod>> {
+    pub fn state(&self) -> Vec<Arc<WatchedPod>> {
         self.cluster_store()
             .unwrap_or_else(|| self.first.clone())
             .state()
@@ -229,6 +245,7 @@ impl Pods {
                         Api::all(on_demand.client.clone()),
                         None,
                         &on_demand.changed,
+                        None,
                         &mut tasks,
                         on_demand.renew,
                     );
@@ -242,7 +259,7 @@ impl Pods {
     }
 
     /// The store of every Pod, when it is watched and has listed.
-    fn cluster_store(&self) -> Option<Store<Pod>> {
+    fn cluster_store(&self) -> Option<Store<WatchedPod>> {
         let on_demand = self
             .cluster
             .lock()
@@ -324,24 +341,47 @@ pub fn watch<K>(
     renew: Duration,
 ) -> Store<K>
 where
-    K: Trim + Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+    K: Trim
+        + Resource<DynamicType = ()>
+        + Clone
+        + PartialEq
+        + Debug
+        + DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
 {
-    watch_fields(api, None, changed, tasks, renew)
+    watch_fields(api, None, changed, None, tasks, renew)
 }
 
-/// [`watch`] of the objects `fields` (a field selector) selects.
+/// [`watch`] of the objects `fields` (a field selector) selects; every
+/// change that wakes `changed` also counts in `version`.
 fn watch_fields<K>(
     api: Api<K>,
     fields: Option<&str>,
     changed: &Arc<Notify>,
+    version: Option<&Arc<AtomicU64>>,
     tasks: &mut Vec<JoinHandle<()>>,
     renew: Duration,
 ) -> Store<K>
 where
-    K: Trim + Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+    K: Trim
+        + Resource<DynamicType = ()>
+        + Clone
+        + PartialEq
+        + Debug
+        + DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
 {
     let (store, writer) = reflector::store();
     let changed = Arc::clone(changed);
+    let version = version.map(Arc::clone);
+    // Whether the event just stored brought nothing the daemon keeps: set
+    // before the store takes the event, read once it has.
+    let unchanged = Arc::new(AtomicBool::new(false));
+    let (reader, flag) = (store.clone(), Arc::clone(&unchanged));
     let kind = K::kind(&()).into_owned();
     let renew = u32::try_from(renew.as_secs()).unwrap_or(u32::MAX).max(1);
     let mut config = watcher::Config::default().any_semantic().timeout(renew);
@@ -349,19 +389,50 @@ where
         config = config.fields(fields);
     }
     let stream = watcher(api, config)
-        .map_ok(|event| event.modify(Trim::trim))
+        .map_ok(move |event| {
+            let event = event.modify(Trim::trim);
+            flag.store(resent(&reader, &event), Ordering::Relaxed);
+            event
+        })
         .backoff(WatchBackoff::default())
         .reflect(writer);
     tasks.push(tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         while let Some(event) = stream.next().await {
             match event {
-                Ok(_) => changed.notify_one(),
+                Ok(_) if unchanged.load(Ordering::Relaxed) => {}
+                Ok(_) => {
+                    if let Some(version) = &version {
+                        version.fetch_add(1, Ordering::Release);
+                    }
+                    changed.notify_one();
+                }
                 Err(e) => tracing::warn!(kind, error = %e, "watch failed; retrying"),
             }
         }
     }));
     store
+}
+
+/// Whether `event` applies an object the store holds already with the
+/// same content, but for its `resourceVersion`: the API server sent it
+/// again for a change the trim dropped (a heartbeat, a Pod condition), and
+/// nothing the daemon plans from changed, so the loop is not woken.
+/// Objects of a new list always wake it.
+fn resent<K>(store: &Store<K>, event: &watcher::Event<K>) -> bool
+where
+    K: Resource<DynamicType = ()> + Clone + PartialEq,
+{
+    let watcher::Event::Apply(object) = event else {
+        return false;
+    };
+    store.get(&ObjectRef::from_obj(object)).is_some_and(|old| {
+        let mut old = (*old).clone();
+        old.meta_mut()
+            .resource_version
+            .clone_from(&object.meta().resource_version);
+        old == *object
+    })
 }
 
 /// What a daemon keeps of a watched object: what the planner reads
@@ -380,29 +451,30 @@ pub trait Trim: Resource {
 
 impl Trim for Namespace {}
 impl Trim for EgressGateway {}
-impl Trim for EgressTunnel {}
+/// A tunnel keeps all but its heartbeat: the agents renew it every 30 s
+/// and nothing plans from it, so at a thousand nodes it would wake every
+/// daemon thirty times a second.
+impl Trim for EgressTunnel {
+    fn trim(&mut self) {
+        let meta = self.meta_mut();
+        meta.managed_fields = None;
+        meta.annotations = None;
+        if let Some(status) = self.status.as_mut() {
+            status.last_heartbeat_time = None;
+        }
+    }
+}
 impl Trim for Lease {}
 impl<K: Resource<DynamicType = ()>> Trim for Decoded<K> {}
 
-/// A Pod keeps its node, whether it uses the host's network, its phase and
-/// its addresses.
-impl Trim for Pod {
+/// A Pod is decoded with what the planner reads alone ([`WatchedPod`]);
+/// of its metadata, its owners go too.
+impl Trim for WatchedPod {
     fn trim(&mut self) {
         let meta = self.meta_mut();
         meta.managed_fields = None;
         meta.annotations = None;
         meta.owner_references = None;
-        self.spec = self.spec.take().map(|spec| PodSpec {
-            node_name: spec.node_name,
-            host_network: spec.host_network,
-            ..PodSpec::default()
-        });
-        self.status = self.status.take().map(|status| PodStatus {
-            phase: status.phase,
-            pod_ip: status.pod_ip,
-            pod_ips: status.pod_ips,
-            ..PodStatus::default()
-        });
     }
 }
 
@@ -436,62 +508,30 @@ mod tests {
         serde_json::to_vec(object).expect("serialisable").len()
     }
 
-    /// A Pod as a kubelet reports it, with what a cluster adds around it.
-    fn full_pod(phase: &str, host_network: bool, deleting: bool) -> Pod {
-        serde_json::from_value(json!({
+    /// A Pod as the API server sends it, decoded as the daemons keep it:
+    /// what the planner reads is the same before and after the trim.
+    #[test]
+    fn a_trimmed_pod_plans_as_the_whole_one() {
+        let mut pod: WatchedPod = serde_json::from_value(json!({
             "metadata": {
                 "name": "web-1", "namespace": "team-a", "uid": "u-1",
-                "resourceVersion": "42",
                 "labels": { "app": "web" },
                 "annotations": { "note": "x".repeat(500) },
                 "ownerReferences": [{ "apiVersion": "apps/v1", "kind": "ReplicaSet",
                     "name": "web", "uid": "rs-1" }],
                 "managedFields": [{ "manager": "kubelet", "operation": "Update",
                     "fieldsType": "FieldsV1", "fieldsV1": { "f:status": {} } }],
-                "deletionTimestamp": deleting.then_some("2026-01-01T00:00:00Z"),
             },
-            "spec": {
-                "nodeName": "node-1",
-                "hostNetwork": host_network,
-                "containers": [{ "name": "web", "image": "nginx",
-                    "env": [{ "name": "A", "value": "y".repeat(500) }] }],
-                "volumes": [{ "name": "data", "emptyDir": {} }],
-            },
-            "status": {
-                "phase": phase,
-                "podIP": "10.244.1.2",
-                "podIPs": [{ "ip": "10.244.1.2" }, { "ip": "fd00::2" }],
-                "hostIP": "172.18.0.11",
-                "conditions": [{ "type": "Ready", "status": "True" }],
-                "containerStatuses": [{ "name": "web", "image": "nginx", "imageID": "sha",
-                    "ready": true, "restartCount": 0 }],
-            },
+            "spec": { "nodeName": "node-1", "containers": [{ "name": "web" }] },
+            "status": { "phase": "Running", "podIPs": [{ "ip": "10.244.1.2" }] },
         }))
-        .expect("a Pod")
-    }
-
-    /// What the planner reads of a Pod is the same before and after the
-    /// trim, for every kind of Pod it tells apart; the rest is gone.
-    #[test]
-    fn a_trimmed_pod_plans_as_the_whole_one() {
-        for (phase, host, deleting) in [
-            ("Running", false, false),
-            ("Running", true, false),
-            ("Pending", false, false),
-            ("Succeeded", false, false),
-            ("Running", false, true),
-        ] {
-            let pod = full_pod(phase, host, deleting);
-            let mut trimmed = pod.clone();
-            trimmed.trim();
-            assert_eq!(
-                snapshot::pod(&trimmed),
-                snapshot::pod(&pod),
-                "{phase} {host} {deleting}"
-            );
-            assert!(size(&trimmed) * 4 < size(&pod), "{}", size(&trimmed));
-            assert_eq!(trimmed.metadata.resource_version.as_deref(), Some("42"));
-        }
+        .expect("a Pod");
+        let planned = snapshot::watched_pod(&pod);
+        let before = size(&pod);
+        pod.trim();
+        assert_eq!(snapshot::watched_pod(&pod), planned);
+        assert!(planned.is_some());
+        assert!(size(&pod) * 4 < before, "{}", size(&pod));
     }
 
     #[test]
@@ -522,5 +562,36 @@ mod tests {
         trimmed.trim();
         assert_eq!(snapshot::node(&trimmed), snapshot::node(&node));
         assert!(size(&trimmed) * 4 < size(&node), "{}", size(&trimmed));
+    }
+
+    /// An object sent again with nothing kept changed (a tunnel's
+    /// heartbeat) wakes no one; a change the planner reads, a deletion and
+    /// a new list do.
+    #[test]
+    fn only_objects_changed_in_what_is_kept_wake_the_loop() {
+        let tunnel = |version: &str, heartbeat: &str, mark: &str| {
+            let mut t: EgressTunnel = serde_json::from_value(json!({
+                "apiVersion": "egressgw.io/v1alpha1", "kind": "EgressTunnel",
+                "metadata": { "name": "node-1", "resourceVersion": version },
+                "spec": {},
+                "status": { "mark": mark, "lastHeartbeatTime": heartbeat },
+            }))
+            .expect("a tunnel");
+            t.trim();
+            t
+        };
+        let (store, mut writer) = reflector::store::<EgressTunnel>();
+        let first = tunnel("1", "2026-11-27T10:00:00Z", "0x26000000");
+        writer.apply_watcher_event(&watcher::Event::Apply(first));
+        let heartbeat = tunnel("2", "2026-11-27T10:00:30Z", "0x26000000");
+        assert!(resent(&store, &watcher::Event::Apply(heartbeat.clone())));
+        let moved = tunnel("3", "2026-11-27T10:00:30Z", "0x26000001");
+        assert!(!resent(&store, &watcher::Event::Apply(moved)));
+        assert!(!resent(&store, &watcher::Event::Delete(heartbeat.clone())));
+        assert!(!resent(&store, &watcher::Event::InitApply(heartbeat)));
+        let other = tunnel("4", "2026-11-27T10:00:30Z", "0x26000000");
+        let mut other = other;
+        other.metadata.name = Some("node-2".into());
+        assert!(!resent(&store, &watcher::Event::Apply(other)));
     }
 }
