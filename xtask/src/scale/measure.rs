@@ -203,25 +203,15 @@ impl Steps<'_> {
     async fn load(&self, client: &Client, report: &mut Report) -> anyhow::Result<()> {
         let c = self.concurrency;
         let o = &self.objects;
-        report
-            .loads
-            .push(create_all(client, "Namespace", &o.namespaces, false, c).await?);
+        let loads = &mut report.loads;
+        loads.push(create_all(client, "Namespace", &o.namespaces, false, c).await?);
         service_accounts(client, o.namespaces.len()).await?;
-        report
-            .loads
-            .push(create_all(client, "Node", &o.nodes, true, c).await?);
-        report
-            .loads
-            .push(create_all(client, "EgressGateway", &o.gateways, false, c).await?);
-        report
-            .loads
-            .push(create_all(client, "EgressPolicy", &o.policies, false, c).await?);
-        report
-            .loads
-            .push(create_all(client, "EgressClusterPolicy", &o.cluster_policies, false, c).await?);
-        report
-            .loads
-            .push(create_all(client, "Pod", &o.pods, true, c).await?);
+        loads.push(create_all(client, "Node", &o.nodes, true, c).await?);
+        loads.push(create_all(client, "EgressGateway", &o.gateways, false, c).await?);
+        loads.push(create_all(client, "EgressPolicy", &o.policies, false, c).await?);
+        let cluster_policies = &o.cluster_policies;
+        loads.push(create_all(client, "EgressClusterPolicy", cluster_policies, false, c).await?);
+        loads.push(create_all(client, "Pod", &o.pods, true, c).await?);
         Ok(())
     }
 

@@ -326,6 +326,33 @@ impl Backoff for WatchBackoff {
     }
 }
 
+/// What a kind needs to be watched into a store.
+pub trait Watched:
+    Trim
+    + Resource<DynamicType = ()>
+    + Clone
+    + PartialEq
+    + Debug
+    + DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<K> Watched for K where
+    K: Trim
+        + Resource<DynamicType = ()>
+        + Clone
+        + PartialEq
+        + Debug
+        + DeserializeOwned
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 /// Starts a reflector for `api` and returns its store. Errors are logged
 /// and retried with backoff; the store keeps its last state meanwhile.
 ///
@@ -341,15 +368,7 @@ pub fn watch<K>(
     renew: Duration,
 ) -> Store<K>
 where
-    K: Trim
-        + Resource<DynamicType = ()>
-        + Clone
-        + PartialEq
-        + Debug
-        + DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
+    K: Watched,
 {
     watch_fields(api, None, changed, None, tasks, renew)
 }
@@ -365,15 +384,7 @@ fn watch_fields<K>(
     renew: Duration,
 ) -> Store<K>
 where
-    K: Trim
-        + Resource<DynamicType = ()>
-        + Clone
-        + PartialEq
-        + Debug
-        + DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
+    K: Watched,
 {
     let (store, writer) = reflector::store();
     let changed = Arc::clone(changed);
