@@ -95,10 +95,12 @@ run_e2e() {
     cargo xtask e2e "$@" 2>&1 | tee -a "$TEST_LOG"
 }
 
-# The chart's default datapath (auto: eBPF on the lab's nodes), then the
-# nftables one.
-step "e2e on the lab (eBPF datapath)" run_e2e
+# The chart's default datapath (auto: eBPF on the lab's nodes) on a
+# dual-stack lab, then the nftables one on an IPv4 lab, and its IPv6
+# scenarios on a dual-stack one.
+step "e2e on a dual-stack lab (eBPF datapath)" run_e2e --ipv6
 step "e2e on the lab (nftables datapath)" run_e2e --set feature.datapath=nftables
+step "e2e IPv6 scenarios (nftables datapath)" run_e2e --ipv6 --filter ipv6_ --set feature.datapath=nftables
 step "generated CRDs are up to date" cargo xtask gen-crds --check
 step "the chart's values reference is up to date" cargo xtask chart docs --check
 # Bench targets only: compiling every library's unit tests in the bench

@@ -49,6 +49,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
             &UpArgs {
                 nodes: 3,
                 gateways: 2,
+                ipv6: false,
                 keep_on_failure: false,
             },
             &paths,

@@ -679,16 +679,39 @@ impl Rtnetlink {
         Ok(())
     }
 
-    /// Removes every proxy entry for `ip`.
+    /// Removes every proxy entry for `ip`, and turns `proxy_ndp` off again
+    /// on each interface left without any proxy entry: it answers only for
+    /// proxy entries, so with none it does nothing, and the interface is
+    /// as it was before its first IPv6 EIP.
     async fn unproxy(&self, ip: IpAddr) -> Result<()> {
         if ip.is_ipv4() {
             return Ok(());
         }
-        for (index, _) in self.proxies().await?.into_iter().filter(|(_, p)| *p == ip) {
+        let proxies = self.proxies().await?;
+        let mut emptied = BTreeSet::new();
+        for (index, _) in proxies.iter().filter(|(_, p)| *p == ip) {
+            let index = *index;
             self.ack(RouteNetlinkMessage::DelNeighbour(proxy_msg(index, ip)), 0)
                 .await
                 .or_else(|e| ignore(e, ENOENT))
                 .map_err(nl(format!("proxy neighbour {ip} dev #{index}: delete")))?;
+            if !proxies.iter().any(|(i, p)| *i == index && *p != ip) {
+                emptied.insert(index);
+            }
+        }
+        if emptied.is_empty() {
+            return Ok(());
+        }
+        for iface in pnet_datalink::interfaces() {
+            if emptied.contains(&iface.index) {
+                let path = self
+                    .sysctl_net
+                    .join(format!("ipv6/conf/{}/proxy_ndp", iface.name));
+                std::fs::write(&path, "0").map_err(|source| Error::Sysctl {
+                    path: path.display().to_string(),
+                    source,
+                })?;
+            }
         }
         Ok(())
     }

@@ -115,7 +115,7 @@ pub fn doctor_passes_on_a_healthy_node_and_names_what_is_broken(
 ) -> anyhow::Result<()> {
     let eip = setup_gateway(run, "e2e-doctor")?;
     setup_web_policy(run, "e2e-doctor")?;
-    run.expect_all(&["web-3"], Expect::Source(eip))?;
+    run.expect_all(&["web-3"], Expect::Source(eip.into()))?;
     let lab: &Lab = &*run.lab;
     eventually(
         "doctor to pass on a healthy node",
@@ -294,5 +294,5 @@ pub fn doctor_passes_on_a_healthy_node_and_names_what_is_broken(
         Duration::from_secs(40),
         || passes(lab, NODE),
     )?;
-    run.expect_all(&["web-3"], Expect::Source(eip))
+    run.expect_all(&["web-3"], Expect::Source(eip.into()))
 }

@@ -3,7 +3,7 @@
 //! Every scenario probes from pods every 20 ms and checks what the target
 //! saw.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -58,7 +58,12 @@ fn unanswered(samples: &[Sample]) -> usize {
 /// start of the first such probe after the last one that was not, once
 /// three in a row are. `None` while that has not happened, and when no
 /// probe missed at all (answers that never stopped are not a recovery).
-pub(super) fn back_after(samples: &[Sample], since: Instant, eip: Ipv4Addr) -> Option<Duration> {
+pub(super) fn back_after(
+    samples: &[Sample],
+    since: Instant,
+    eip: impl Into<IpAddr>,
+) -> Option<Duration> {
+    let eip: IpAddr = eip.into();
     let after: Vec<&Sample> = samples.iter().filter(|s| s.at >= since).collect();
     let last_bad = after
         .iter()
@@ -89,7 +94,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 pub fn apiserver_outage_changes_no_source_and_moves_no_eip(run: &mut Run) -> anyhow::Result<()> {
     let eip = setup_gateway(run, "e2e-outage")?;
     setup_web_policy(run, "e2e-outage")?;
-    run.expect_all(&["web-1", "web-2", "web-3"], Expect::Source(eip))?;
+    run.expect_all(&["web-1", "web-2", "web-3"], Expect::Source(eip.into()))?;
     let held_by = holder(run, eip)?;
     let agents_before = super::run::agent_pids(run.lab)?;
     let limit = OUTAGE + Duration::from_secs(20);
@@ -145,7 +150,7 @@ pub fn apiserver_outage_changes_no_source_and_moves_no_eip(run: &mut Run) -> any
             unanswered(s)
         ));
     }
-    run.expect_steady("web-3", Expect::Source(eip), 3)?;
+    run.expect_steady("web-3", Expect::Source(eip.into()), 3)?;
     run.note(format!(
         "kube-apiserver (pid {pid}) frozen for {} s: no probe with a source other than {eip} ({}); \
          the EIP stayed on {held_by}; no agent restarted",
@@ -183,7 +188,7 @@ fn one_failover(
 pub fn failover_after_links_down_is_back_within_a_second(run: &mut Run) -> anyhow::Result<()> {
     let eip = setup_gateway(run, "e2e-trials")?;
     setup_web_policy(run, "e2e-trials")?;
-    run.expect_all(&["web-3"], Expect::Source(eip))?;
+    run.expect_all(&["web-3"], Expect::Source(eip.into()))?;
     let mut times = Vec::new();
     for trial in 1..=TRIALS {
         let (from, to, back) =
@@ -248,7 +253,7 @@ pub fn failover_works_with_the_apiserver_and_controller_frozen(
 ) -> anyhow::Result<()> {
     let eip = setup_gateway(run, "e2e-blind")?;
     setup_web_policy(run, "e2e-blind")?;
-    run.expect_all(&["web-3"], Expect::Source(eip))?;
+    run.expect_all(&["web-3"], Expect::Source(eip.into()))?;
     run.freeze_controllers(true)?;
     run.freeze("kube-apiserver", true)?;
     let (from, to, back) = one_failover(run, eip, "web-3")?;
@@ -278,7 +283,7 @@ pub fn failover_works_with_the_apiserver_and_controller_frozen(
             Err(format!("status: {status}"))
         }
     })?;
-    run.expect_steady("web-3", Expect::Source(eip), 3)?;
+    run.expect_steady("web-3", Expect::Source(eip.into()), 3)?;
     run.note(format!(
         "{from} back while blind: {to} kept {eip}; once thawed, the status named {to}"
     ));
@@ -288,7 +293,7 @@ pub fn failover_works_with_the_apiserver_and_controller_frozen(
 pub fn killed_gateway_agent_moves_nothing_and_loses_nothing(run: &mut Run) -> anyhow::Result<()> {
     let eip = setup_gateway(run, "e2e-headless")?;
     setup_web_policy(run, "e2e-headless")?;
-    run.expect_all(&["web-3"], Expect::Source(eip))?;
+    run.expect_all(&["web-3"], Expect::Source(eip.into()))?;
     let held_by = holder(run, eip)?;
     // A lost SYN is sent again after 1 s: waiting that long for each answer
     // still shows any gap, and a slow answer on a busy machine is no gap.
@@ -348,7 +353,7 @@ pub fn failover_of_a_gateway_cut_off_from_its_peers_never_holds_the_eip_twice(
 ) -> anyhow::Result<()> {
     let eip = setup_gateway(run, "e2e-split")?;
     setup_web_policy(run, "e2e-split")?;
-    run.expect_all(&["web-3"], Expect::Source(eip))?;
+    run.expect_all(&["web-3"], Expect::Source(eip.into()))?;
     let from = holder(run, eip)?;
     let prober = Prober::start(run.netns("web-3")?, run.target(), EVERY, SETTLE);
     thread::sleep(Duration::from_millis(200));
@@ -412,10 +417,10 @@ pub fn a_pool_address_in_use_on_the_segment_is_refused(run: &mut Run) -> anyhow:
     // A working policy beside it, on its own gateway and EIP.
     let eip = setup_gateway(run, "e2e-inuse-ok")?;
     setup_web_policy(run, "e2e-inuse-ok")?;
-    run.expect_all(&["web-3"], Expect::Source(eip))?;
+    run.expect_all(&["web-3"], Expect::Source(eip.into()))?;
     let target = match run.target().ip() {
-        std::net::IpAddr::V4(ip) => ip,
-        std::net::IpAddr::V6(_) => bail!("the lab's target has an IPv6 address"),
+        IpAddr::V4(ip) => ip,
+        IpAddr::V6(_) => bail!("the lab's target has an IPv6 address"),
     };
     let prober = Prober::start(run.netns("web-3")?, run.target(), EVERY, SETTLE);
     run.apply(&json!({
@@ -490,7 +495,7 @@ pub fn fail_closed_drops_what_has_no_live_gateway_and_fail_open_says_so(
     };
     run.apply(&gateway(true))?;
     setup_web_policy(run, "e2e-closed")?;
-    run.expect_all(&["web-2"], Expect::Source(eip))?;
+    run.expect_all(&["web-2"], Expect::Source(eip.into()))?;
     let normal = run.normal_way("web-2")?;
     let prober = Prober::start(run.netns("web-2")?, run.target(), EVERY, SETTLE);
     run.node_links("node-1", false)?;
@@ -528,7 +533,7 @@ pub fn fail_closed_drops_what_has_no_live_gateway_and_fail_open_says_so(
         "node-2's own address (failClosed: false)",
     )?;
     run.node_links("node-1", true)?;
-    run.expect_all(&["web-2"], Expect::Source(eip))?;
+    run.expect_all(&["web-2"], Expect::Source(eip.into()))?;
     eventually("a GatewayReachable Event on the policy", SETTLE, || {
         let notes = run
             .event_notes(Some(TEAM_A), "EgressPolicy", "web", "GatewayReachable")
@@ -596,7 +601,7 @@ pub fn a_gateway_without_a_snat_entry_drops_instead_of_leaking_the_node_address(
 ) -> anyhow::Result<()> {
     let eip = setup_gateway(run, "e2e-guard")?;
     setup_web_policy(run, "e2e-guard")?;
-    run.expect_all(&["web-3"], Expect::Source(eip))?;
+    run.expect_all(&["web-3"], Expect::Source(eip.into()))?;
     let held_by = holder(run, eip)?;
     let netns = run.lab.node(&held_by)?.netns.clone();
     // The moment before a gateway's plan arrives: it gets the tunnel's
@@ -635,7 +640,7 @@ pub fn a_gateway_without_a_snat_entry_drops_instead_of_leaking_the_node_address(
         "with {held_by}'s SNAT entries gone, web-3's traffic left as {leaked:?}"
     );
     // Thawed, the agent puts the entries back.
-    run.expect_all(&["web-3"], Expect::Source(eip))?;
+    run.expect_all(&["web-3"], Expect::Source(eip.into()))?;
     run.note(format!(
         "{held_by}'s SNAT entries flushed by hand (its agent frozen): web-3's 3 probes got no answer, \
          none left with another address; thawed, the agent restored them"
@@ -660,7 +665,7 @@ mod tests {
         let eip = Ipv4Addr::new(198, 51, 100, 100);
         let t0 = Instant::now();
         let ms = |m| t0 + Duration::from_millis(m);
-        let good = || Seen::Source(eip);
+        let good = || Seen::Source(eip.into());
         let bad = || Seen::NoAnswer("timed out".into());
         let samples = vec![
             sample(ms(0), good()),
@@ -679,7 +684,10 @@ mod tests {
         assert_eq!(back_after(&steady, t0, eip), None);
         assert_eq!(
             wrong_sources(
-                &[sample(ms(0), Seen::Source(Ipv4Addr::new(198, 51, 100, 11)))],
+                &[sample(
+                    ms(0),
+                    Seen::Source(IpAddr::from([198, 51, 100, 11]))
+                )],
                 eip
             ),
             vec!["198.51.100.11".to_owned()]

@@ -56,7 +56,7 @@ fn all_with(samples: &[Sample], from: Instant, eip: std::net::Ipv4Addr) -> anyho
     let after: Vec<&Sample> = samples.iter().filter(|s| s.at >= from).collect();
     let other: Vec<String> = after
         .iter()
-        .filter(|s| !s.seen.is(&Expect::Source(eip)))
+        .filter(|s| !s.seen.is(&Expect::Source(eip.into())))
         .map(|s| {
             format!(
                 "{:.1} s: {}",
@@ -104,7 +104,7 @@ pub fn killed_controllers_change_no_allocation_and_no_source(run: &mut Run) -> a
     const GATEWAY: &str = "e2e-kill-controller";
     let eip = setup_gateway(run, GATEWAY)?;
     setup_web_policy(run, GATEWAY)?;
-    run.expect_all(&["web-1", "web-3"], Expect::Source(eip))?;
+    run.expect_all(&["web-1", "web-3"], Expect::Source(eip.into()))?;
     let before = allocations(run, GATEWAY)?;
     let moves = run
         .event_notes(None, "EgressGateway", GATEWAY, "EipMoved")?
@@ -161,7 +161,7 @@ pub fn etcd_restarted_changes_no_allocation_and_no_source(run: &mut Run) -> anyh
     const GATEWAY: &str = "e2e-etcd";
     let eip = setup_gateway(run, GATEWAY)?;
     setup_web_policy(run, GATEWAY)?;
-    run.expect_all(&["web-1", "web-3"], Expect::Source(eip))?;
+    run.expect_all(&["web-1", "web-3"], Expect::Source(eip.into()))?;
     let before = allocations(run, GATEWAY)?;
     let prober = Prober::start(
         run.netns("web-3")?,
@@ -223,7 +223,7 @@ pub fn a_rebooted_eip_holder_comes_back_and_nothing_leaves_with_another_source(
     let eip = setup_gateway(run, GATEWAY)?;
     let status = setup_web_policy(run, GATEWAY)?;
     let holder = status.node.clone().context("the policy has no node")?;
-    run.expect_all(&["web-1", "web-2", "web-3"], Expect::Source(eip))?;
+    run.expect_all(&["web-1", "web-2", "web-3"], Expect::Source(eip.into()))?;
     let prober = Prober::start(
         run.netns("web-3")?,
         run.target(),
@@ -265,7 +265,7 @@ pub fn a_rebooted_eip_holder_comes_back_and_nothing_leaves_with_another_source(
             Err(format!("{} holds {eip}; status: {status}", holders[0]))
         }
     })?;
-    run.expect_all(&["web-1", "web-2", "web-3"], Expect::Source(eip))?;
+    run.expect_all(&["web-1", "web-2", "web-3"], Expect::Source(eip.into()))?;
     eventually(&format!("doctor to pass on {holder}"), SETTLE, || {
         super::doctor::passes(run.lab, &holder)
     })?;
@@ -289,7 +289,7 @@ pub fn a_rebooted_eip_holder_comes_back_and_nothing_leaves_with_another_source(
     );
     let unanswered = samples
         .iter()
-        .filter(|s| s.at >= down_at && !s.seen.is(&Expect::Source(eip)))
+        .filter(|s| s.at >= down_at && !s.seen.is(&Expect::Source(eip.into())))
         .count();
     run.note(format!(
         "{holder} held {eip}, was wiped and its agent restarted; {} holds it now; \
@@ -366,7 +366,7 @@ pub fn agents_hold_eips_where_the_controller_published_them(run: &mut Run) -> an
             Err(format!("held by {now:?}"))
         }
     })?;
-    run.expect_all(&["web-1", "web-2", "web-3"], Expect::Source(eip))?;
+    run.expect_all(&["web-1", "web-2", "web-3"], Expect::Source(eip.into()))?;
     run.freeze_controllers(false)?;
     let status = run.wait_policy_ready("egresspolicy", Some(TEAM_A), "web")?;
     ensure!(

@@ -279,7 +279,7 @@ pub fn upgrade_toggles_checksum_offload_and_traffic_keeps_the_eip(
 ) -> anyhow::Result<()> {
     let eip = super::scenarios::setup_gateway(run, "e2e-upgrade")?;
     super::scenarios::setup_web_policy(run, "e2e-upgrade")?;
-    run.expect_all(&["web-3"], Expect::Source(eip))?;
+    run.expect_all(&["web-3"], Expect::Source(eip.into()))?;
     let helm = Helm::for_lab(run.lab);
     let prober = Prober::start(
         run.netns("web-3")?,
@@ -333,8 +333,8 @@ pub fn upgrade_toggles_checksum_offload_and_traffic_keeps_the_eip(
     // Changing a live device's features can drop a packet in flight; a
     // SYN lost then is sent again after 1 s, past a probe's timeout. The
     // path must work once the last change is made, and then stay working.
-    run.expect_all(&["web-3"], Expect::Source(eip))?;
-    run.expect_steady("web-3", Expect::Source(eip), 3)?;
+    run.expect_all(&["web-3"], Expect::Source(eip.into()))?;
+    run.expect_steady("web-3", Expect::Source(eip.into()), 3)?;
     for step in steps {
         run.note(step);
     }
@@ -355,7 +355,7 @@ pub fn upgrade_toggles_checksum_offload_and_traffic_keeps_the_eip(
 pub fn agent_restarts_move_no_eip_and_lose_no_traffic(run: &mut Run) -> anyhow::Result<()> {
     let eip = super::scenarios::setup_gateway(run, "e2e-restart")?;
     let status = super::scenarios::setup_web_policy(run, "e2e-restart")?;
-    run.expect_all(&["web-3"], Expect::Source(eip))?;
+    run.expect_all(&["web-3"], Expect::Source(eip.into()))?;
     let prober = Prober::start(
         run.netns("web-3")?,
         run.target(),
@@ -391,7 +391,7 @@ pub fn agent_restarts_move_no_eip_and_lose_no_traffic(run: &mut Run) -> anyhow::
         samples.len(),
         longest_gap(&samples, eip).as_secs_f64()
     );
-    run.expect_steady("web-3", Expect::Source(eip), 3)?;
+    run.expect_steady("web-3", Expect::Source(eip.into()), 3)?;
     run.note(format!(
         "3 agents restarted one by one in {:.1} s; the EIP stayed on {}; web-3 probed every \
          100 ms: {} answers from {eip}, {unanswered} unanswered",
@@ -406,7 +406,7 @@ pub fn agent_restarts_move_no_eip_and_lose_no_traffic(run: &mut Run) -> anyhow::
 fn unanswered(samples: &[Sample], eip: std::net::Ipv4Addr) -> usize {
     samples
         .iter()
-        .filter(|s| !s.seen.is(&Expect::Source(eip)))
+        .filter(|s| !s.seen.is(&Expect::Source(eip.into())))
         .count()
 }
 
@@ -414,7 +414,7 @@ fn unanswered(samples: &[Sample], eip: std::net::Ipv4Addr) -> usize {
 fn longest_gap(samples: &[Sample], eip: std::net::Ipv4Addr) -> Duration {
     let answered: Vec<Instant> = samples
         .iter()
-        .filter(|s| s.seen.is(&Expect::Source(eip)))
+        .filter(|s| s.seen.is(&Expect::Source(eip.into())))
         .map(|s| s.at)
         .collect();
     answered
@@ -431,7 +431,7 @@ fn longest_gap(samples: &[Sample], eip: std::net::Ipv4Addr) -> Duration {
 pub fn helm_uninstall_leaves_every_node_as_it_was(run: &mut Run) -> anyhow::Result<()> {
     let eip = super::scenarios::setup_gateway(run, "e2e-uninstall")?;
     super::scenarios::setup_web_policy(run, "e2e-uninstall")?;
-    run.expect_all(&["web-1", "web-3"], Expect::Source(eip))?;
+    run.expect_all(&["web-1", "web-3"], Expect::Source(eip.into()))?;
     // The objects go with their CRDs below.
     run.forget_objects();
     let helm = Helm::for_lab(run.lab);

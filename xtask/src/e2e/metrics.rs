@@ -9,37 +9,15 @@ use anyhow::{Context, ensure};
 use super::run::{Run, eip_holders, eventually};
 use super::scenarios::{TEAM_A, setup_gateway, setup_web_policy};
 use super::traffic::{Expect, IperfRun};
-use crate::lab::egressgw::AGENT_HEALTH_PORT;
-use crate::lab::probe;
+use crate::lab::egressgw::scrape_metrics;
 use crate::lab::session::Lab;
 use crate::lab::topology::Netns;
 
 /// The controllers' health port (the chart's default).
 const CONTROLLER_HEALTH_PORT: u16 = 9811;
-const SCRAPE_TIMEOUT: Duration = Duration::from_secs(3);
 const GATEWAY: &str = "e2e-metrics";
 
-/// `GET /metrics` at `addr` from `ns`: its body, after checking that it is
-/// a whole OpenMetrics exposition.
-fn scrape(ns: &Netns, addr: SocketAddr) -> anyhow::Result<String> {
-    let (code, body) = probe::http_get(ns, addr, "/metrics", SCRAPE_TIMEOUT)?;
-    ensure!(
-        code == 200,
-        "GET /metrics on {addr} in {ns} answered {code}"
-    );
-    ensure!(
-        body.ends_with("# EOF\n"),
-        "GET /metrics on {addr} in {ns} is not a whole exposition: {}",
-        body.chars().rev().take(80).collect::<String>()
-    );
-    Ok(body)
-}
-
-/// The agent of `node`'s metrics, at its node address.
-pub(super) fn scrape_agent(lab: &Lab, node: &str) -> anyhow::Result<String> {
-    let n = lab.node(node)?;
-    scrape(&n.netns, SocketAddr::from((n.ip, AGENT_HEALTH_PORT)))
-}
+pub(super) use crate::lab::egressgw::scrape_agent;
 
 /// The value of the sample `name{labels}` (labels as written, in order).
 pub(super) fn sample(text: &str, series: &str) -> Option<f64> {
@@ -72,7 +50,7 @@ pub fn metrics_count_a_policys_traffic_and_every_daemon_serves_them(
 ) -> anyhow::Result<()> {
     let eip = setup_gateway(run, GATEWAY)?;
     setup_web_policy(run, GATEWAY)?;
-    run.expect_all(&["web-3"], Expect::Source(eip))?;
+    run.expect_all(&["web-3"], Expect::Source(eip.into()))?;
 
     let nodes: Vec<String> = run
         .lab
@@ -232,7 +210,7 @@ pub(super) fn controllers(lab: &Lab) -> anyhow::Result<Vec<String>> {
     controllers
         .into_iter()
         .map(|ns| {
-            scrape(
+            scrape_metrics(
                 ns,
                 SocketAddr::from(([127, 0, 0, 1], CONTROLLER_HEALTH_PORT)),
             )

@@ -15,6 +15,7 @@ use anyhow::Context;
 use crate::lab::egressgw::{self, DeployArgs};
 use crate::lab::session::Lab;
 use crate::lab::state::Paths;
+use crate::lab::topology::{EXTERNAL6_CIDR, sibling6};
 use crate::lab::up::{self, UpArgs};
 use crate::lab::{down, process};
 
@@ -24,6 +25,7 @@ mod doctor;
 mod failover;
 mod faults;
 mod install;
+mod ipv6;
 mod metrics;
 mod objects;
 mod run;
@@ -61,6 +63,10 @@ pub struct E2eArgs {
     /// --set`), e.g. `feature.datapath=nftables`.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
+    /// A dual-stack lab (IPv6 beside IPv4 everywhere, egressgw with IPv6
+    /// egress on); the IPv6 scenarios run only on one.
+    #[arg(long)]
+    ipv6: bool,
 }
 
 /// Takes the lab down when dropped, also on an error or a panic, unless kept.
@@ -88,7 +94,17 @@ pub fn run(args: &E2eArgs) -> anyhow::Result<ExitCode> {
         .iter()
         .enumerate()
         .filter(|(_, (name, _))| args.filter.as_deref().is_none_or(|f| name.contains(f)))
+        .filter(|(_, (name, _))| args.ipv6 || !scenarios::needs_dual_stack(name))
         .collect();
+    let needs_ipv6 = scenarios::ALL
+        .iter()
+        .any(|(name, _)| args.filter.as_deref().is_none_or(|f| name.contains(f)));
+    if selected.is_empty() && needs_ipv6 {
+        anyhow::bail!(
+            "the scenarios whose name contains {:?} need a dual-stack lab: add --ipv6",
+            args.filter.as_deref().unwrap_or_default()
+        );
+    }
     if selected.is_empty() {
         let names: Vec<&str> = scenarios::ALL.iter().map(|(name, _)| *name).collect();
         anyhow::bail!(
@@ -161,6 +177,7 @@ fn bring_up(paths: &Paths, args: &E2eArgs) -> anyhow::Result<Lab> {
     let up_args = UpArgs {
         nodes: 3,
         gateways: 2,
+        ipv6: args.ipv6,
         keep_on_failure: false,
     };
     up::up(&up_args, paths).context("lab up")?;
@@ -184,7 +201,15 @@ fn run_one(
     body: fn(&mut Run) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
     let begun = Instant::now();
-    let mut run = Run::new(lab, pool(index));
+    let pool = pool(index);
+    let pool6 = match lab.state.topology.dual_stack() {
+        true => pool
+            .iter()
+            .map(|&ip| sibling6(EXTERNAL6_CIDR, ip))
+            .collect(),
+        false => Vec::new(),
+    };
+    let mut run = Run::new(lab, pool, pool6);
     let outcome = catch_unwind(AssertUnwindSafe(|| body(&mut run)))
         .unwrap_or_else(|panic| Err(anyhow::anyhow!("panicked: {}", panic_message(&panic))));
     let cleanup = run.clean_up();

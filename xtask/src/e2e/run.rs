@@ -2,7 +2,7 @@
 //! checks that poll until a deadline, and a list of things to undo when the
 //! scenario ends, whatever its outcome.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::traffic::{self, Expect};
 use crate::lab::session::Lab;
-use crate::lab::topology::Netns;
+use crate::lab::topology::{ExternalLeg, Netns};
 use crate::lab::{egressgw, pods};
 
 /// Field manager of everything the e2e tests apply.
@@ -49,15 +49,18 @@ pub struct Run<'a> {
     /// The addresses this scenario's gateway may use: its own slice of the
     /// free range, so no scenario sees another's EIP.
     pub pool: Vec<Ipv4Addr>,
+    /// The IPv6 siblings of `pool` in a dual-stack lab, else none.
+    pub pool6: Vec<Ipv6Addr>,
     undo: Vec<Undo>,
     notes: Vec<String>,
 }
 
 impl<'a> Run<'a> {
-    pub fn new(lab: &'a mut Lab, pool: Vec<Ipv4Addr>) -> Self {
+    pub fn new(lab: &'a mut Lab, pool: Vec<Ipv4Addr>, pool6: Vec<Ipv6Addr>) -> Self {
         Self {
             lab,
             pool,
+            pool6,
             undo: Vec::new(),
             notes: Vec::new(),
         }
@@ -80,10 +83,12 @@ impl<'a> Run<'a> {
 
     /// The pool as a range entry, `first-last`.
     pub fn pool_range(&self) -> String {
-        match (self.pool.first(), self.pool.last()) {
-            (Some(first), Some(last)) => format!("{first}-{last}"),
-            _ => String::new(),
-        }
+        range(&self.pool)
+    }
+
+    /// The IPv6 pool as a range entry (empty in a single-stack lab).
+    pub fn pool6_range(&self) -> String {
+        range(&self.pool6)
     }
 
     pub fn target(&self) -> SocketAddr {
@@ -94,6 +99,19 @@ impl<'a> Run<'a> {
     pub fn iperf3_target(&self) -> SocketAddr {
         let t = &self.lab.state.topology.target;
         SocketAddr::from((t.ip, t.iperf3_port))
+    }
+
+    /// The target's IPv6 whoami service: an error in a single-stack lab.
+    pub fn target6(&self) -> anyhow::Result<SocketAddr> {
+        let t = &self.lab.state.topology.target;
+        let ip6 = t.ip6.context("the lab is not dual-stack (`--ipv6`)")?;
+        Ok(SocketAddr::from((ip6, t.whoami_port)))
+    }
+
+    /// The target's IPv6 iperf3 server.
+    pub fn iperf3_target6(&self) -> anyhow::Result<SocketAddr> {
+        let t = &self.lab.state.topology.target;
+        Ok(SocketAddr::new(self.target6()?.ip(), t.iperf3_port))
     }
 
     // ---- objects ----
@@ -309,28 +327,47 @@ impl<'a> Run<'a> {
     /// What the target sees from `pod` when no policy covers it: its node's
     /// external address on a gateway node, no answer elsewhere.
     pub fn normal_way(&self, pod: &str) -> anyhow::Result<Expect> {
+        let external = self.pods_external_leg(pod)?;
+        Ok(external.map_or(Expect::NoAnswer, |e| Expect::Source(e.ip.into())))
+    }
+
+    /// [`Run::normal_way`] for IPv6: its node's external IPv6 address, or no answer.
+    pub fn normal_way6(&self, pod: &str) -> anyhow::Result<Expect> {
+        let external = self.pods_external_leg(pod)?;
+        Ok(match external {
+            Some(e) => Expect::Source(e.ip6.context("the lab is not dual-stack")?.into()),
+            None => Expect::NoAnswer,
+        })
+    }
+
+    /// The external leg of `pod`'s node, if it has one.
+    fn pods_external_leg(&self, pod: &str) -> anyhow::Result<Option<&ExternalLeg>> {
         let topo = &self.lab.state.topology;
         let pod = topo
             .pods
             .iter()
             .find(|p| p.name == pod)
             .with_context(|| format!("the lab has no pod {pod}"))?;
-        let node = topo.node(&pod.node)?;
-        Ok(node
-            .external
-            .as_ref()
-            .map_or(Expect::NoAnswer, |e| Expect::Source(e.ip)))
+        Ok(topo.node(&pod.node)?.external.as_ref())
     }
 
     /// Polls whoami from every pod of `expected` (in parallel) until each
     /// sees what it should, at once; fails after `SETTLE` with what each saw last.
     pub fn expect_sources(&self, expected: &[(&str, Expect)]) -> anyhow::Result<()> {
+        self.expect_sources_at(self.target(), expected)
+    }
+
+    /// [`Run::expect_sources`] against whoami at `target` (e.g. [`Run::target6`]).
+    pub fn expect_sources_at(
+        &self,
+        target: SocketAddr,
+        expected: &[(&str, Expect)],
+    ) -> anyhow::Result<()> {
         let netns: Vec<Netns> = expected
             .iter()
             .map(|(pod, _)| self.netns(pod))
             .collect::<anyhow::Result<_>>()?;
         let refs: Vec<&Netns> = netns.iter().collect();
-        let target = self.target();
         eventually("the target to see the expected sources", SETTLE, || {
             let seen = traffic::whoami_all(&refs, target);
             let wrong: Vec<String> = expected
@@ -449,6 +486,14 @@ impl<'a> Run<'a> {
     }
 }
 
+/// `first-last` of `pool`, or nothing for an empty one.
+fn range<T: std::fmt::Display>(pool: &[T]) -> String {
+    match (pool.first(), pool.last()) {
+        (Some(first), Some(last)) => format!("{first}-{last}"),
+        _ => String::new(),
+    }
+}
+
 fn restart_if_dead(lab: &Lab, node: &str) -> anyhow::Result<()> {
     egressgw::release_agent(lab, node)
 }
@@ -457,6 +502,7 @@ fn restart_if_dead(lab: &Lab, node: &str) -> anyhow::Result<()> {
 #[derive(Debug, Clone)]
 pub struct PolicyStatus {
     pub eip: Option<Ipv4Addr>,
+    pub eip6: Option<Ipv6Addr>,
     pub node: Option<String>,
     /// The `Ready` condition: (status is True, reason).
     pub ready: Option<(bool, String)>,
@@ -476,6 +522,7 @@ impl PolicyStatus {
             });
         Self {
             eip: status["eip"]["ipv4"].as_str().and_then(|s| s.parse().ok()),
+            eip6: status["eip"]["ipv6"].as_str().and_then(|s| s.parse().ok()),
             node: status["node"]
                 .as_str()
                 .filter(|s| !s.is_empty())
@@ -487,7 +534,10 @@ impl PolicyStatus {
 
 impl std::fmt::Display for PolicyStatus {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let eip = self.eip.map_or("-".to_owned(), |e| e.to_string());
+        let mut eip = self.eip.map_or("-".to_owned(), |e| e.to_string());
+        if let Some(eip6) = self.eip6 {
+            eip = format!("{eip} and {eip6}");
+        }
         let ready = self.ready.as_ref().map_or("-".to_owned(), |(ok, reason)| {
             format!("{}/{reason}", if *ok { "True" } else { "False" })
         });
@@ -584,12 +634,14 @@ pub fn wait_log_line(
 }
 
 /// Which gateway nodes hold `eip` on their `egress.eip` device now.
-pub fn eip_holders(lab: &Lab, eip: Ipv4Addr) -> anyhow::Result<Vec<String>> {
+pub fn eip_holders(lab: &Lab, eip: impl Into<IpAddr>) -> anyhow::Result<Vec<String>> {
+    let eip: IpAddr = eip.into();
+    let family = if eip.is_ipv4() { "-4" } else { "-6" };
     let mut holders = Vec::new();
     for node in lab.state.topology.nodes.iter().filter(|n| n.gateway) {
         let out = crate::lab::cmd::run(
             "ip",
-            &["-n", node.netns.as_str(), "-br", "-4", "addr", "show"],
+            &["-n", node.netns.as_str(), "-br", family, "addr", "show"],
         )?;
         let holds = out.lines().any(|line| {
             let mut words = line.split_whitespace();

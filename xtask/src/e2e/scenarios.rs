@@ -18,7 +18,7 @@ use super::{failover, install, tenancy};
 pub type Scenario = (&'static str, fn(&mut Run) -> anyhow::Result<()>);
 
 /// Every scenario, in the order they run.
-pub const ALL: [Scenario; 34] = [
+pub const ALL: [Scenario; 36] = [
     (
         "chart_is_lint_clean_and_bad_values_change_nothing",
         install::chart_is_lint_clean_and_bad_values_change_nothing,
@@ -95,6 +95,15 @@ pub const ALL: [Scenario; 34] = [
         "failover_moves_the_eip_to_the_other_gateway_node",
         failover_moves_the_eip_to_the_other_gateway_node,
     ),
+    // Dual-stack labs only (`--ipv6`); see `needs_dual_stack`.
+    (
+        "ipv6_eips_take_pods_out_and_replies_come_back_through_the_tunnel",
+        super::ipv6::ipv6_eips_take_pods_out_and_replies_come_back_through_the_tunnel,
+    ),
+    (
+        "ipv6_eip_failover_is_announced_to_the_segment",
+        super::ipv6::ipv6_eip_failover_is_announced_to_the_segment,
+    ),
     (
         "killed_gateway_agent_moves_nothing_and_loses_nothing",
         failover::killed_gateway_agent_moves_nothing_and_loses_nothing,
@@ -158,14 +167,20 @@ pub const ALL: [Scenario; 34] = [
     ),
 ];
 
+/// Whether the scenario `name` needs a dual-stack lab: those of IPv6
+/// (named `ipv6_...`) are left out on an IPv4 lab.
+pub fn needs_dual_stack(name: &str) -> bool {
+    name.starts_with("ipv6_")
+}
+
 /// The external segment, where the target lives.
-const TARGET_NET: &str = "198.51.100.0/24";
+pub(super) const TARGET_NET: &str = "198.51.100.0/24";
 /// A network no lab host is in.
 const ELSEWHERE: &str = "203.0.113.0/24";
 pub(super) const TEAM_A: &str = "team-a";
-const WEB: [&str; 3] = ["web-1", "web-2", "web-3"];
+pub(super) const WEB: [&str; 3] = ["web-1", "web-2", "web-3"];
 const BATCH: [&str; 3] = ["batch-1", "batch-2", "batch-3"];
-const POLICY: &str = "egresspolicy";
+pub(super) const POLICY: &str = "egresspolicy";
 const CLUSTER_POLICY: &str = "egressclusterpolicy";
 
 /// Applies a gateway named `name` over the run's pool, whose first address
@@ -209,7 +224,7 @@ fn policy_gives_web_pods_on_every_node_the_eip(run: &mut Run) -> anyhow::Result<
         "status.node is {node:?}, not a gateway node ({:?})",
         gateway_nodes(run)
     );
-    run.expect_all(&WEB, Expect::Source(eip))?;
+    run.expect_all(&WEB, Expect::Source(eip.into()))?;
     run.note(format!(
         "team-a/web: {status}; web-1, web-2, web-3 seen as {eip}"
     ));
@@ -270,7 +285,7 @@ fn tunnel_phases(run: &Run) -> anyhow::Result<Vec<(String, String, String)>> {
 fn changing_dest_subnet_takes_effect(run: &mut Run) -> anyhow::Result<()> {
     let eip = setup_gateway(run, "e2e-dest")?;
     setup_web_policy(run, "e2e-dest")?;
-    run.expect_all(&["web-1", "web-3"], Expect::Source(eip))?;
+    run.expect_all(&["web-1", "web-3"], Expect::Source(eip.into()))?;
 
     let mut elsewhere = policy(TEAM_A, "web", "e2e-dest", &app("web"), &[ELSEWHERE]);
     run.apply(&elsewhere)?;
@@ -279,14 +294,14 @@ fn changing_dest_subnet_takes_effect(run: &mut Run) -> anyhow::Result<()> {
 
     elsewhere["spec"]["destSubnet"] = json!([TARGET_NET]);
     run.apply(&elsewhere)?;
-    run.expect_all(&["web-1", "web-3"], Expect::Source(eip))
+    run.expect_all(&["web-1", "web-3"], Expect::Source(eip.into()))
         .context("after destSubnet changed back to the target's network")
 }
 
 fn deleting_the_policy_lets_traffic_leave_the_normal_way(run: &mut Run) -> anyhow::Result<()> {
     let eip = setup_gateway(run, "e2e-delete")?;
     setup_web_policy(run, "e2e-delete")?;
-    run.expect_all(&WEB, Expect::Source(eip))?;
+    run.expect_all(&WEB, Expect::Source(eip.into()))?;
     run.delete(POLICY, Some(TEAM_A), "web")?;
     run.expect_normal(&WEB)
         .context("after the policy was deleted")
@@ -305,7 +320,7 @@ fn namespace_policy_never_touches_another_namespaces_pods(run: &mut Run) -> anyh
         &[TARGET_NET],
     ))?;
     run.wait_policy_ready(POLICY, Some(TEAM_A), "everything")?;
-    run.expect_all(&WEB, Expect::Source(eip))?;
+    run.expect_all(&WEB, Expect::Source(eip.into()))?;
     run.expect_normal(&BATCH)?;
     run.expect_steady("batch-1", run.normal_way("batch-1")?, 5)
 }
@@ -323,7 +338,7 @@ fn cluster_policy_covers_the_selected_namespaces_only(run: &mut Run) -> anyhow::
         &[TARGET_NET],
     ))?;
     let status = run.wait_policy_ready(CLUSTER_POLICY, None, "e2e-team-b")?;
-    run.expect_all(&BATCH, Expect::Source(eip))?;
+    run.expect_all(&BATCH, Expect::Source(eip.into()))?;
     run.expect_normal(&WEB)?;
     run.note(format!(
         "e2e-team-b: {status}; batch pods seen as {eip}, web pods the normal way"
@@ -362,17 +377,17 @@ fn overlapping_policies_resolve_by_prefix_then_priority(run: &mut Run) -> anyhow
     // The more specific destination wins, whatever the priorities.
     wide["spec"]["priority"] = json!(10);
     run.apply(&wide)?;
-    run.expect_all(&pods, Expect::Source(pinned))
+    run.expect_all(&pods, Expect::Source(pinned.into()))
         .context("/25 (priority 0) against /24 (priority 10): the /25 should win")?;
 
     // Equal prefixes: the higher priority wins.
     narrow["spec"]["destSubnet"] = json!([TARGET_NET]);
     run.apply(&narrow)?;
-    run.expect_all(&pods, Expect::Source(wide_eip))
+    run.expect_all(&pods, Expect::Source(wide_eip.into()))
         .context("two /24s, priorities 10 (wide) and 0 (narrow): wide should win")?;
     narrow["spec"]["priority"] = json!(20);
     run.apply(&narrow)?;
-    run.expect_all(&pods, Expect::Source(pinned))
+    run.expect_all(&pods, Expect::Source(pinned.into()))
         .context("two /24s, priorities 10 (wide) and 20 (narrow): narrow should win")?;
     run.note(format!(
         "wide (rr) {wide_eip}, narrow (pinned) {pinned}: /25 beat /24, then priority 10 beat 0, then 20 beat 10"
@@ -383,7 +398,7 @@ fn overlapping_policies_resolve_by_prefix_then_priority(run: &mut Run) -> anyhow
 fn invalid_objects_are_rejected_naming_the_field(run: &mut Run) -> anyhow::Result<()> {
     let eip = setup_gateway(run, "e2e-valid")?;
     setup_web_policy(run, "e2e-valid")?;
-    run.expect_all(&["web-3"], Expect::Source(eip))?;
+    run.expect_all(&["web-3"], Expect::Source(eip.into()))?;
     let prober = Prober::start(
         run.netns("web-3")?,
         run.target(),
@@ -464,7 +479,7 @@ fn invalid_objects_are_rejected_naming_the_field(run: &mut Run) -> anyhow::Resul
     let samples = prober.finish();
     let wrong: Vec<&Sample> = samples
         .iter()
-        .filter(|s| !s.seen.is(&Expect::Source(eip)))
+        .filter(|s| !s.seen.is(&Expect::Source(eip.into())))
         .collect();
     ensure!(
         wrong.is_empty() && !samples.is_empty(),
@@ -495,11 +510,11 @@ fn expect_rejected(run: &mut Run, object: &Value, field: &str) -> anyhow::Result
 fn new_pod_matching_a_policy_is_covered(run: &mut Run) -> anyhow::Result<()> {
     let eip = setup_gateway(run, "e2e-newpod")?;
     setup_web_policy(run, "e2e-newpod")?;
-    run.expect_all(&["web-3"], Expect::Source(eip))?;
+    run.expect_all(&["web-3"], Expect::Source(eip.into()))?;
     run.add_pod("web-e2e", TEAM_A, "node-3", "app=web")?;
     run.add_pod("other-e2e", TEAM_A, "node-3", "app=other")?;
     run.expect_sources(&[
-        ("web-e2e", Expect::Source(eip)),
+        ("web-e2e", Expect::Source(eip.into())),
         ("other-e2e", Expect::NoAnswer),
     ])
 }
@@ -510,7 +525,7 @@ fn killed_agent_keeps_traffic_flowing_and_restarts_without_changes(
     let node = "node-3";
     let eip = setup_gateway(run, "e2e-kill")?;
     setup_web_policy(run, "e2e-kill")?;
-    run.expect_all(&["web-3"], Expect::Source(eip))?;
+    run.expect_all(&["web-3"], Expect::Source(eip.into()))?;
 
     let iperf = IperfRun::start(&run.netns("web-3")?, run.iperf3_target(), 6)?;
     thread::sleep(Duration::from_millis(1500));
@@ -565,7 +580,7 @@ fn killed_agent_keeps_traffic_flowing_and_restarts_without_changes(
          applied={applied} failed={failed}"
     ));
     wait_tunnel_phase(run, node, "Ready").context("after the agent was restarted")?;
-    run.expect_steady("web-3", Expect::Source(eip), 3)
+    run.expect_steady("web-3", Expect::Source(eip.into()), 3)
 }
 
 /// `N` and `M` of a line with `reconciled applied=N failed=M`.
@@ -589,7 +604,7 @@ fn failover_moves_the_eip_to_the_other_gateway_node(run: &mut Run) -> anyhow::Re
     let eip = setup_gateway(run, "e2e-failover")?;
     let status = setup_web_policy(run, "e2e-failover")?;
     let from = status.node.context("the policy has no node")?;
-    run.expect_all(&["web-3"], Expect::Source(eip))?;
+    run.expect_all(&["web-3"], Expect::Source(eip.into()))?;
 
     let prober = Prober::start(
         run.netns("web-3")?,
@@ -616,7 +631,9 @@ fn failover_moves_the_eip_to_the_other_gateway_node(run: &mut Run) -> anyhow::Re
     let samples = prober.finish();
     let lost = samples
         .iter()
-        .filter(|s| s.at >= down_at && s.at < down_at + back && !s.seen.is(&Expect::Source(eip)))
+        .filter(|s| {
+            s.at >= down_at && s.at < down_at + back && !s.seen.is(&Expect::Source(eip.into()))
+        })
         .count();
     let total = samples.iter().filter(|s| s.at >= down_at).count();
     run.note(format!(
@@ -650,7 +667,7 @@ fn failover_moves_the_eip_to_the_other_gateway_node(run: &mut Run) -> anyhow::Re
         "{} holds {eip}, but the policy's status says {status}",
         holders[0]
     );
-    run.expect_steady("web-3", Expect::Source(eip), 5)?;
+    run.expect_steady("web-3", Expect::Source(eip.into()), 5)?;
     let (target_mac, holder_mac) = neighbour_macs(run, eip, &holders[0])?;
     ensure!(
         target_mac == holder_mac,
@@ -668,7 +685,12 @@ fn failover_moves_the_eip_to_the_other_gateway_node(run: &mut Run) -> anyhow::Re
 
 /// The MAC address the target's neighbour table has for `eip`, and the MAC
 /// of `holder`'s external link.
-fn neighbour_macs(run: &Run, eip: Ipv4Addr, holder: &str) -> anyhow::Result<(String, String)> {
+pub(super) fn neighbour_macs(
+    run: &Run,
+    eip: impl Into<std::net::IpAddr>,
+    holder: &str,
+) -> anyhow::Result<(String, String)> {
+    let eip = eip.into();
     let target = &run.lab.state.topology.target.netns;
     let node = run.lab.node(holder)?;
     let ext = node

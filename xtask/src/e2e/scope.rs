@@ -87,7 +87,7 @@ pub fn only_nodes_a_gateway_selects_watch_every_pod(run: &mut Run) -> anyhow::Re
         let own = wait_scope(run, node, "node")?;
         watched.push(format!("{node} {own}"));
     }
-    run.expect_all(&["web-1", "web-2", "web-3"], Expect::Source(eip))?;
+    run.expect_all(&["web-1", "web-2", "web-3"], Expect::Source(eip.into()))?;
 
     // The gateway moves to the other node.
     run.apply(&gateway_on(run, second))?;
@@ -104,7 +104,7 @@ pub fn only_nodes_a_gateway_selects_watch_every_pod(run: &mut Run) -> anyhow::Re
     })?;
     wait_scope(run, second, "cluster").context("once the gateway selects it")?;
     wait_scope(run, first, "node").context("once no gateway selects it")?;
-    run.expect_all(&["web-1", "web-2", "web-3"], Expect::Source(eip))
+    run.expect_all(&["web-1", "web-2", "web-3"], Expect::Source(eip.into()))
         .context("through the node that watched its own pods until the gateway moved")?;
     run.note(format!(
         "pods watched: {first} (gateway) {everyone}, {}; moved to {second}, which then \

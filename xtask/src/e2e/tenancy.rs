@@ -23,7 +23,7 @@ pub fn a_namespace_cannot_take_another_namespaces_eip_or_an_unadmitted_gateway(
     run.apply(&web)?;
     let status = run.wait_policy_ready("egresspolicy", Some("team-a"), "web")?;
     let eip = status.eip.context("team a's policy has no EIP")?;
-    run.expect_all(&["web-3"], Expect::Source(eip))?;
+    run.expect_all(&["web-3"], Expect::Source(eip.into()))?;
 
     // Team b pins it: refused in its status; team a keeps it.
     let mut thief = policy(
@@ -53,7 +53,7 @@ pub fn a_namespace_cannot_take_another_namespaces_eip_or_an_unadmitted_gateway(
         after.eip == Some(eip),
         "team a's policy lost {eip}: {after}"
     );
-    run.expect_steady("web-3", Expect::Source(eip), 5)?;
+    run.expect_steady("web-3", Expect::Source(eip.into()), 5)?;
     let batch_normal = run.normal_way("batch-1")?;
     run.expect_sources(&[("batch-1", batch_normal)])?;
 
@@ -98,7 +98,7 @@ pub fn an_undecodable_stored_policy_is_reported_and_stops_no_other(
     const CRD: &str = "egresspolicies.egressgw.io";
     let eip = crate::e2e::scenarios::setup_gateway(run, "e2e-undecodable")?;
     crate::e2e::scenarios::setup_web_policy(run, "e2e-undecodable")?;
-    run.expect_all(&["web-3"], Expect::Source(eip))?;
+    run.expect_all(&["web-3"], Expect::Source(eip.into()))?;
 
     // The CRD as an older egressgw had it: no bound on priority.
     let original = run.lab.kubectl.run(&["get", "crd", CRD, "-o", "json"])?;
@@ -159,7 +159,7 @@ pub fn an_undecodable_stored_policy_is_reported_and_stops_no_other(
     );
     run.apply(&later)?;
     run.wait_policy_ready("egresspolicy", Some("team-a"), "later")?;
-    run.expect_steady("web-3", Expect::Source(eip), 3)?;
+    run.expect_steady("web-3", Expect::Source(eip.into()), 3)?;
     run.note(format!(
         "a stored policy with priority 99999999999 is reported Invalid ({message:?}); a policy created after it became Ready"
     ));

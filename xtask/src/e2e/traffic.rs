@@ -3,7 +3,7 @@
 //! answer with its time, and bounded iperf3 runs.
 
 use std::fmt;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -27,7 +27,7 @@ pub const FAST_PROBE_TIMEOUT: Duration = Duration::from_millis(300);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Seen {
     /// The target answered: it saw this source address.
-    Source(Ipv4Addr),
+    Source(IpAddr),
     /// No answer (unreachable, timed out, reset), or an answer that is not an address.
     NoAnswer(String),
 }
@@ -54,7 +54,7 @@ impl fmt::Display for Seen {
 /// What a probe should see.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Expect {
-    Source(Ipv4Addr),
+    Source(IpAddr),
     NoAnswer,
 }
 
@@ -228,8 +228,19 @@ impl IperfRun {
     /// Starts `iperf3 -c target -t seconds -J` in `netns`. The run is
     /// bounded: [`IperfRun::finish`] kills it if it outlives `seconds` + 15 s.
     pub fn start(netns: &Netns, target: SocketAddr, seconds: u32) -> anyhow::Result<Self> {
+        Self::start_with(netns, target, seconds, false)
+    }
+
+    /// [`IperfRun::start`]; `reverse` has the target send (`-R`).
+    pub fn start_with(
+        netns: &Netns,
+        target: SocketAddr,
+        seconds: u32,
+        reverse: bool,
+    ) -> anyhow::Result<Self> {
         let child = Command::new("ip")
             .args(["netns", "exec", netns.as_str(), "iperf3", "-J"])
+            .args(reverse.then_some("-R"))
             .args(["-i", &INTERVAL.to_string()])
             .args(["-c", &target.ip().to_string()])
             .args(["-p", &target.port().to_string()])
@@ -344,7 +355,7 @@ mod tests {
 
     #[test]
     fn only_the_expected_answer_counts() {
-        let ip = Ipv4Addr::new(198, 51, 100, 200);
+        let ip = IpAddr::from([198, 51, 100, 200]);
         assert!(Seen::Source(ip).is(&Expect::Source(ip)));
         assert!(!Seen::Source(ip).is(&Expect::NoAnswer));
         assert!(!Seen::NoAnswer("timed out".into()).is(&Expect::Source(ip)));

@@ -4,8 +4,8 @@
 //! addresses).
 //!
 //! Objects go in with one server-side `kubectl apply`, their status with a
-//! second one on the status subresource (`--subresource=status`), as kubelet
-//! writes it. Pods are created once the ServiceAccount controller has made
+//! second one on the status subresource (`--subresource=status`); a Node's
+//! status with a merge patch, as kubelet writes it. Pods are created once the ServiceAccount controller has made
 //! their namespace's `default` ServiceAccount, which the ServiceAccount
 //! admission plugin requires.
 
@@ -41,13 +41,10 @@ pub fn register(kubectl: &Kubectl, topo: &Topology) -> anyhow::Result<()> {
     apply(kubectl, &list(&items), None).context("creating namespaces and nodes")?;
     let node_info = NodeInfo::of_this_machine();
     let now = rfc3339(SystemTime::now());
-    let nodes: Vec<Value> = topo
-        .nodes
-        .iter()
-        .map(|n| node_status(n, &node_info, &now))
-        .collect();
-    apply(kubectl, &list(&nodes), Some("status")).context("setting the status of nodes")?;
     for n in &topo.nodes {
+        let status = node_status(n, &node_info, &now);
+        patch_status(kubectl, "node", &n.name, &status)
+            .with_context(|| format!("setting the status of {}", n.name))?;
         untaint(kubectl, &n.name)?;
     }
     for ns in &topo.namespaces {
@@ -216,11 +213,14 @@ fn namespace(ns: &Namespace) -> Value {
 }
 
 fn node(node: &Node) -> Value {
+    let pod_cidrs: Vec<&str> = std::iter::once(node.pod_cidr.as_str())
+        .chain(node.pod_cidr6.as_deref())
+        .collect();
     json!({
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": { "name": node.name, "labels": node.labels },
-        "spec": { "podCIDR": node.pod_cidr, "podCIDRs": [node.pod_cidr] },
+        "spec": { "podCIDR": node.pod_cidr, "podCIDRs": pod_cidrs },
     })
 }
 
@@ -254,15 +254,17 @@ fn node_status(node: &Node, info: &NodeInfo, now: &str) -> Value {
             "message": message,
         })
     };
+    let mut addresses = vec![json!({ "type": "InternalIP", "address": node.ip.to_string() })];
+    if let Some(ip6) = node.ip6 {
+        addresses.push(json!({ "type": "InternalIP", "address": ip6.to_string() }));
+    }
+    addresses.push(json!({ "type": "Hostname", "address": node.name }));
     json!({
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": { "name": node.name },
         "status": {
-            "addresses": [
-                { "type": "InternalIP", "address": node.ip.to_string() },
-                { "type": "Hostname", "address": node.name },
-            ],
+            "addresses": addresses,
             "capacity": capacity,
             "allocatable": capacity,
             "conditions": [
@@ -288,6 +290,10 @@ fn node_status(node: &Node, info: &NodeInfo, now: &str) -> Value {
 
 fn pod_status(pod: &Pod, host_ip: &str) -> Value {
     let ip = pod.ip.to_string();
+    let ips: Vec<Value> = std::iter::once(ip.clone())
+        .chain(pod.ip6.map(|ip6| ip6.to_string()))
+        .map(|ip| json!({ "ip": ip }))
+        .collect();
     let ready = ["Initialized", "ContainersReady", "Ready"]
         .map(|kind| json!({ "type": kind, "status": "True" }));
     json!({
@@ -299,7 +305,7 @@ fn pod_status(pod: &Pod, host_ip: &str) -> Value {
             "hostIP": host_ip,
             "hostIPs": [{ "ip": host_ip }],
             "podIP": ip,
-            "podIPs": [{ "ip": ip }],
+            "podIPs": ips,
             "conditions": ready,
             "containerStatuses": [{
                 "name": CONTAINER,
@@ -312,6 +318,25 @@ fn pod_status(pod: &Pod, host_ip: &str) -> Value {
             }],
         },
     })
+}
+
+/// A merge patch of an object's status, the way kubelet writes a Node's:
+/// server-side apply keys `status.addresses` by `type`, which a dual-stack
+/// node's two `InternalIP` addresses share.
+fn patch_status(kubectl: &Kubectl, kind: &str, name: &str, object: &Value) -> anyhow::Result<()> {
+    let body = json!({ "status": object["status"] }).to_string();
+    let args = [
+        "patch",
+        kind,
+        name,
+        "--subresource=status",
+        "--type=merge",
+        "--field-manager",
+        FIELD_MANAGER,
+        "-p",
+        &body,
+    ];
+    kubectl.run(&args).map(drop)
 }
 
 /// Server-side apply of `objects` (to their `subresource`, if given).
@@ -399,5 +424,29 @@ mod tests {
         assert_eq!(status["status"]["podIPs"][0]["ip"], "10.244.1.2");
         assert_eq!(status["status"]["hostIP"], "172.18.0.11");
         assert_eq!(status["status"]["phase"], "Running");
+    }
+
+    #[test]
+    fn a_dual_stack_lab_gives_pods_and_nodes_both_families() {
+        let topo = Topology::new(&Prefix::new("egl").unwrap(), 1, 1)
+            .unwrap()
+            .with_ipv6();
+        let status = pod_status(&topo.pods[0], "172.18.0.11");
+        assert_eq!(status["status"]["podIP"], "10.244.1.2");
+        assert_eq!(status["status"]["podIPs"][1]["ip"], "fd00:10:244:1::2");
+        let spec = node(&topo.nodes[0]);
+        assert_eq!(
+            spec["spec"]["podCIDRs"],
+            json!(["10.244.1.0/24", "fd00:10:244:1::/64"])
+        );
+        let info = NodeInfo {
+            kernel: String::new(),
+            architecture: "amd64",
+            cpu: "2".to_owned(),
+            memory: "1Ki".to_owned(),
+        };
+        let addresses = &node_status(&topo.nodes[0], &info, "now")["status"]["addresses"];
+        assert_eq!(addresses[0]["address"], "172.18.0.11");
+        assert_eq!(addresses[1]["address"], "fd00:172:18::11");
     }
 }

@@ -13,7 +13,7 @@ use super::certs::Pki;
 use super::kubectl::Kubectl;
 use super::process::{self, Started};
 use super::state::Paths;
-use super::topology::{SERVICE_CIDR, Topology};
+use super::topology::{SERVICE_CIDR, SERVICE6_CIDR, Topology};
 
 /// How long kube-apiserver gets to become ready (it takes about 2 s here).
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
@@ -136,6 +136,7 @@ fn etcd_args(paths: &Paths) -> Vec<String> {
 fn apiserver_args(topo: &Topology, pki: &Pki) -> Vec<String> {
     let cp = &topo.control_plane;
     let path = |p: PathBuf| p.display().to_string();
+    let services = service_cidrs(topo).join(",");
     args(&[
         ("etcd-servers", ETCD_CLIENT),
         ("bind-address", "0.0.0.0"),
@@ -152,7 +153,7 @@ fn apiserver_args(topo: &Topology, pki: &Pki) -> Vec<String> {
         ),
         ("service-account-key-file", &path(pki.sa_pub())),
         ("service-account-signing-key-file", &path(pki.sa_key())),
-        ("service-cluster-ip-range", SERVICE_CIDR),
+        ("service-cluster-ip-range", &services),
         // No kube-proxy: the kubernetes Service needs no endpoints.
         ("endpoint-reconciler-type", "none"),
         // pods/log goes to the kubelet stand-in on the node's InternalIP
@@ -168,6 +169,15 @@ fn apiserver_args(topo: &Topology, pki: &Pki) -> Vec<String> {
         ("allow-privileged", "true"),
         ("profiling", "false"),
     ])
+}
+
+/// The service ranges: IPv4's, and IPv6's in a dual-stack lab.
+pub fn service_cidrs(topo: &Topology) -> Vec<&'static str> {
+    let mut cidrs = vec![SERVICE_CIDR];
+    if topo.dual_stack() {
+        cidrs.push(SERVICE6_CIDR);
+    }
+    cidrs
 }
 
 /// The controllers a lab cluster needs (names as in v1.34's

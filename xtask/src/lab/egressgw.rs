@@ -20,7 +20,7 @@ use super::images::{Image, KnownImages};
 use super::kubelet::{self, Record};
 use super::session::Lab;
 use super::state::{Deployment, Paths};
-use super::topology::{Node, SERVICE_CIDR, Topology};
+use super::topology::{Node, SERVICE_CIDR, SERVICE6_CIDR, Topology};
 use super::up::step;
 use super::{cmd, probe, process};
 
@@ -79,7 +79,8 @@ pub fn deploy(args: &DeployArgs, paths: &Paths) -> anyhow::Result<()> {
     let (copy, tag) = step("the egressgw binary as an image", || {
         register_image(paths, &binary, &dir)
     })?;
-    let values = step("the lab's values", || write_values(&tag, &dir))?;
+    let dual_stack = lab.state.topology.dual_stack();
+    let values = step("the lab's values", || write_values(&tag, dual_stack, &dir))?;
     step(
         "the CRDs (server-side apply; helm never upgrades them)",
         || apply_crds(&lab),
@@ -145,13 +146,19 @@ fn register_image(paths: &Paths, binary: &Path, dir: &Path) -> anyhow::Result<(P
     Ok((copy, tag))
 }
 
-/// The values the lab needs: its image, never pulled, and its service range.
-fn write_values(tag: &str, dir: &Path) -> anyhow::Result<PathBuf> {
+/// The values the lab needs: its image, never pulled, and its service
+/// ranges; in a dual-stack lab, IPv6 egress too.
+fn write_values(tag: &str, dual_stack: bool, dir: &Path) -> anyhow::Result<PathBuf> {
+    let (services, ipv6) = match dual_stack {
+        true => (format!("{SERVICE_CIDR}, {SERVICE6_CIDR}"), "true"),
+        false => (SERVICE_CIDR.to_owned(), "false"),
+    };
     let text = format!(
         "# Values of the lab's egressgw release (written by `cargo xtask lab deploy`).\n\
          image:\n  repository: {LAB_IMAGE}\n  tag: {tag}\n  pullPolicy: Never\n\
-         feature:\n  # Traffic to the service range never goes to a gateway.\n\
-         \x20 serviceCIDRs: [{SERVICE_CIDR}]\n"
+         feature:\n  # Traffic to the service ranges never goes to a gateway.\n\
+         \x20 serviceCIDRs: [{services}]\n\
+         \x20 enableIPv6: {ipv6}\n"
     );
     let path = dir.join("values.yaml");
     fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
@@ -286,6 +293,31 @@ pub enum AgentCommand {
     Kill { node: String },
     /// Let the agent of NODE run again (the stand-in restarts it).
     Start { node: String },
+}
+
+/// How long a daemon gets to serve `/metrics`.
+const SCRAPE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `GET /metrics` at `addr` from `ns`: its body, after checking that it is
+/// a whole OpenMetrics exposition.
+pub fn scrape_metrics(ns: &super::topology::Netns, addr: SocketAddr) -> anyhow::Result<String> {
+    let (code, body) = probe::http_get(ns, addr, "/metrics", SCRAPE_TIMEOUT)?;
+    ensure!(
+        code == 200,
+        "GET /metrics on {addr} in {ns} answered {code}"
+    );
+    ensure!(
+        body.ends_with("# EOF\n"),
+        "GET /metrics on {addr} in {ns} is not a whole exposition: {}",
+        body.chars().rev().take(80).collect::<String>()
+    );
+    Ok(body)
+}
+
+/// The metrics of `node`'s agent, scraped at its node address.
+pub fn scrape_agent(lab: &Lab, node: &str) -> anyhow::Result<String> {
+    let n = lab.node(node)?;
+    scrape_metrics(&n.netns, SocketAddr::from((n.ip, AGENT_HEALTH_PORT)))
 }
 
 pub fn agent(command: &AgentCommand, paths: &Paths) -> anyhow::Result<()> {

@@ -156,6 +156,13 @@ pub fn add_addr(ns: &Netns, link: &str, addr: &str) -> anyhow::Result<()> {
     ip(ns, &["addr", "add", addr, "dev", link])
 }
 
+/// Adds the IPv6 `addr` (`<ip>/<len>`) to `link`, usable at once: the lab
+/// numbers its addresses itself, so duplicate address detection would only
+/// keep them tentative for a second or two.
+pub fn add_addr6(ns: &Netns, link: &str, addr: &str) -> anyhow::Result<()> {
+    ip(ns, &["addr", "add", addr, "dev", link, "nodad"])
+}
+
 /// Adds a route to `dst` (a CIDR or `default`) via `gateway`.
 pub fn add_route(ns: &Netns, dst: &str, gateway: &str) -> anyhow::Result<()> {
     ip(ns, &["route", "add", dst, "via", gateway])
@@ -169,11 +176,6 @@ pub fn replace_route(ns: &Netns, dst: &str, gateway: &str) -> anyhow::Result<()>
 /// Sets a sysctl inside `ns` (`net.*` keys are per namespace).
 pub fn sysctl(ns: &Netns, key: &str, value: &str) -> anyhow::Result<()> {
     exec(ns, "sysctl", &["-q", "-w", &format!("{key}={value}")]).map(drop)
-}
-
-/// Runs `iptables args...` inside `ns`.
-pub fn iptables(ns: &Netns, args: &[&str]) -> anyhow::Result<()> {
-    exec(ns, "iptables", args).map(drop)
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 use anyhow::Context;
 
 use super::net;
-use super::topology::{self, CLUSTER_CIDR, Netns, Node, Pod, Topology, with_len};
+use super::topology::{self, CLUSTER_CIDR, CLUSTER6_CIDR, Netns, Node, Pod, Topology, with_len};
 
 /// Creates every namespace and link of the lab.
 pub fn create(topo: &Topology) -> anyhow::Result<()> {
@@ -39,8 +39,14 @@ fn control_plane(topo: &Topology) -> anyhow::Result<()> {
     let cp = &topo.control_plane;
     uplink(topo, &cp.underlay_port, &cp.netns, &cp.interface)?;
     net::add_addr(&cp.netns, &cp.interface, &topology::underlay_addr(cp.ip))?;
+    if let Some(ip6) = cp.ip6 {
+        net::add_addr6(&cp.netns, &cp.interface, &topology::addr6(ip6))?;
+    }
     for node in &topo.nodes {
         net::add_route(&cp.netns, &node.pod_cidr, &node.ip.to_string())?;
+        if let (Some(pods), Some(via)) = (&node.pod_cidr6, node.ip6) {
+            net::add_route(&cp.netns, pods, &via.to_string())?;
+        }
     }
     Ok(())
 }
@@ -58,7 +64,11 @@ fn target(topo: &Topology) -> anyhow::Result<()> {
         &target.netns,
         &target.bridge,
         &topology::external_addr(target.ip),
-    )
+    )?;
+    match target.ip6 {
+        Some(ip6) => net::add_addr6(&target.netns, &target.bridge, &topology::addr6(ip6)),
+        None => Ok(()),
+    }
 }
 
 fn node_links(topo: &Topology, node: &Node) -> anyhow::Result<()> {
@@ -76,6 +86,14 @@ fn node_links(topo: &Topology, node: &Node) -> anyhow::Result<()> {
         &with_len(node.pod_gateway, pod_len),
     )?;
     net::sysctl(&node.netns, "net.ipv4.ip_forward", "1")?;
+    if let (Some(ip6), Some(gateway6)) = (node.ip6, node.pod_gateway6) {
+        net::add_addr6(&node.netns, &node.interface, &topology::addr6(ip6))?;
+        net::add_addr6(&node.netns, &node.pod_bridge, &topology::addr6(gateway6))?;
+        net::sysctl(&node.netns, "net.ipv6.conf.all.forwarding", "1")?;
+        // `lab node down` takes links down; the kernel would flush their
+        // IPv6 addresses, as a node's network configuration would not.
+        net::sysctl(&node.netns, "net.ipv6.conf.all.keep_addr_on_down", "1")?;
+    }
     if let Some(ext) = &node.external {
         let target = &topo.target;
         net::add_veth(&target.netns, &ext.target_port, &node.netns, &ext.interface)?;
@@ -85,6 +103,9 @@ fn node_links(topo: &Topology, node: &Node) -> anyhow::Result<()> {
             &ext.interface,
             &topology::external_addr(ext.ip),
         )?;
+        if let Some(ip6) = ext.ip6 {
+            net::add_addr6(&node.netns, &ext.interface, &topology::addr6(ip6))?;
+        }
     }
     Ok(())
 }
@@ -103,6 +124,9 @@ fn node_links(topo: &Topology, node: &Node) -> anyhow::Result<()> {
 pub fn node_routes(topo: &Topology, node: &Node) -> anyhow::Result<()> {
     for other in topo.nodes.iter().filter(|o| o.name != node.name) {
         net::replace_route(&node.netns, &other.pod_cidr, &other.ip.to_string())?;
+        if let (Some(pods), Some(via)) = (&other.pod_cidr6, other.ip6) {
+            net::replace_route(&node.netns, pods, &via.to_string())?;
+        }
     }
     if node.external.is_none() {
         net::replace_route(
@@ -110,6 +134,9 @@ pub fn node_routes(topo: &Topology, node: &Node) -> anyhow::Result<()> {
             "default",
             &topology::UNDERLAY_ROUTER.to_string(),
         )?;
+        if node.ip6.is_some() {
+            net::replace_route(&node.netns, "::/0", &topology::UNDERLAY6_ROUTER.to_string())?;
+        }
     }
     Ok(())
 }
@@ -118,25 +145,34 @@ pub fn node_routes(topo: &Topology, node: &Node) -> anyhow::Result<()> {
 /// masqueraded to the node's address; and Calico's drop of INVALID
 /// packets toward pods.
 fn masquerade(node: &Node) -> anyhow::Result<()> {
+    masquerade_family(node, "iptables", CLUSTER_CIDR)?;
+    if node.pod_cidr6.is_some() {
+        masquerade_family(node, "ip6tables", CLUSTER6_CIDR)?;
+    }
+    Ok(())
+}
+
+/// [`masquerade`] for one family: `program` is `iptables` or `ip6tables`.
+fn masquerade_family(node: &Node, program: &str, cluster: &str) -> anyhow::Result<()> {
     #[rustfmt::skip]
     let rule = [
         "-t", "nat", "-A", "POSTROUTING",
-        "-s", CLUSTER_CIDR, "!", "-d", CLUSTER_CIDR,
+        "-s", cluster, "!", "-d", cluster,
         "-m", "comment", "--comment", "egressgw lab: CNI masquerade",
         "-j", "MASQUERADE",
     ];
-    net::iptables(&node.netns, &rule)?;
+    net::exec(&node.netns, program, &rule)?;
     // And what Calico does: a packet conntrack finds INVALID on its way to
     // a pod is dropped. Replies that come back through egressgw's tunnel
     // must not look so.
     #[rustfmt::skip]
     let invalid = [
-        "-A", "FORWARD", "-d", CLUSTER_CIDR,
+        "-A", "FORWARD", "-d", cluster,
         "-m", "conntrack", "--ctstate", "INVALID",
         "-m", "comment", "--comment", "egressgw lab: CNI drops INVALID toward pods",
         "-j", "DROP",
     ];
-    net::iptables(&node.netns, &invalid)
+    net::exec(&node.netns, program, &invalid).map(drop)
 }
 
 pub fn pod_links(node: &Node, pod: &Pod) -> anyhow::Result<()> {
@@ -144,7 +180,12 @@ pub fn pod_links(node: &Node, pod: &Pod) -> anyhow::Result<()> {
     net::set_master(&node.netns, &pod.node_veth, &node.pod_bridge)?;
     let addr = with_len(pod.ip, prefix_len(&node.pod_cidr));
     net::add_addr(&pod.netns, &pod.interface, &addr)?;
-    net::add_route(&pod.netns, "default", &node.pod_gateway.to_string())
+    net::add_route(&pod.netns, "default", &node.pod_gateway.to_string())?;
+    if let (Some(ip6), Some(gateway6)) = (pod.ip6, node.pod_gateway6) {
+        net::add_addr6(&pod.netns, &pod.interface, &topology::addr6(ip6))?;
+        net::add_route(&pod.netns, "::/0", &gateway6.to_string())?;
+    }
+    Ok(())
 }
 
 fn prefix_len(cidr: &str) -> u8 {

@@ -176,7 +176,9 @@ pub struct LabState {
     /// `kubectl` wrapper usable from the host: runs kubectl inside the control-plane namespace.
     pub kubectl: PathBuf,
     pub api_server: String,
+    /// The pod network (IPv4, then IPv6 after a comma in a dual-stack lab).
     pub cluster_cidr: String,
+    /// The service ranges, written the same way.
     pub service_cidr: String,
     /// Every network namespace of the lab.
     pub netns: Vec<String>,

@@ -1,8 +1,10 @@
 //! The target's services: whoami (served by a copy of this binary) and an
-//! iperf3 server, both bound to the target's address only; and, while a
-//! bench runs, the deployed egressgw's TCP echo server.
+//! iperf3 server, both bound to the target's address only (and a second
+//! of each on its IPv6 address in a dual-stack lab); and, while a bench runs, the
+//! deployed egressgw's TCP echo server.
 
 use std::fs;
+use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::thread;
@@ -95,7 +97,7 @@ pub fn start(topo: &Topology, paths: &Paths) -> anyhow::Result<Vec<Started>> {
         &target.iperf3_port.to_string(),
     ]
     .map(String::from);
-    Ok(vec![
+    let mut started = vec![
         process::start(paths, &target.netns, "whoami", &whoami, &whoami_args)?,
         process::start(
             paths,
@@ -104,7 +106,29 @@ pub fn start(topo: &Topology, paths: &Paths) -> anyhow::Result<Vec<Started>> {
             &PathBuf::from("iperf3"),
             &iperf3_args,
         )?,
-    ])
+    ];
+    if let Some(ip6) = target.ip6 {
+        let listen = SocketAddr::from((ip6, target.whoami_port)).to_string();
+        let args = ["lab", "whoami", "--listen", &listen].map(String::from);
+        started.push(process::start(
+            paths,
+            &target.netns,
+            "whoami6",
+            &whoami,
+            &args,
+        )?);
+        let (ip6, port) = (ip6.to_string(), target.iperf3_port.to_string());
+        let args = ["-s", "-B", &ip6, "-p", &port].map(String::from);
+        let iperf3 = PathBuf::from("iperf3");
+        started.push(process::start(
+            paths,
+            &target.netns,
+            "iperf3-6",
+            &iperf3,
+            &args,
+        )?);
+    }
+    Ok(started)
 }
 
 /// A copy of the running xtask binary in the lab directory, so the service
@@ -122,7 +146,16 @@ fn whoami_binary(paths: &Paths) -> anyhow::Result<PathBuf> {
 /// Waits until the target listens on its whoami and iperf3 ports.
 pub fn wait_listening(topo: &Topology, started: &mut [Started]) -> anyhow::Result<()> {
     let target = &topo.target;
-    let wanted = [target.whoami_port, target.iperf3_port].map(|p| format!("{}:{p}", target.ip));
+    let mut wanted: Vec<String> = [target.whoami_port, target.iperf3_port]
+        .iter()
+        .map(|&p| SocketAddr::from((target.ip, p)).to_string())
+        .collect();
+    if let Some(ip6) = target.ip6 {
+        wanted.extend(
+            [target.whoami_port, target.iperf3_port]
+                .map(|p| SocketAddr::from((ip6, p)).to_string()),
+        );
+    }
     let deadline = Instant::now() + LISTEN_TIMEOUT;
     loop {
         for process in started.iter_mut() {

@@ -8,7 +8,7 @@
 //! namespaces.
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use anyhow::{bail, ensure};
 use serde::{Deserialize, Serialize};
@@ -39,6 +39,24 @@ pub const EXTERNAL_CIDR: &str = "198.51.100.0/24";
 const EXTERNAL_PREFIX_LEN: u8 = 24;
 /// Addresses of the external segment that no lab host uses: room for EgressGateway pools.
 pub const EXTERNAL_FREE_RANGE: &str = "198.51.100.100-198.51.100.250";
+
+/// A dual-stack lab (`lab up --ipv6`) gives every segment an IPv6 prefix
+/// beside its IPv4 one, numbered the same way: the host number of an IPv4
+/// address, written in decimal, is the last group of its IPv6 sibling
+/// (`172.18.0.11` and `fd00:172:18::11`). Unique local addresses inside,
+/// the documentation prefix outside.
+pub const UNDERLAY6_CIDR: &str = "fd00:172:18::/64";
+/// The IPv6 router address of the underlay: routed to, held by nobody.
+pub const UNDERLAY6_ROUTER: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x172, 0x18, 0, 0, 0, 0, 1);
+const LINK6_PREFIX_LEN: u8 = 64;
+/// The IPv6 pod network: node `i` owns `fd00:10:244:<i>::/64`.
+pub const CLUSTER6_CIDR: &str = "fd00:10:244::/48";
+/// The IPv6 service range of a dual-stack lab.
+pub const SERVICE6_CIDR: &str = "fd00:10:96::/112";
+/// The external segment's IPv6 prefix (documentation space, never routed anywhere).
+pub const EXTERNAL6_CIDR: &str = "2001:db8:100::/64";
+/// The IPv6 addresses of the external segment no lab host uses.
+pub const EXTERNAL6_FREE_RANGE: &str = "2001:db8:100::100-2001:db8:100::250";
 
 /// Lab pods take host addresses `.2` up to (not including) this one of
 /// their node's pod CIDR; the kubelet stand-in's Pods take the rest.
@@ -172,6 +190,9 @@ pub struct ControlPlane {
     pub netns: Netns,
     pub interface: String,
     pub ip: Ipv4Addr,
+    /// Its IPv6 underlay address, in a dual-stack lab.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip6: Option<Ipv6Addr>,
     /// The bridge port of `interface`, in the underlay namespace.
     pub underlay_port: String,
     pub api_server: String,
@@ -192,11 +213,19 @@ pub struct Node {
     /// The underlay interface (the node's "eth0").
     pub interface: String,
     pub ip: Ipv4Addr,
+    /// Its IPv6 underlay address, in a dual-stack lab.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip6: Option<Ipv6Addr>,
     /// The bridge port of `interface`, in the underlay namespace.
     pub underlay_port: String,
     pub pod_cidr: String,
     /// The node's address on its pod bridge, the pods' default gateway.
     pub pod_gateway: Ipv4Addr,
+    /// The node's IPv6 pod prefix and its address on the pod bridge, in a dual-stack lab.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_cidr6: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_gateway6: Option<Ipv6Addr>,
     /// The pod bridge.
     pub pod_bridge: String,
     pub labels: BTreeMap<String, String>,
@@ -211,6 +240,9 @@ pub struct Node {
 pub struct ExternalLeg {
     pub interface: String,
     pub ip: Ipv4Addr,
+    /// Its IPv6 address, in a dual-stack lab.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip6: Option<Ipv6Addr>,
     /// The bridge port of `interface`, in the target namespace.
     pub target_port: String,
 }
@@ -224,6 +256,9 @@ pub struct Pod {
     pub netns: Netns,
     pub interface: String,
     pub ip: Ipv4Addr,
+    /// Its IPv6 address, in a dual-stack lab.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip6: Option<Ipv6Addr>,
     pub labels: BTreeMap<String, String>,
     /// The node's end of the pod's veth, in the node namespace.
     pub node_veth: String,
@@ -235,6 +270,9 @@ pub struct Target {
     pub netns: Netns,
     pub bridge: String,
     pub ip: Ipv4Addr,
+    /// Its IPv6 address, in a dual-stack lab.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip6: Option<Ipv6Addr>,
     pub cidr: String,
     pub whoami_port: u16,
     pub iperf3_port: u16,
@@ -244,6 +282,9 @@ pub struct Target {
     pub echo_port: u16,
     /// Addresses on the segment that no lab host uses (for EIP pools).
     pub free_range: String,
+    /// The IPv6 addresses free for pools, in a dual-stack lab.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub free_range6: Option<String>,
 }
 
 impl Topology {
@@ -281,6 +322,34 @@ impl Topology {
     }
 
     /// Every network namespace, in creation order.
+    /// The same lab with IPv6 beside IPv4 on every segment, host, pod and
+    /// the target (see [`UNDERLAY6_CIDR`] for the numbering).
+    pub fn with_ipv6(mut self) -> Self {
+        self.control_plane.ip6 = Some(sibling6(UNDERLAY6_CIDR, self.control_plane.ip));
+        for (i, node) in (1u8..).zip(&mut self.nodes) {
+            node.ip6 = Some(sibling6(UNDERLAY6_CIDR, node.ip));
+            let cidr = format!("fd00:10:244:{i}::/64");
+            node.pod_gateway6 = Some(sibling6(&cidr, node.pod_gateway));
+            node.pod_cidr6 = Some(cidr);
+            if let Some(ext) = &mut node.external {
+                ext.ip6 = Some(sibling6(EXTERNAL6_CIDR, ext.ip));
+            }
+        }
+        let nodes = self.nodes.clone();
+        for pod in &mut self.pods {
+            let node = nodes.iter().find(|n| n.name == pod.node);
+            pod.ip6 = node.and_then(|n| n.pod_ip6(pod.ip.octets()[3]));
+        }
+        self.target.ip6 = Some(sibling6(EXTERNAL6_CIDR, self.target.ip));
+        self.target.free_range6 = Some(EXTERNAL6_FREE_RANGE.to_owned());
+        self
+    }
+
+    /// Whether the lab has IPv6 beside IPv4.
+    pub fn dual_stack(&self) -> bool {
+        self.target.ip6.is_some()
+    }
+
     pub fn all_netns(&self) -> Vec<&Netns> {
         let mut all = vec![
             &self.underlay.netns,
@@ -354,6 +423,7 @@ impl Topology {
             node: node.name.clone(),
             netns,
             interface: "eth0".to_owned(),
+            ip6: node.pod_ip6(ip.octets()[3]),
             ip,
             labels,
             node_veth: self
@@ -364,6 +434,28 @@ impl Topology {
 }
 
 /// Address with its prefix length, as `ip addr add` takes it.
+impl Node {
+    /// The IPv6 sibling of the pod address with host number `host`, in a dual-stack lab.
+    pub fn pod_ip6(&self, host: u8) -> Option<Ipv6Addr> {
+        let cidr = self.pod_cidr6.as_deref()?;
+        Some(host6(cidr, host))
+    }
+}
+
+/// The address of `cidr` (an IPv6 /64 written `<prefix>::/64`) whose last
+/// group reads as `host` in decimal.
+fn host6(cidr: &str, host: u8) -> Ipv6Addr {
+    let prefix = cidr.trim_end_matches("/64").trim_end_matches(':');
+    format!("{prefix}::{host}")
+        .parse()
+        .unwrap_or_else(|e| panic!("{prefix}::{host} is no IPv6 address: {e}"))
+}
+
+/// The IPv6 sibling in `cidr` of an IPv4 host address: its last octet, read as decimal.
+pub fn sibling6(cidr: &str, ip: Ipv4Addr) -> Ipv6Addr {
+    host6(cidr, ip.octets()[3])
+}
+
 pub fn with_len(ip: Ipv4Addr, len: u8) -> String {
     format!("{ip}/{len}")
 }
@@ -378,12 +470,18 @@ pub fn external_addr(ip: Ipv4Addr) -> String {
     with_len(ip, EXTERNAL_PREFIX_LEN)
 }
 
+/// An IPv6 address of the lab's segments with its length (all are /64).
+pub fn addr6(ip: Ipv6Addr) -> String {
+    format!("{ip}/{LINK6_PREFIX_LEN}")
+}
+
 fn control_plane(prefix: &Prefix) -> ControlPlane {
     let ip = Ipv4Addr::new(172, 18, 0, 2);
     ControlPlane {
         netns: prefix.netns("cp"),
         interface: "eth0".to_owned(),
         ip,
+        ip6: None,
         underlay_port: prefix.name("cp"),
         api_server: format!("https://{ip}:{API_PORT}"),
     }
@@ -412,15 +510,19 @@ fn node(prefix: &Prefix, i: u8, gateway: bool) -> Node {
         netns: prefix.netns(&name),
         interface: "eth0".to_owned(),
         ip: Ipv4Addr::new(172, 18, 0, 10 + i),
+        ip6: None,
         underlay_port: prefix.name(&format!("n{i}")),
         pod_cidr: format!("10.244.{i}.0/24"),
         pod_gateway: Ipv4Addr::new(10, 244, i, 1),
+        pod_cidr6: None,
+        pod_gateway6: None,
         pod_bridge: "cni0".to_owned(),
         labels: node_labels,
         gateway,
         external: gateway.then(|| ExternalLeg {
             interface: "eth1".to_owned(),
             ip: Ipv4Addr::new(198, 51, 100, 10 + i),
+            ip6: None,
             target_port: prefix.name(&format!("x{i}")),
         }),
         name,
@@ -441,6 +543,7 @@ fn pods_of(prefix: &Prefix, node_index: usize, node: &Node) -> Vec<Pod> {
                 node: node.name.clone(),
                 interface: "eth0".to_owned(),
                 ip: Ipv4Addr::new(a, b, c, host),
+                ip6: None,
                 labels: labels(&[("app", app)]),
                 node_veth: prefix.name(app),
                 name,
@@ -458,11 +561,13 @@ fn target(prefix: &Prefix) -> Target {
         netns: prefix.netns("target"),
         bridge: prefix.name("ext"),
         ip: Ipv4Addr::new(198, 51, 100, 1),
+        ip6: None,
         cidr: EXTERNAL_CIDR.to_owned(),
         whoami_port: WHOAMI_PORT,
         iperf3_port: IPERF3_PORT,
         echo_port: ECHO_PORT,
         free_range: EXTERNAL_FREE_RANGE.to_owned(),
+        free_range6: None,
     }
 }
 
@@ -504,6 +609,45 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), all.len());
+    }
+
+    #[test]
+    fn a_dual_stack_lab_numbers_its_ipv6_addresses_like_its_ipv4_ones() {
+        let t = Topology::new(&egl(), MAX_NODES, 2).unwrap().with_ipv6();
+        assert!(t.dual_stack());
+        assert!(!Topology::new(&egl(), 3, 2).unwrap().dual_stack());
+        let n = &t.nodes[99];
+        assert_eq!(n.ip6.unwrap().to_string(), "fd00:172:18::110");
+        assert_eq!(n.pod_cidr6.as_deref(), Some("fd00:10:244:100::/64"));
+        assert_eq!(n.pod_gateway6.unwrap().to_string(), "fd00:10:244:100::1");
+        let ext = t.nodes[1].external.as_ref().unwrap();
+        assert_eq!(ext.ip6.unwrap().to_string(), "2001:db8:100::12");
+        assert_eq!(t.pods[3].ip6.unwrap().to_string(), "fd00:10:244:2::3");
+        assert_eq!(t.target.ip6.unwrap().to_string(), "2001:db8:100::1");
+        let cluster: ipnet::Ipv6Net = CLUSTER6_CIDR.parse().unwrap();
+        for node in &t.nodes {
+            let pods: ipnet::Ipv6Net = node.pod_cidr6.as_deref().unwrap().parse().unwrap();
+            assert!(cluster.contains(&pods), "{pods} is outside {CLUSTER6_CIDR}");
+        }
+        let free = t.target.free_range6.as_deref().unwrap();
+        let (first, last) = free.split_once('-').unwrap();
+        let external: ipnet::Ipv6Net = EXTERNAL6_CIDR.parse().unwrap();
+        for ip in [first, last] {
+            let ip: Ipv6Addr = ip.parse().unwrap();
+            assert!(external.contains(&ip));
+            assert!(
+                t.nodes
+                    .iter()
+                    .all(|n| n.external.as_ref().is_none_or(|e| e.ip6 != Some(ip)))
+            );
+        }
+        let pod = t
+            .new_pod("extra", "team-a", &t.nodes[0], BTreeMap::new())
+            .unwrap();
+        assert_eq!(
+            pod.ip6.unwrap().to_string(),
+            format!("fd00:10:244:1::{}", pod.ip.octets()[3])
+        );
     }
 
     #[test]

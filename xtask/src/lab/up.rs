@@ -11,7 +11,7 @@ use super::build::{self, Binaries, KUBERNETES_VERSION};
 use super::kubectl::Kubectl;
 use super::process::{self, Started};
 use super::state::{LAB_JSON_VERSION, LabState, Paths};
-use super::topology::{CLUSTER_CIDR, KUBERNETES_SERVICE_IP, Pod, SERVICE_CIDR, Topology};
+use super::topology::{CLUSTER_CIDR, CLUSTER6_CIDR, KUBERNETES_SERVICE_IP, Pod, Topology};
 use super::{certs, cluster, controlplane, down, kubelet, net, network, preflight, target};
 
 /// What `lab up` was asked for.
@@ -24,6 +24,10 @@ pub struct UpArgs {
     /// `egressgw.io/gateway=true` and attached to the external segment.
     #[arg(long, default_value_t = 2)]
     pub gateways: u8,
+    /// Dual stack: IPv6 beside IPv4 on every segment, node, pod and the
+    /// target, and an IPv6 service range.
+    #[arg(long)]
+    pub ipv6: bool,
     /// On failure, leave what was made for inspection instead of removing it.
     #[arg(long)]
     pub keep_on_failure: bool,
@@ -31,7 +35,10 @@ pub struct UpArgs {
 
 pub fn up(args: &UpArgs, paths: &Paths) -> anyhow::Result<()> {
     preflight::check()?;
-    let topo = Topology::new(&paths.prefix, args.nodes, args.gateways)?;
+    let mut topo = Topology::new(&paths.prefix, args.nodes, args.gateways)?;
+    if args.ipv6 {
+        topo = topo.with_ipv6();
+    }
     refuse_leftovers(paths)?;
     let bins = build::ensure(paths)?;
     let started = Instant::now();
@@ -156,8 +163,8 @@ fn write_state(
         kubeconfig: paths.kubeconfig(),
         kubectl: kubectl.write_wrapper(&paths.kubectl_wrapper())?,
         api_server: topo.control_plane.api_server.clone(),
-        cluster_cidr: CLUSTER_CIDR.to_owned(),
-        service_cidr: SERVICE_CIDR.to_owned(),
+        cluster_cidr: cidrs(CLUSTER_CIDR, topo.dual_stack().then_some(CLUSTER6_CIDR)),
+        service_cidr: controlplane::service_cidrs(topo).join(","),
         netns: topo.all_netns().iter().map(ToString::to_string).collect(),
         processes: processes.iter().map(|p| p.record.clone()).collect(),
         egressgw: None,
@@ -165,6 +172,11 @@ fn write_state(
     };
     state.write(paths)?;
     Ok(state)
+}
+
+/// `v4`, and `v6` after a comma when there is one.
+fn cidrs(v4: &str, v6: Option<&str>) -> String {
+    v6.map_or_else(|| v4.to_owned(), |v6| format!("{v4},{v6}"))
 }
 
 fn show_logs(processes: &[Started]) {
@@ -221,10 +233,18 @@ fn print_hosts(topo: &Topology) {
             "  {name:<8} netns {ns:<12} {ip}  pods {pods}{}",
             ext.unwrap_or_default()
         );
+        if let (Some(ip6), Some(pods6)) = (node.ip6, &node.pod_cidr6) {
+            let ext6 = node.external.as_ref().and_then(|e| e.ip6);
+            let ext6 = ext6
+                .map(|ip| format!(", external {ip}"))
+                .unwrap_or_default();
+            println!("  {:<8} {:<18} {ip6}  pods {pods6}{ext6}", "", "");
+        }
     }
     let t = &topo.target;
     let (ns, ip, whoami, iperf3) = (&t.netns, t.ip, t.whoami_port, t.iperf3_port);
-    println!("\ntarget:     netns {ns} at {ip} (whoami :{whoami}, iperf3 :{iperf3})");
+    let ip6 = t.ip6.map(|ip6| format!(" and {ip6}")).unwrap_or_default();
+    println!("\ntarget:     netns {ns} at {ip}{ip6} (whoami :{whoami}, iperf3 :{iperf3})");
     let on_gateway = |p: &&Pod| topo.nodes.iter().any(|n| n.name == p.node && n.gateway);
     if let Some(pod) = topo.pods.iter().find(on_gateway) {
         let pod_ns = &pod.netns;

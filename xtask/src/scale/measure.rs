@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::fmt::{self, Write as _};
 use std::fs;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -26,7 +26,7 @@ use serde_json::json;
 
 use super::ScaleArgs;
 use super::objects::{self, Objects};
-use crate::lab::egressgw::AGENT_HEALTH_PORT;
+use crate::lab::egressgw::scrape_agent;
 use crate::lab::kubelet;
 use crate::lab::probe;
 use crate::lab::session::Lab;
@@ -224,10 +224,7 @@ impl Steps<'_> {
             .nodes
             .iter()
             .map(|n| {
-                let addr = SocketAddr::from((n.ip, AGENT_HEALTH_PORT));
-                let text = probe::http_get(&n.netns, addr, "/metrics", Duration::from_secs(10))
-                    .map(|(_, body)| body)
-                    .unwrap_or_default();
+                let text = scrape_agent(self.lab, &n.name).unwrap_or_default();
                 let scopes = samples(&text, "egressgw_watched_pods")
                     .into_iter()
                     .map(|(labels, v)| {

@@ -86,6 +86,7 @@ pub fn run(args: &ScaleArgs) -> anyhow::Result<ExitCode> {
         &UpArgs {
             nodes: 2,
             gateways: 1,
+            ipv6: false,
             keep_on_failure: false,
         },
         &paths,

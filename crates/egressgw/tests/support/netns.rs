@@ -161,7 +161,13 @@ impl Netns {
     /// the bridge FDB and the nftables ruleset (without counter values).
     /// Lines are sorted within each section.
     pub fn kernel_state(&self) -> String {
-        let sections: [(&str, String); 9] = [
+        let sysctls = self.run("sysctl", &["-a"]);
+        let written: String = sysctls
+            .lines()
+            .filter(|l| l.contains(".proxy_ndp =") || l.contains(".rp_filter ="))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let sections: [(&str, String); 10] = [
             (
                 "ip -d -o link",
                 normalize_links(&self.ip(&["-d", "-o", "link"])),
@@ -185,6 +191,10 @@ impl Netns {
             (
                 "nft list ruleset",
                 normalize_nft(&self.run("nft", &["list", "ruleset"])),
+            ),
+            (
+                "sysctl: the proxy_ndp and rp_filter egressgw writes",
+                written,
             ),
         ];
         let mut out = String::new();

@@ -98,6 +98,8 @@ pub fn create(
         netns: netns.clone(),
         interface: "eth0".to_owned(),
         ip,
+        // The stand-in's Pods are IPv4 only, also in a dual-stack lab.
+        ip6: None,
         labels: BTreeMap::new(),
         node_veth: prefix.name(&format!("{:08x}", hash(uid) & 0xffff_ffff)),
     };
