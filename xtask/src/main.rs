@@ -11,6 +11,7 @@ mod dashboard;
 mod e2e;
 mod gen_crds;
 mod lab;
+mod previous;
 mod scale;
 
 /// egressgw's development tasks.
@@ -50,6 +51,9 @@ enum Task {
     /// watch events, memory, and a Pod's time into its node's kernel (see
     /// docs/scale.md).
     Scale(scale::ScaleArgs),
+    /// The release upgrades are tested from (`deploy/previous-release`):
+    /// its egressgw binary and chart, built once into the cache.
+    Previous(previous::PreviousArgs),
 }
 
 /// Runs the task. An error prints as its message chain, one line: a
@@ -62,6 +66,7 @@ fn main() -> ExitCode {
         Task::E2e(args) => e2e::run(&args),
         Task::Bench(args) => bench::run(&args),
         Task::Scale(args) => scale::run(&args),
+        Task::Previous(args) => previous::run(&args).map(|()| ExitCode::SUCCESS),
         Task::GenCrds { check } => gen_crds::run(check),
         Task::Chart(command) => chart::run(&command),
         Task::Dashboard(command) => dashboard::run(&command),

@@ -50,6 +50,51 @@ fn allocations(run: &Run, gateway: &str) -> anyhow::Result<Vec<String>> {
     Ok(out)
 }
 
+/// What stays put across a disruption of a gateway's steady state: the
+/// allocations ([`allocations`]) and the count of its `EipMoved` Events.
+pub(super) struct Steady {
+    gateway: &'static str,
+    allocations: Vec<String>,
+    moves: usize,
+}
+
+impl Steady {
+    pub(super) fn record(run: &Run, gateway: &'static str) -> anyhow::Result<Self> {
+        Ok(Self {
+            gateway,
+            allocations: allocations(run, gateway)?,
+            moves: run
+                .event_notes(None, "EgressGateway", gateway, "EipMoved")?
+                .len(),
+        })
+    }
+
+    /// After `what`: every probe of `samples` from `from` on saw `eip`,
+    /// the allocations are unchanged and no EIP moved. Returns the probes
+    /// and the allocations counted.
+    pub(super) fn kept_across(
+        &self,
+        run: &Run,
+        what: &str,
+        (samples, from, eip): (&[Sample], Instant, std::net::Ipv4Addr),
+    ) -> anyhow::Result<(usize, usize)> {
+        let probes = all_with(samples, from, eip)?;
+        let before = &self.allocations;
+        let after = allocations(run, self.gateway)?;
+        ensure!(
+            after == *before,
+            "allocations changed across {what}:\nbefore: {before:#?}\nafter: {after:#?}"
+        );
+        let moved = run.event_notes(None, "EgressGateway", self.gateway, "EipMoved")?;
+        ensure!(
+            moved.len() == self.moves,
+            "EIPs moved across {what}: {:?}",
+            &moved[self.moves..]
+        );
+        Ok((probes, before.len()))
+    }
+}
+
 /// Every probe from `from` on saw `eip`: none unanswered, none with
 /// another source.
 fn all_with(samples: &[Sample], from: Instant, eip: std::net::Ipv4Addr) -> anyhow::Result<usize> {
@@ -105,10 +150,7 @@ pub fn killed_controllers_change_no_allocation_and_no_source(run: &mut Run) -> a
     let eip = setup_gateway(run, GATEWAY)?;
     setup_web_policy(run, GATEWAY)?;
     run.expect_all(&["web-1", "web-3"], Expect::Source(eip.into()))?;
-    let before = allocations(run, GATEWAY)?;
-    let moves = run
-        .event_notes(None, "EgressGateway", GATEWAY, "EipMoved")?
-        .len();
+    let steady = Steady::record(run, GATEWAY)?;
     let prober = Prober::start(
         run.netns("web-3")?,
         run.target(),
@@ -130,24 +172,13 @@ pub fn killed_controllers_change_no_allocation_and_no_source(run: &mut Run) -> a
     // A few more of the new leader's runs.
     std::thread::sleep(Duration::from_secs(3));
     let samples = prober.finish();
-    let probes = all_with(&samples, killed_at, eip)?;
-    let after = allocations(run, GATEWAY)?;
-    ensure!(
-        after == before,
-        "allocations changed across the controllers' restart:\nbefore: {before:#?}\nafter: {after:#?}"
-    );
-    let moved = run.event_notes(None, "EgressGateway", GATEWAY, "EipMoved")?;
-    ensure!(
-        moved.len() == moves,
-        "EIPs moved across the controllers' restart: {:?}",
-        &moved[moves..]
-    );
+    let what = "the controllers' restart";
+    let (probes, kept) = steady.kept_across(run, what, (&samples, killed_at, eip))?;
     run.note(format!(
         "{} controllers SIGKILLed; a new leader planned after {:.1} s; {probes} probes of \
-         web-3 all from {eip}; {} allocations unchanged",
+         web-3 all from {eip}; {kept} allocations unchanged",
         killed.len(),
         back.as_secs_f64(),
-        before.len()
     ));
     Ok(())
 }
@@ -162,7 +193,7 @@ pub fn etcd_restarted_changes_no_allocation_and_no_source(run: &mut Run) -> anyh
     let eip = setup_gateway(run, GATEWAY)?;
     setup_web_policy(run, GATEWAY)?;
     run.expect_all(&["web-1", "web-3"], Expect::Source(eip.into()))?;
-    let before = allocations(run, GATEWAY)?;
+    let steady = Steady::record(run, GATEWAY)?;
     let prober = Prober::start(
         run.netns("web-3")?,
         run.target(),
@@ -182,12 +213,8 @@ pub fn etcd_restarted_changes_no_allocation_and_no_source(run: &mut Run) -> anyh
     // The daemons' watches and writes go through the API server again.
     std::thread::sleep(Duration::from_secs(5));
     let samples = prober.finish();
-    let probes = all_with(&samples, killed_at, eip)?;
-    let after = allocations(run, GATEWAY)?;
-    ensure!(
-        after == before,
-        "allocations changed across the etcd restart:\nbefore: {before:#?}\nafter: {after:#?}"
-    );
+    let what = "the etcd restart";
+    let (probes, kept) = steady.kept_across(run, what, (&samples, killed_at, eip))?;
     // A change after the restart reaches the nodes: web-1 to the target
     // is no longer selected once team-a/web covers only another network.
     run.apply(&policy(
@@ -201,10 +228,9 @@ pub fn etcd_restarted_changes_no_allocation_and_no_source(run: &mut Run) -> anyh
         .context("a policy changed after the etcd restart")?;
     run.note(format!(
         "etcd SIGKILLed and started again: the API server answered after {:.1} s; {probes} \
-         probes of web-3 all from {eip}; {} allocations unchanged; a policy change after it \
+         probes of web-3 all from {eip}; {kept} allocations unchanged; a policy change after it \
          took effect",
         back.as_secs_f64(),
-        before.len()
     ));
     Ok(())
 }

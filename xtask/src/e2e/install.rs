@@ -434,28 +434,8 @@ pub fn helm_uninstall_leaves_every_node_as_it_was(run: &mut Run) -> anyhow::Resu
     run.expect_all(&["web-1", "web-3"], Expect::Source(eip.into()))?;
     // The objects go with their CRDs below.
     run.forget_objects();
-    let helm = Helm::for_lab(run.lab);
     let started = Instant::now();
-    helm.run(&["uninstall", RELEASE, "-n", NAMESPACE])?;
-    let kubectl = run.lab.kubectl.clone();
-    eventually("egressgw's pods to be gone", SETTLE, || {
-        let listed = kubectl
-            .run(&["get", "pods", "-n", NAMESPACE, "-o", "name"])
-            .map_err(|e| format!("{e:#}"))?;
-        if listed.trim().is_empty() {
-            Ok(())
-        } else {
-            Err(format!("still {}", listed.trim()))
-        }
-    })?;
-    kubectl.run(&[
-        "delete",
-        "crd",
-        "-l",
-        "app.kubernetes.io/part-of=egressgw",
-        "--wait=true",
-        "--timeout=60s",
-    ])?;
+    uninstall(run.lab)?;
     let gone = started.elapsed();
     // A deleted pod's network namespace and its veth on the node go a
     // moment after the pod: the nodes must come to equal their snapshots.
@@ -547,8 +527,34 @@ fn network_state(lab: &Lab, pod: &str) -> String {
     out.join("\n")
 }
 
+/// `helm uninstall` of the lab's release, then its CRDs deleted, once
+/// egressgw's pods are gone.
+pub(super) fn uninstall(lab: &Lab) -> anyhow::Result<()> {
+    Helm::for_lab(lab).run(&["uninstall", RELEASE, "-n", NAMESPACE])?;
+    let kubectl = &lab.kubectl;
+    eventually("egressgw's pods to be gone", SETTLE, || {
+        let listed = kubectl
+            .run(&["get", "pods", "-n", NAMESPACE, "-o", "name"])
+            .map_err(|e| format!("{e:#}"))?;
+        if listed.trim().is_empty() {
+            Ok(())
+        } else {
+            Err(format!("still {}", listed.trim()))
+        }
+    })?;
+    kubectl.run(&[
+        "delete",
+        "crd",
+        "-l",
+        "app.kubernetes.io/part-of=egressgw",
+        "--wait=true",
+        "--timeout=60s",
+    ])?;
+    Ok(())
+}
+
 /// The agent pods: node -> (pod name, uid).
-fn agent_pods(kubectl: &Kubectl) -> anyhow::Result<BTreeMap<String, (String, String)>> {
+pub(super) fn agent_pods(kubectl: &Kubectl) -> anyhow::Result<BTreeMap<String, (String, String)>> {
     let text = kubectl.run(&[
         "get", "pods", "-n", NAMESPACE, "-l", AGENT_PODS, "-o", "json",
     ])?;

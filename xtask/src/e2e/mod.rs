@@ -34,6 +34,7 @@ mod scope;
 mod snapshot;
 mod tenancy;
 mod traffic;
+mod upgrade;
 
 use run::Run;
 
@@ -114,6 +115,12 @@ pub fn run(args: &E2eArgs) -> anyhow::Result<ExitCode> {
         );
     }
     let filtered_out = scenarios::ALL.len() - selected.len();
+    if selected
+        .iter()
+        .any(|(_, (name, _))| *name == upgrade::SCENARIO)
+    {
+        crate::previous::ensure_built(&paths).context("the previous release, to upgrade from")?;
+    }
     let begun = Instant::now();
     remove_leftover(&paths)?;
     let teardown = Teardown {

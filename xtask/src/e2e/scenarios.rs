@@ -18,7 +18,7 @@ use super::{failover, install, tenancy};
 pub type Scenario = (&'static str, fn(&mut Run) -> anyhow::Result<()>);
 
 /// Every scenario, in the order they run.
-pub const ALL: [Scenario; 36] = [
+pub const ALL: [Scenario; 37] = [
     (
         "chart_is_lint_clean_and_bad_values_change_nothing",
         install::chart_is_lint_clean_and_bad_values_change_nothing,
@@ -156,7 +156,8 @@ pub const ALL: [Scenario; 36] = [
         "apiserver_outage_changes_no_source_and_moves_no_eip",
         failover::apiserver_outage_changes_no_source_and_moves_no_eip,
     ),
-    // Last: egressgw is gone afterwards.
+    // The last three: the bench, the uninstall (egressgw is gone
+    // afterwards) and the upgrade, which installs it again.
     (
         "smoke_bench_measures_every_case_and_case_3_leaves_with_the_eip",
         super::bench::smoke_bench_measures_every_case_and_case_3_leaves_with_the_eip,
@@ -164,6 +165,11 @@ pub const ALL: [Scenario; 36] = [
     (
         "helm_uninstall_leaves_every_node_as_it_was",
         install::helm_uninstall_leaves_every_node_as_it_was,
+    ),
+    // On the cluster the uninstall left: the previous release, then this build.
+    (
+        super::upgrade::SCENARIO,
+        super::upgrade::upgrade_from_the_previous_release_moves_no_eip_and_changes_no_source,
     ),
 ];
 

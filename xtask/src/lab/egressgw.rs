@@ -61,6 +61,17 @@ pub struct DeployArgs {
     /// `feature.vxlan.disableChecksumOffload=true`.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
+    /// The chart to install [default: deploy/helm/egressgw], e.g. a
+    /// previous release's (`cargo xtask previous`).
+    #[arg(long, value_name = "DIR")]
+    pub chart: Option<PathBuf>,
+}
+
+impl DeployArgs {
+    /// The chart to install.
+    fn chart(&self) -> PathBuf {
+        self.chart.clone().unwrap_or_else(Helm::chart)
+    }
 }
 
 /// Registers the binary as an image, installs or upgrades the chart, and
@@ -83,7 +94,7 @@ pub fn deploy(args: &DeployArgs, paths: &Paths) -> anyhow::Result<()> {
     let values = step("the lab's values", || write_values(&tag, dual_stack, &dir))?;
     step(
         "the CRDs (server-side apply; helm never upgrades them)",
-        || apply_crds(&lab),
+        || apply_crds(&lab, &args.chart()),
     )?;
     let helm = Helm::for_lab(&lab);
     step(&format!("helm upgrade --install {RELEASE}"), || {
@@ -95,6 +106,7 @@ pub fn deploy(args: &DeployArgs, paths: &Paths) -> anyhow::Result<()> {
         namespace: NAMESPACE.to_owned(),
         controller_health: String::new(),
         agent_health_port: AGENT_HEALTH_PORT,
+        set: args.set.clone(),
     });
     lab.save()?;
     step("rollout of the agents and the controller", || rollout(&lab))?;
@@ -165,8 +177,8 @@ fn write_values(tag: &str, dual_stack: bool, dir: &Path) -> anyhow::Result<PathB
     Ok(path)
 }
 
-fn apply_crds(lab: &Lab) -> anyhow::Result<()> {
-    let crds = Helm::chart().join("crds").display().to_string();
+fn apply_crds(lab: &Lab, chart: &Path) -> anyhow::Result<()> {
+    let crds = chart.join("crds").display().to_string();
     lab.kubectl
         .run(&[
             "apply",
@@ -191,7 +203,7 @@ fn apply_crds(lab: &Lab) -> anyhow::Result<()> {
 }
 
 fn install(helm: &Helm, values: &Path, args: &DeployArgs) -> anyhow::Result<()> {
-    let chart = Helm::chart().display().to_string();
+    let chart = args.chart().display().to_string();
     let values = values.display().to_string();
     let extra: Vec<String> = args
         .values

@@ -219,6 +219,9 @@ pub struct Deployment {
     pub controller_health: String,
     /// The agents' health port, on every node's underlay address.
     pub agent_health_port: u16,
+    /// The Helm values it was installed with on the command line (`--set`).
+    #[serde(default)]
+    pub set: Vec<String>,
 }
 
 impl LabState {

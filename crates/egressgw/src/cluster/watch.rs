@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use egressgw_api::WatchedPod;
+use egressgw_api::policy::EgressPolicyStatus;
 use egressgw_api::{
     EgressClusterPolicy, EgressGateway, EgressPolicy, EgressTunnel, SnapshotBuilder,
 };
@@ -17,7 +18,7 @@ use egressgw_core::model::Config;
 use egressgw_core::{PodScope, Snapshot};
 use futures_util::{FutureExt as _, StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Node, NodeSpec, NodeStatus};
+use k8s_openapi::api::core::v1::{Namespace, Node, NodeCondition, NodeSpec, NodeStatus};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::utils::Backoff;
 use kube::runtime::{WatchStreamExt as _, watcher};
@@ -65,14 +66,59 @@ impl Stores {
         let t = &mut tasks;
         let version = Arc::new(AtomicU64::new(0));
         let v = Some(&version);
+        // An agent (watching for its node) plans from a policy's spec and
+        // placement alone; the controller compares whole statuses.
+        let agent = node.is_some();
         let stores = Self {
-            nodes: watch_fields(Api::all(client.clone()), None, changed, v, t, renew),
-            namespaces: watch_fields(Api::all(client.clone()), None, changed, v, t, renew),
+            nodes: watch_fields(
+                Api::all(client.clone()),
+                Selection::every(),
+                changed,
+                v,
+                t,
+                renew,
+            ),
+            namespaces: watch_fields(
+                Api::all(client.clone()),
+                Selection::every(),
+                changed,
+                v,
+                t,
+                renew,
+            ),
             pods: Pods::start(client, changed, t, renew, node),
-            gateways: watch_fields(Api::all(client.clone()), None, changed, v, t, renew),
-            policies: watch_fields(Api::all(client.clone()), None, changed, v, t, renew),
-            cluster_policies: watch_fields(Api::all(client.clone()), None, changed, v, t, renew),
-            tunnels: watch_fields(Api::all(client.clone()), None, changed, v, t, renew),
+            gateways: watch_fields(
+                Api::all(client.clone()),
+                Selection::every(),
+                changed,
+                v,
+                t,
+                renew,
+            ),
+            policies: watch_fields(
+                Api::all(client.clone()),
+                Selection::policies(agent),
+                changed,
+                v,
+                t,
+                renew,
+            ),
+            cluster_policies: watch_fields(
+                Api::all(client.clone()),
+                Selection::policies(agent),
+                changed,
+                v,
+                t,
+                renew,
+            ),
+            tunnels: watch_fields(
+                Api::all(client.clone()),
+                Selection::every(),
+                changed,
+                v,
+                t,
+                renew,
+            ),
             cluster_version: Arc::clone(&version),
         };
         (stores, tasks)
@@ -178,9 +224,13 @@ impl Pods {
             Some(node) => (Some(format!("spec.nodeName={node}")), PodScope::Node),
             None => (None, PodScope::Cluster),
         };
+        let selection = Selection {
+            fields: fields.as_deref(),
+            trim: WatchedPod::trim,
+        };
         let first = watch_fields(
             Api::all(client.clone()),
-            fields.as_deref(),
+            selection,
             changed,
             None,
             tasks,
@@ -243,7 +293,7 @@ impl Pods {
                     let mut tasks = Vec::new();
                     let store = watch_fields(
                         Api::all(on_demand.client.clone()),
-                        None,
+                        Selection::every(),
                         &on_demand.changed,
                         None,
                         &mut tasks,
@@ -370,14 +420,85 @@ pub fn watch<K>(
 where
     K: Watched,
 {
-    watch_fields(api, None, changed, None, tasks, renew)
+    watch_fields(api, Selection::every(), changed, None, tasks, renew)
 }
 
-/// [`watch`] of the objects `fields` (a field selector) selects; every
-/// change that wakes `changed` also counts in `version`.
+/// Which objects of a kind a daemon watches, and what it keeps of each.
+struct Selection<'a, K> {
+    /// A field selector, or every object.
+    fields: Option<&'a str>,
+    /// Drops what the daemon does not keep ([`Trim::trim`] at least).
+    trim: fn(&mut K),
+}
+
+impl<K> Clone for Selection<'_, K> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<K> Copy for Selection<'_, K> {}
+
+impl<K: Trim> Selection<'_, K> {
+    /// Every object, trimmed by [`Trim::trim`].
+    fn every() -> Self {
+        Self {
+            fields: None,
+            trim: K::trim,
+        }
+    }
+}
+
+impl<P: PolicyKind> Selection<'_, Decoded<P>> {
+    /// Every policy; an agent keeps it [`without_conditions`].
+    fn policies(agent: bool) -> Self {
+        Self {
+            fields: None,
+            trim: if agent {
+                without_conditions
+            } else {
+                Trim::trim
+            },
+        }
+    }
+}
+
+/// The two policy kinds, whose statuses are of one type.
+pub trait PolicyKind: Resource<DynamicType = ()> {
+    fn status_mut(&mut self) -> Option<&mut EgressPolicyStatus>;
+}
+
+impl PolicyKind for EgressPolicy {
+    fn status_mut(&mut self) -> Option<&mut EgressPolicyStatus> {
+        self.status.as_mut()
+    }
+}
+
+impl PolicyKind for EgressClusterPolicy {
+    fn status_mut(&mut self) -> Option<&mut EgressPolicyStatus> {
+        self.status.as_mut()
+    }
+}
+
+/// What an agent keeps of a policy: its status without the conditions.
+/// The controller rewrites the `Ready` condition's message whenever the
+/// count of Pods the policy selects changes, and an agent plans from the
+/// spec and the placement (`status.eip`, `status.node`) alone: a Pod
+/// created anywhere would otherwise wake every agent of the cluster.
+fn without_conditions<P: PolicyKind>(policy: &mut Decoded<P>) {
+    policy.trim();
+    if let Decoded::Ok(p) = policy
+        && let Some(status) = p.status_mut()
+    {
+        status.conditions.clear();
+    }
+}
+
+/// [`watch`] of the objects `selection` selects, kept as it trims them;
+/// every change that wakes `changed` also counts in `version`.
 fn watch_fields<K>(
     api: Api<K>,
-    fields: Option<&str>,
+    selection: Selection<'_, K>,
     changed: &Arc<Notify>,
     version: Option<&Arc<AtomicU64>>,
     tasks: &mut Vec<JoinHandle<()>>,
@@ -396,12 +517,13 @@ where
     let kind = K::kind(&()).into_owned();
     let renew = u32::try_from(renew.as_secs()).unwrap_or(u32::MAX).max(1);
     let mut config = watcher::Config::default().any_semantic().timeout(renew);
-    if let Some(fields) = fields {
+    if let Some(fields) = selection.fields {
         config = config.fields(fields);
     }
+    let trim = selection.trim;
     let stream = watcher(api, config)
         .map_ok(move |event| {
-            let event = event.modify(Trim::trim);
+            let event = event.modify(trim);
             flag.store(resent(&reader, &event), Ordering::Relaxed);
             event
         })
@@ -489,7 +611,10 @@ impl Trim for WatchedPod {
     }
 }
 
-/// A Node keeps its pod CIDRs, addresses and conditions.
+/// A Node keeps its pod CIDRs, addresses and conditions, without their
+/// heartbeat times: a kubelet writes its Node's status at least every five
+/// minutes to renew them, which at a thousand nodes would wake every
+/// daemon three times a second for nothing it plans from.
 impl Trim for Node {
     fn trim(&mut self) {
         let meta = self.meta_mut();
@@ -502,7 +627,15 @@ impl Trim for Node {
         });
         self.status = self.status.take().map(|status| NodeStatus {
             addresses: status.addresses,
-            conditions: status.conditions,
+            conditions: status.conditions.map(|conditions| {
+                conditions
+                    .into_iter()
+                    .map(|c| NodeCondition {
+                        last_heartbeat_time: None,
+                        ..c
+                    })
+                    .collect()
+            }),
             ..NodeStatus::default()
         });
     }
@@ -604,5 +737,76 @@ mod tests {
         let mut other = other;
         other.metadata.name = Some("node-2".into());
         assert!(!resent(&store, &watcher::Event::Apply(other)));
+    }
+
+    /// The controller's count of a policy's Pods (its `Ready` message)
+    /// wakes no agent; the placement does. The controller keeps the
+    /// conditions it compares its writes with.
+    #[test]
+    fn a_policys_conditions_wake_no_agent() {
+        let policy = |version: &str, message: &str, node: &str| -> Decoded<EgressPolicy> {
+            serde_json::from_value(json!({
+                "apiVersion": "egressgw.io/v1alpha1", "kind": "EgressPolicy",
+                "metadata": { "name": "web", "namespace": "team-a", "resourceVersion": version },
+                "spec": { "egressGatewayName": "gw", "destSubnet": ["198.51.100.0/24"],
+                    "appliedTo": { "podSelector": { "matchLabels": { "app": "web" } } } },
+                "status": { "node": node, "eip": { "ipv4": "198.51.100.200" },
+                    "conditions": [{ "type": "Ready", "status": "True", "reason": "Active",
+                        "message": message, "lastTransitionTime": "2026-11-27T10:00:00Z" }] },
+            }))
+            .expect("a policy")
+        };
+        let agent = Selection::<Decoded<EgressPolicy>>::policies(true).trim;
+        let kept = |version: &str, message: &str, node: &str| {
+            let mut p = policy(version, message, node);
+            agent(&mut p);
+            p
+        };
+        let (store, mut writer) = reflector::store::<Decoded<EgressPolicy>>();
+        writer.apply_watcher_event(&watcher::Event::Apply(kept(
+            "1",
+            "3 pod(s) leave",
+            "node-1",
+        )));
+        let counted = kept("2", "4 pod(s) leave", "node-1");
+        assert!(resent(&store, &watcher::Event::Apply(counted)));
+        let moved = kept("3", "4 pod(s) leave", "node-2");
+        assert!(!resent(&store, &watcher::Event::Apply(moved)));
+
+        let controller = Selection::<Decoded<EgressPolicy>>::policies(false).trim;
+        let mut whole = policy("2", "4 pod(s) leave", "node-1");
+        controller(&mut whole);
+        let Decoded::Ok(whole) = whole else {
+            panic!("the policy decodes")
+        };
+        assert_eq!(whole.status.expect("a status").conditions.len(), 1);
+    }
+
+    /// A kubelet's status renewal changes only its conditions' heartbeat
+    /// times: stored, it wakes no one; a node turning NotReady does.
+    #[test]
+    fn a_nodes_heartbeat_alone_wakes_no_one() {
+        let node = |version: &str, heartbeat: &str, ready: &str| {
+            let mut n: Node = serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": { "name": "node-1", "resourceVersion": version },
+                "status": { "conditions": [{ "type": "Ready", "status": ready,
+                    "lastHeartbeatTime": heartbeat,
+                    "lastTransitionTime": "2026-11-27T09:00:00Z" }] },
+            }))
+            .expect("a Node");
+            n.trim();
+            n
+        };
+        let (store, mut writer) = reflector::store::<Node>();
+        writer.apply_watcher_event(&watcher::Event::Apply(node(
+            "1",
+            "2026-11-27T10:00:00Z",
+            "True",
+        )));
+        let renewed = node("2", "2026-11-27T10:05:00Z", "True");
+        assert!(resent(&store, &watcher::Event::Apply(renewed)));
+        let not_ready = node("3", "2026-11-27T10:05:00Z", "False");
+        assert!(!resent(&store, &watcher::Event::Apply(not_ready)));
     }
 }
