@@ -109,11 +109,7 @@ pub fn ensure_built(paths: &Paths) -> anyhow::Result<Previous> {
 fn revision() -> anyhow::Result<String> {
     let file = crate::workspace_root().join(REVISION_FILE);
     let text = fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
-    let Some(named) = text
-        .lines()
-        .map(str::trim)
-        .find(|l| !l.is_empty() && !l.starts_with('#'))
-    else {
+    let Some(named) = named_revision(&text) else {
         bail!("{} names no revision", file.display());
     };
     let root = crate::workspace_root().display().to_string();
@@ -130,6 +126,13 @@ fn revision() -> anyhow::Result<String> {
         )
     })?;
     Ok(full.trim().to_owned())
+}
+
+/// The first line of `text` that is neither empty nor a `#` comment.
+fn named_revision(text: &str) -> Option<&str> {
+    text.lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty() && !l.starts_with('#'))
 }
 
 /// Where the revision's build is kept.
@@ -197,5 +200,17 @@ fn remove_worktree(source: &Path) {
         eprintln!("previous: removing the worktree {source}: {e:#}");
         let _ = fs::remove_dir_all(&source);
         let _ = cmd::run("git", &["-C", &root, "worktree", "prune"]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_revision_is_the_first_line_that_is_no_comment() {
+        let text = "# upgrades are tested from\n\n  v0.1.0  \n# later\nv0.2.0\n";
+        assert_eq!(named_revision(text), Some("v0.1.0"));
+        assert_eq!(named_revision("# none\n\n"), None);
     }
 }

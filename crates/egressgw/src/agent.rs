@@ -477,7 +477,11 @@ impl Agent {
                 "roundTripsMicros": round_trips,
                 "live": sight.live,
                 "holders": sight.holders,
-                "quorum": { "reached": resolved.quorum.reached, "total": resolved.quorum.total },
+                // Only a candidate of some EIP probes every peer and decides by it.
+                "quorum": crate::failover::is_candidate(&planned).then(|| serde_json::json!({
+                    "reached": resolved.quorum.reached,
+                    "total": resolved.quorum.total,
+                })),
                 "targets": resolved.targets,
                 "inUse": in_use,
             },

@@ -112,20 +112,10 @@ impl Liveness {
         }
     }
 
-    /// Probes the peers of `state`, by their tunnel address (IPv4 first).
+    /// Probes the peers of `state` [`probe_targets`] names, by their tunnel
+    /// address (IPv4 first).
     pub fn follow(&self, state: &NodeState) {
-        let targets: Vec<Target> = state
-            .peers
-            .iter()
-            .filter_map(|p| {
-                let addr = p.ipv4.map(IpAddr::V4).or(p.ipv6.map(IpAddr::V6))?;
-                Some(Target {
-                    node: p.node.clone(),
-                    addr,
-                })
-            })
-            .collect();
-        self.prober.set_targets(&targets);
+        self.prober.set_targets(&probe_targets(state));
         // Which candidate holds each EIP this node sends traffic to.
         let sourced = sourced(state);
         let questions: Vec<HolderTarget> = state
@@ -547,6 +537,41 @@ impl Memory {
 }
 
 /// The ids of the groups this node sends selected traffic to.
+/// Whether `state`'s node is a candidate of some EIP: it holds it or may
+/// take it over, which takes a quorum of all the nodes.
+pub fn is_candidate(state: &NodeState) -> bool {
+    state
+        .groups
+        .iter()
+        .any(|g| g.candidates.iter().any(|c| c.node == state.node))
+}
+
+/// The peers a node probes. A candidate of some EIP probes every peer: its
+/// quorum counts all the nodes. Any other node holds nothing and decides
+/// only where its traffic goes, so it probes the candidates of its groups
+/// alone: at a thousand nodes with twenty gateway nodes, twenty probes an
+/// interval instead of a thousand.
+fn probe_targets(state: &NodeState) -> Vec<Target> {
+    let candidates: BTreeSet<&str> = state
+        .groups
+        .iter()
+        .flat_map(|g| g.candidates.iter().map(|c| c.node.as_str()))
+        .collect();
+    let everyone = is_candidate(state);
+    state
+        .peers
+        .iter()
+        .filter(|p| everyone || candidates.contains(p.node.as_str()))
+        .filter_map(|p| {
+            let addr = p.ipv4.map(IpAddr::V4).or(p.ipv6.map(IpAddr::V6))?;
+            Some(Target {
+                node: p.node.clone(),
+                addr,
+            })
+        })
+        .collect()
+}
+
 fn sourced(planned: &NodeState) -> BTreeSet<u32> {
     planned.classify.iter().filter_map(|e| e.group).collect()
 }
@@ -628,7 +653,8 @@ fn gateways_in_use(
 
 #[cfg(test)]
 mod tests {
-    use egressgw_core::state::{Action, Candidate, ClassifyEntry, Group};
+    use egressgw_core::model::Mac;
+    use egressgw_core::state::{Action, Candidate, ClassifyEntry, Group, Peer};
 
     use super::*;
 
@@ -705,6 +731,47 @@ mod tests {
 
     fn eip(state: &NodeState, id: usize) -> IpAddr {
         state.groups[id].eip.unwrap()
+    }
+
+    /// Peers `n1` to `n<count>` but `me`, each with a tunnel address.
+    fn peers(me: &str, count: u8) -> Vec<Peer> {
+        (1..=count)
+            .map(|i| format!("n{i}"))
+            .filter(|n| n != me)
+            .zip(1u8..)
+            .map(|(node, i)| Peer {
+                node,
+                underlay: IpAddr::from([172, 18, 0, 10 + i]),
+                mac: Mac([2, 0, 0, 0, 0, i]),
+                ipv4: Some(std::net::Ipv4Addr::new(169, 254, 0, i)),
+                ipv6: None,
+            })
+            .collect()
+    }
+
+    fn probed(state: &NodeState) -> Vec<String> {
+        probe_targets(state).into_iter().map(|t| t.node).collect()
+    }
+
+    /// A candidate probes every peer for its quorum; a node that is none
+    /// probes the candidates of its groups alone, and with no group none.
+    #[test]
+    fn only_candidates_probe_every_peer() {
+        let mut gateway = two_groups("n1", &[]);
+        gateway.peers = peers("n1", 6);
+        gateway.groups[0].candidates = vec![candidate("n2"), candidate("n1")];
+        gateway.groups[1].candidates = vec![candidate("n1"), candidate("n2")];
+        assert!(is_candidate(&gateway));
+        assert_eq!(probed(&gateway), ["n2", "n3", "n4", "n5", "n6"]);
+
+        let mut worker = gateway.clone();
+        worker.node = "n5".to_owned();
+        worker.peers = peers("n5", 6);
+        assert!(!is_candidate(&worker));
+        assert_eq!(probed(&worker), ["n1", "n2"]);
+
+        worker.groups.clear();
+        assert!(probed(&worker).is_empty());
     }
 
     #[test]
