@@ -274,6 +274,17 @@ pub fn segment_interfaces(ip: IpAddr) -> Vec<(String, u32)> {
         .collect()
 }
 
+/// The interfaces with an address whose prefix contains `ip`, up or down
+/// (not loopback, not the EIP device), as (name, index): those
+/// [`segment_interfaces`] gives while they are up.
+pub fn subnet_interfaces(ip: IpAddr) -> Vec<(String, u32)> {
+    pnet_datalink::interfaces()
+        .into_iter()
+        .filter(|iface| Candidate::of(iface).on_subnet(ip))
+        .map(|iface| (iface.name, iface.index))
+        .collect()
+}
+
 /// What [`announce`] looks at in an interface.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Candidate {
@@ -299,12 +310,17 @@ impl Candidate {
         }
     }
 
+    /// Whether an address of this interface has a prefix that contains
+    /// `ip` (and it is neither loopback nor the EIP device), up or not.
+    fn on_subnet(&self, ip: IpAddr) -> bool {
+        let contains = |net: &IpNet| net.prefix_len() < net.max_prefix_len() && net.contains(&ip);
+        !self.loopback && self.name != EIP_DEVICE && self.nets.iter().any(contains)
+    }
+
     /// The MAC to announce `ip` with on this interface, if it is one to
     /// announce on.
     fn announcing_mac(&self, ip: IpAddr) -> Option<[u8; 6]> {
-        let contains = |net: &IpNet| net.prefix_len() < net.max_prefix_len() && net.contains(&ip);
-        let eligible =
-            self.up && !self.loopback && self.name != EIP_DEVICE && self.nets.iter().any(contains);
+        let eligible = self.up && self.on_subnet(ip);
         self.mac.filter(|mac| eligible && *mac != [0; 6])
     }
 }

@@ -680,30 +680,35 @@ impl Rtnetlink {
     }
 
     /// Removes every proxy entry for `ip`, and turns `proxy_ndp` off again
-    /// on each interface left without any proxy entry: it answers only for
-    /// proxy entries, so with none it does nothing, and the interface is
-    /// as it was before its first IPv6 EIP.
+    /// on each interface of its subnet (up or down) and each it had an
+    /// entry on, once that interface is left without any proxy entry: it
+    /// answers only for proxy entries, so with none it does nothing, and
+    /// the interface is as it was before its first IPv6 EIP. A link that
+    /// went down lost its proxy entries with it (the kernel flushes them),
+    /// so an EIP given up then has no entry left to find.
     async fn unproxy(&self, ip: IpAddr) -> Result<()> {
         if ip.is_ipv4() {
             return Ok(());
         }
         let proxies = self.proxies().await?;
-        let mut emptied = BTreeSet::new();
+        let mut touched: BTreeSet<u32> = crate::announce::subnet_interfaces(ip)
+            .into_iter()
+            .map(|(_, index)| index)
+            .collect();
         for (index, _) in proxies.iter().filter(|(_, p)| *p == ip) {
             let index = *index;
             self.ack(RouteNetlinkMessage::DelNeighbour(proxy_msg(index, ip)), 0)
                 .await
                 .or_else(|e| ignore(e, ENOENT))
                 .map_err(nl(format!("proxy neighbour {ip} dev #{index}: delete")))?;
-            if !proxies.iter().any(|(i, p)| *i == index && *p != ip) {
-                emptied.insert(index);
-            }
+            touched.insert(index);
         }
-        if emptied.is_empty() {
+        touched.retain(|index| !proxies.iter().any(|(i, p)| i == index && *p != ip));
+        if touched.is_empty() {
             return Ok(());
         }
         for iface in pnet_datalink::interfaces() {
-            if emptied.contains(&iface.index) {
+            if touched.contains(&iface.index) {
                 let path = self
                     .sysctl_net
                     .join(format!("ipv6/conf/{}/proxy_ndp", iface.name));

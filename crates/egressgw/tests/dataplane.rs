@@ -930,6 +930,50 @@ fn cleanup_leaves_each_dual_stack_node_as_it_was_before_apply() {
     }
 }
 
+/// node-b holds the IPv6 EIP when its segment's link goes down: the kernel
+/// flushes the link's proxy neighbour entries, so the agent finds none
+/// when it gives the EIP up. `proxy_ndp` must still be turned off again,
+/// and cleanup leave node-b as it was (the node keeps its addresses while
+/// the link is down, as a node's network configuration restores them).
+#[test]
+fn an_ipv6_eip_given_up_while_its_link_was_down_leaves_proxy_ndp_as_it_was() {
+    if !have_root("an_ipv6_eip_given_up_while_its_link_was_down_leaves_proxy_ndp_as_it_was") {
+        return;
+    }
+    let topo = Topology::dual_stack(Masquerade::Nft);
+    topo.node_b.run(
+        "sysctl",
+        &["-q", "-w", "net.ipv6.conf.all.keep_addr_on_down=1"],
+    );
+    let before = topo.node_b.kernel_state();
+    let gw = apply_both(&topo, &Policy::dual_stack(), DUAL_STACK_CONFIG);
+    assert!(
+        topo.node_b
+            .ip(&["-6", "neigh", "show", "proxy"])
+            .contains("eth1"),
+        "node-b has no proxy entry for the IPv6 EIP on eth1"
+    );
+    topo.node_b.ip(&["link", "set", "eth1", "down"]);
+    for ns in [&topo.node_a, &topo.node_b] {
+        gw.cleanup(ns);
+    }
+    topo.node_b.ip(&["link", "set", "eth1", "up"]);
+    let after = topo.node_b.kernel_state();
+    let proxy_ndp = |state: &str| -> Vec<String> {
+        state
+            .lines()
+            .filter(|l| l.contains("proxy_ndp"))
+            .map(str::to_owned)
+            .collect()
+    };
+    assert_eq!(
+        proxy_ndp(&after),
+        proxy_ndp(&before),
+        "node-b's proxy_ndp after cleanup:\n{}",
+        line_diff(&before, &after)
+    );
+}
+
 /// The lines only in `before` (`-`) and only in `after` (`+`), under the
 /// section headers (`## ...`) they belong to.
 fn line_diff(before: &str, after: &str) -> String {
