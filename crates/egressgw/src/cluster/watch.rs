@@ -69,56 +69,20 @@ impl Stores {
         // An agent (watching for its node) plans from a policy's spec and
         // placement alone; the controller compares whole statuses.
         let agent = node.is_some();
+        // Every kind is watched whole, counted in `version`.
+        macro_rules! watch {
+            ($selection:expr) => {
+                watch_fields(Api::all(client.clone()), $selection, changed, v, t, renew)
+            };
+        }
         let stores = Self {
-            nodes: watch_fields(
-                Api::all(client.clone()),
-                Selection::every(),
-                changed,
-                v,
-                t,
-                renew,
-            ),
-            namespaces: watch_fields(
-                Api::all(client.clone()),
-                Selection::every(),
-                changed,
-                v,
-                t,
-                renew,
-            ),
+            nodes: watch!(Selection::every()),
+            namespaces: watch!(Selection::every()),
             pods: Pods::start(client, changed, t, renew, node),
-            gateways: watch_fields(
-                Api::all(client.clone()),
-                Selection::every(),
-                changed,
-                v,
-                t,
-                renew,
-            ),
-            policies: watch_fields(
-                Api::all(client.clone()),
-                Selection::policies(agent),
-                changed,
-                v,
-                t,
-                renew,
-            ),
-            cluster_policies: watch_fields(
-                Api::all(client.clone()),
-                Selection::policies(agent),
-                changed,
-                v,
-                t,
-                renew,
-            ),
-            tunnels: watch_fields(
-                Api::all(client.clone()),
-                Selection::every(),
-                changed,
-                v,
-                t,
-                renew,
-            ),
+            gateways: watch!(Selection::every()),
+            policies: watch!(Selection::policies(agent)),
+            cluster_policies: watch!(Selection::policies(agent)),
+            tunnels: watch!(Selection::every()),
             cluster_version: Arc::clone(&version),
         };
         (stores, tasks)
