@@ -23,7 +23,7 @@ use std::time::Duration;
 use criterion::{BatchSize, Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
 use egressgw_benches::{agent_node, next_snapshot, pods_reaching, relabelled, synthetic_cluster};
 use egressgw_core::plan::scoped;
-use egressgw_core::{Planner, Snapshot, plan, plan_node, plan_status, pod_scope};
+use egressgw_core::{Planner, Snapshot, plan, plan_node, plan_published, plan_status, pod_scope};
 
 /// `(nodes, policies, pods)`.
 type Size = (usize, usize, usize);
@@ -66,7 +66,9 @@ fn bench_size(c: &mut Criterion, size: Size, tune: impl FnOnce(&mut SizeGroup<'_
 /// An agent's planner of `node` from the Pods it watches: built whole,
 /// and changed by one Pod.
 fn bench_agent(group: &mut SizeGroup<'_>, steady: &Snapshot, kind: &str, node: &str) {
-    let own = scoped(steady, node, pod_scope(steady, node));
+    let published = plan_published(steady).gateway_pods;
+    let own = scoped(steady, node, pod_scope(steady, node), &published);
+    drop(published);
     group.bench_function(format!("{kind}/full"), |b| {
         b.iter_batched(
             || own.clone(),

@@ -6,12 +6,15 @@
 //! process's peak memory then: what an agent holds. `PLAN_ONCE_AGENT=worker`
 //! and `PLAN_ONCE_AGENT=gateway` plan a worker node and a gateway node from
 //! the Pods their agents watch (`egressgw_core::pod_scope`), in a process
-//! that never holds the other Pods, and print its peak memory. With
+//! that never holds the other Pods, and print its peak memory (a gateway
+//! node's agent holds its own Pods and those the controller publishes for
+//! its gateways, `egressgw_core::plan_published`). With
 //! `PLAN_ONCE_DIGEST=1`, a digest of the whole plan, to check that a change
 //! to the planner plans the same. With `PLAN_ONCE_CHANGES=N` beside
 //! `PLAN_ONCE_AGENT=worker|gateway`, the agent's incremental planner is
 //! built and N of its Pods changed one by one, each timed.
 
+use std::collections::HashSet;
 use std::time::Instant;
 
 fn main() {
@@ -23,6 +26,18 @@ fn main() {
         eprintln!("usage: plan_once NODES POLICIES PODS");
         std::process::exit(2);
     };
+    if let Ok(node) = std::env::var("PLAN_ONCE_LIST_PUBLISHED") {
+        let whole = egressgw_benches::synthetic_cluster(nodes, policies, pods);
+        let gateway_pods = egressgw_core::plan_published(&whole).gateway_pods;
+        for pod in egressgw_core::gateways_selecting(&whole, &node)
+            .into_iter()
+            .filter_map(|g| gateway_pods.get(g))
+            .flatten()
+        {
+            println!("{} {}", pod.namespace, pod.name);
+        }
+        return;
+    }
     if let Some(kind @ ("worker" | "gateway")) = std::env::var("PLAN_ONCE_AGENT").ok().as_deref() {
         scoped_agent(kind, (nodes, policies, pods));
         return;
@@ -76,18 +91,41 @@ fn main() {
     );
 }
 
+/// The Pods the controller publishes for the gateways selecting `node`
+/// (namespace, name), listed by a child process of this example.
+fn published_pods(node: &str, size: (usize, usize, usize)) -> HashSet<(String, String)> {
+    let (nodes, policies, pods) = size;
+    let out = std::process::Command::new(std::env::current_exe().expect("this example"))
+        .args([nodes, policies, pods].map(|n| n.to_string()))
+        .env_remove("PLAN_ONCE_AGENT")
+        .env("PLAN_ONCE_LIST_PUBLISHED", node)
+        .output()
+        .expect("the example runs again");
+    assert!(out.status.success(), "listing the published pods failed");
+    String::from_utf8(out.stdout)
+        .expect("names are UTF-8")
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .map(|(ns, name)| (ns.to_owned(), name.to_owned()))
+        .collect()
+}
+
 /// Plans one node of `kind` from the Pods its agent watches; the peak
 /// memory is that of a process that only ever held those Pods (the
 /// agent's snapshot and plan; its watch caches are not counted here).
 fn scoped_agent(kind: &str, size: (usize, usize, usize)) {
     let (nodes, policies, pods) = size;
-    // The nodes and gateways alone decide which Pods a node watches.
+    // The nodes and gateways decide which Pods a node watches; of a
+    // gateway node's, which its gateways' policies select (what the
+    // controller publishes), taken as names before the cluster is dropped.
+    // A child process lists them, so that this one never holds the rest.
     let shape = egressgw_benches::synthetic_cluster(nodes, policies, 0);
     let node = egressgw_benches::agent_node(&shape, kind == "gateway");
-    let scope = egressgw_core::pod_scope(&shape, &node);
     drop(shape);
+    let published = published_pods(&node, size);
     let mut own = egressgw_benches::synthetic_cluster_where(nodes, policies, pods, &|p| {
-        scope == egressgw_core::PodScope::Cluster || p.node.as_deref() == Some(node.as_str())
+        p.node.as_deref() == Some(node.as_str())
+            || published.contains(&(p.namespace.clone(), p.name.clone()))
     });
     // The controller's placement, published: what the agent follows.
     // Placement does not depend on the Pods, so the agent's own Pods give

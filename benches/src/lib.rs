@@ -138,8 +138,8 @@ pub fn next_snapshot(snapshot: &Snapshot, plan: &Plan) -> Snapshot {
     next
 }
 
-/// A node of `snapshot` whose agent watches every Pod (`gateway`: some
-/// gateway selects it) or only its own: the second of its kind where there
+/// A node of `snapshot` whose agent watches its gateways' Pods besides its
+/// own (`gateway`: some gateway selects it) or only its own: the second of its kind where there
 /// are two, as the synthetic cluster leaves the first worker's Pods pending
 /// at some sizes.
 pub fn agent_node(snapshot: &Snapshot, gateway: bool) -> String {
@@ -149,7 +149,7 @@ pub fn agent_node(snapshot: &Snapshot, gateway: bool) -> String {
         .map(|n| n.name.as_str())
         .filter(|n| {
             let scope = egressgw_core::pod_scope(snapshot, n);
-            (scope == egressgw_core::PodScope::Cluster) == gateway
+            (scope != egressgw_core::PodScope::Node) == gateway
         })
         .collect();
     of_kind

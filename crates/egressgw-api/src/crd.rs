@@ -5,7 +5,7 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-use crate::{EgressClusterPolicy, EgressGateway, EgressPolicy, EgressTunnel};
+use crate::{EgressClusterPolicy, EgressEndpointSlice, EgressGateway, EgressPolicy, EgressTunnel};
 
 /// The first lines of every generated file.
 pub const GENERATED_HEADER: &str = "\
@@ -17,14 +17,15 @@ pub const GENERATED_HEADER: &str = "\
 /// app.kubernetes.io/part-of=egressgw` removes them all after an uninstall.
 pub const PART_OF: (&str, &str) = ("app.kubernetes.io/part-of", "egressgw");
 
-/// The four CRDs: `EgressGateway`, `EgressPolicy`, `EgressClusterPolicy`,
-/// `EgressTunnel`.
+/// The five CRDs: `EgressGateway`, `EgressPolicy`, `EgressClusterPolicy`,
+/// `EgressTunnel`, `EgressEndpointSlice`.
 pub fn crds() -> Vec<CustomResourceDefinition> {
     let mut crds = vec![
         EgressGateway::crd(),
         EgressPolicy::crd(),
         EgressClusterPolicy::crd(),
         EgressTunnel::crd(),
+        EgressEndpointSlice::crd(),
     ];
     for crd in &mut crds {
         crd.metadata

@@ -57,6 +57,13 @@ use crate::validation::{self, FieldPath, ValidationErrors, as_v4, as_v6, non_emp
         description = "Nodes the node selector matches"
     ),
     printcolumn(
+        name = "Pods",
+        type_ = "integer",
+        json_path = ".status.pods.selected",
+        description = "Pods whose traffic its nodes may carry",
+        priority = 1
+    ),
+    printcolumn(
         name = "IPv4 Free",
         type_ = "integer",
         json_path = ".status.ipUsage.ipv4Free",
@@ -182,10 +189,30 @@ pub struct EgressGatewayStatus {
     /// Pool usage.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ip_usage: Option<IpUsage>,
+    /// The Pods whose traffic the gateway's nodes may carry, as the
+    /// controller publishes them in `EgressEndpointSlice`s; unset until it
+    /// does (the nodes' agents then watch every Pod).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pods: Option<GatewayPods>,
     /// `Ready`: the gateway can carry traffic (a usable pool and a ready node).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(transform = schema::conditions)]
     pub conditions: Vec<Condition>,
+}
+
+/// `status.pods` of an `EgressGateway`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayPods {
+    /// How many Pods its policies select (with the Pods sharing an address
+    /// with one).
+    #[serde(default)]
+    #[schemars(transform = schema::int_range(schema::POD_COUNT))]
+    pub selected: i32,
+    /// How many `EgressEndpointSlice`s hold them.
+    #[serde(default)]
+    #[schemars(transform = schema::int_range(schema::POD_COUNT))]
+    pub slices: i32,
 }
 
 /// One selected node of a gateway.

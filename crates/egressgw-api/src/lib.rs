@@ -5,6 +5,8 @@
 //!   `egressgw.io`, version `v1alpha1`. Each spec has a `validate()` that
 //!   returns every problem, each named by its field path; the same checks
 //!   run at admission as CEL rules (see `docs/api.md`).
+//! - [`endpoints`]: the Pods of each gateway, as the controller publishes
+//!   them for the agents of its nodes.
 //! - [`snapshot`]: watched objects into an [`egressgw_core::Snapshot`].
 //! - [`watched`]: a Pod as the daemons keep it, with what the planner reads.
 //! - [`status`]: the planner's status output into the CRDs' status types.
@@ -16,6 +18,7 @@
 
 pub mod config;
 pub mod crd;
+pub mod endpoints;
 mod error;
 pub mod fuzz;
 pub mod gateway;
@@ -31,6 +34,7 @@ pub mod tunnel;
 mod validation;
 pub mod watched;
 
+pub use endpoints::{EgressEndpointSlice, EgressEndpointSliceSpec, EndpointPod};
 pub use error::{Error, LoadError, Location};
 pub use gateway::{EgressGateway, EgressGatewaySpec, EgressGatewayStatus};
 pub use load::{Objects, Skipped, UnknownFields, objects_from_yaml};

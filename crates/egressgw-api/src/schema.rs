@@ -51,6 +51,8 @@ pub(crate) const NODE_COUNT: IntRange = IntRange {
     min: 0,
     max: i32::MAX as i64,
 };
+/// `status.pods.*` of a gateway: counts of Pods and slices, `int32`.
+pub(crate) const POD_COUNT: IntRange = NODE_COUNT;
 /// `status.ipUsage.*`: counts of addresses, `int64`, saturating at the
 /// largest (an IPv6 /64 holds more).
 pub(crate) const ADDRESS_COUNT: IntRange = IntRange {

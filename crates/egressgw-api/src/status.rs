@@ -98,6 +98,8 @@ pub fn gateway_status(
             ipv6_total: clamp(usage.ipv6_total),
             ipv6_free: clamp(usage.ipv6_free),
         }),
+        // What the controller published last; it sets what it publishes now.
+        pods: old.and_then(|o| o.pods),
         conditions: conditions(&status.conditions, old_conditions, generation, now),
     }
 }

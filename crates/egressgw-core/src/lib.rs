@@ -17,5 +17,6 @@ pub mod status;
 
 pub use model::Snapshot;
 pub use plan::{
-    Plan, Planner, PodScope, plan, plan_node, plan_node_published, plan_status, pod_scope, remember,
+    Plan, Planner, PodScope, Published, gateways_selecting, plan, plan_node, plan_node_published,
+    plan_published, plan_status, pod_scope, remember,
 };

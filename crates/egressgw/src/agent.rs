@@ -47,7 +47,7 @@ use crate::cluster::following::{Following, Replanned};
 use crate::cluster::health::{self, Health};
 use crate::cluster::metrics::{AgentMetrics, ApiRequests, PolicyCount, Verb};
 use crate::cluster::owner::Owner;
-use crate::cluster::watch::Stores;
+use crate::cluster::watch::{Stores, Wanted};
 use crate::cluster::{self, ClusterArgs, lease};
 use crate::failover::{Held, Liveness, Memory};
 use crate::load_config;
@@ -235,7 +235,12 @@ async fn agent(args: &AgentArgs, config: Config, running: &Running) -> anyhow::R
         Arc::clone(&running.stopping),
     ));
 
-    let (stores, _watches) = Stores::start(&client, &changed, WATCH_RENEW, Some(node));
+    let (stores, _watches) = Stores::start(
+        &client,
+        &changed,
+        WATCH_RENEW,
+        Some((node, &args.cluster.namespace)),
+    );
     tracing::info!("waiting for the first list of every watched kind");
     stores.ready().await?;
     tracing::info!("watches synced");
@@ -561,7 +566,7 @@ impl Agent {
         let Some((snapshot, scope, pods)) = self.snapshot() else {
             tracing::info!(
                 node = self.node,
-                "a gateway selects this node: waiting for the list of every pod before planning"
+                "a gateway selects this node: waiting for the list of the pods it carries before planning"
             );
             return self.planned.is_some();
         };
@@ -612,15 +617,24 @@ impl Agent {
     fn snapshot(&self) -> Option<(Snapshot, PodScope, Vec<Arc<WatchedPod>>)> {
         for _ in 0..2 {
             let cluster = self.stores.cluster_snapshot(self.config.clone());
-            let wanted = egressgw_core::pod_scope(&cluster, &self.node);
-            if !self.stores.pods.serve(wanted) {
+            let wanted = match egressgw_core::pod_scope(&cluster, &self.node) {
+                PodScope::Node => Wanted::Node,
+                _ if self.stores.pods_published() => Wanted::Gateways(
+                    egressgw_core::gateways_selecting(&cluster, &self.node)
+                        .into_iter()
+                        .map(str::to_owned)
+                        .collect(),
+                ),
+                _ => Wanted::Cluster,
+            };
+            if !self.stores.pods.serve(&wanted) {
                 return None;
             }
-            // Every Pod serves a node that needs its own only; a node that
-            // needs every Pod, listed since, takes the objects again.
+            // Every Pod serves any node; a node that needs every Pod,
+            // listed since, takes the objects again.
             let (served, pods) = self.stores.pods.scoped_state();
-            if served == wanted || served == PodScope::Cluster {
-                self.metrics.watched_pods(wanted, pods.len());
+            if served == wanted.scope() || served == PodScope::Cluster {
+                self.metrics.watched_pods(served, pods.len());
                 return Some((cluster, served, pods));
             }
         }

@@ -10,6 +10,11 @@
 //! tunnel marked `HeartbeatTimeout`, and its node gets no new EIPs. EIPs it
 //! holds stay: failover is the data plane's (see `crate::failover`), and the
 //! controller records where the agents report holding them.
+//!
+//! It also publishes, per gateway, the Pods whose traffic the gateway's
+//! nodes may carry, in `EgressEndpointSlice`s in its namespace (see
+//! `crate::slices`): the agents of those nodes watch them instead of every
+//! Pod. A gateway's `status.pods` says they are published.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -17,14 +22,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use egressgw_api::{EgressClusterPolicy, EgressGateway, EgressPolicy, EgressTunnel, TunnelPhase};
+use egressgw_api::endpoints::{self, EndpointPod};
+use egressgw_api::{
+    EgressClusterPolicy, EgressEndpointSlice, EgressGateway, EgressPolicy, EgressTunnel,
+    TunnelPhase,
+};
 use egressgw_core::Snapshot;
 use egressgw_core::model::{Config, Mac, PolicyRef};
 use egressgw_core::status::{ClusterStatus, ConditionType, Reason};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt as _};
@@ -37,6 +46,7 @@ use crate::cluster::metrics::{ApiRequests, ControllerMetrics, REQUEST_TIMEOUT, V
 use crate::cluster::watch::{Stores, watch as watch_kind};
 use crate::cluster::{self, ClusterArgs};
 use crate::load_config;
+use crate::slices::{self, SliceWrite};
 use crate::writes::{self, Stored, Write};
 
 /// Field manager of the controller's writes.
@@ -120,11 +130,22 @@ async fn controller(args: &ControllerArgs, config: Config) -> anyhow::Result<()>
         &mut watches,
         WATCH_RENEW,
     );
+    // Its own writes come back and wake it once more, with nothing to do;
+    // a slice changed or deleted by anyone else is written again.
+    let endpoint_slices: Store<EgressEndpointSlice> = watch_kind(
+        Api::namespaced(client.clone(), &args.cluster.namespace),
+        &changed,
+        &mut watches,
+        WATCH_RENEW,
+    );
     stores.ready().await?;
     leases
         .wait_until_ready()
         .await
         .map_err(|_| anyhow::anyhow!("the Lease watch stopped before its first list"))?;
+    endpoint_slices.wait_until_ready().await.map_err(|_| {
+        anyhow::anyhow!("the EgressEndpointSlice watch stopped before its first list")
+    })?;
     tracing::info!("watches synced");
     health.set_ready(Ok(()));
 
@@ -155,6 +176,8 @@ async fn controller(args: &ControllerArgs, config: Config) -> anyhow::Result<()>
         client,
         stores,
         leases,
+        endpoint_slices,
+        namespace: args.cluster.namespace.clone(),
         liveness: Liveness::default(),
         started: Instant::now(),
         agent_timeout: Duration::from_secs_f64(args.agent_timeout),
@@ -247,6 +270,10 @@ struct Control {
     client: Client,
     stores: Stores,
     leases: Store<Lease>,
+    /// The slices of every gateway's Pods, in `namespace`.
+    endpoint_slices: Store<EgressEndpointSlice>,
+    /// The controller's namespace, where the slices are.
+    namespace: String,
     liveness: Liveness,
     started: Instant,
     agent_timeout: Duration,
@@ -301,9 +328,12 @@ impl Control {
                 node.ready = false;
             }
         }
-        // The allocations and status only: the nodes' dataplane states are
-        // each agent's to plan.
-        let status = egressgw_core::plan_status(&snapshot);
+        // The allocations, status and each gateway's Pods only: the nodes'
+        // dataplane states are each agent's to plan.
+        let published = egressgw_core::plan_published(&snapshot);
+        let (sent, pods) = self.publish(&published.gateway_pods).await;
+        ok &= sent;
+        let status = published.status;
         self.count_allocations(&snapshot, &status);
         let tunnels: Vec<Option<bool>> = self
             .stores
@@ -313,8 +343,10 @@ impl Control {
             .map(|t| t.phase().map(|p| p == TunnelPhase::Ready))
             .collect();
         self.metrics.set_objects(&status, &tunnels);
+        let mut stored = self.stored();
+        stored.published = pods;
         ok &= self
-            .send(&writes::plan(&self.stored(), &status, Timestamp::now()))
+            .send(&writes::plan(&stored, &status, Timestamp::now()))
             .await;
         self.report_moves(&snapshot, &status).await;
         self.report_invalid(&snapshot).await;
@@ -350,6 +382,80 @@ impl Control {
             self.metrics.allocated(kind, result, n);
         }
         self.allocations = Some(now);
+    }
+
+    /// Writes the slices that publish `gateway_pods`. Returns whether
+    /// every write succeeded, and the gateways whose slices now hold their
+    /// Pods, with their counts.
+    async fn publish(
+        &self,
+        gateway_pods: &BTreeMap<String, Vec<&egressgw_core::model::Pod>>,
+    ) -> (bool, BTreeMap<String, egressgw_api::gateway::GatewayPods>) {
+        let wanted: BTreeMap<String, Vec<EndpointPod>> = gateway_pods
+            .iter()
+            .map(|(g, pods)| (g.clone(), pods.iter().map(|p| EndpointPod::of(p)).collect()))
+            .collect();
+        let gateways: BTreeMap<String, String> = self
+            .stores
+            .gateways
+            .state()
+            .iter()
+            .filter_map(|g| Some((g.name_any(), g.metadata.uid.clone()?)))
+            .collect();
+        let mut planned = slices::plan(&self.endpoint_slices.state(), &gateways, &wanted);
+        let mut ok = true;
+        for write in &planned.writes {
+            if let Err(e) = self.write_slice(write).await {
+                tracing::warn!(write = %write, error = format!("{e:#}"), "cannot write");
+                planned.published.remove(write.gateway());
+                ok = false;
+            }
+        }
+        (ok, planned.published)
+    }
+
+    /// Sends one slice write.
+    async fn write_slice(&self, write: &SliceWrite) -> anyhow::Result<()> {
+        let api: Api<EgressEndpointSlice> = Api::namespaced(self.client.clone(), &self.namespace);
+        match write {
+            SliceWrite::Apply { name, owner, spec } => {
+                let body = serde_json::json!({
+                    "apiVersion": api_version(),
+                    "kind": "EgressEndpointSlice",
+                    "metadata": {
+                        "name": name,
+                        "labels": {
+                            endpoints::GATEWAY_LABEL: endpoints::gateway_label(&spec.gateway),
+                            "app.kubernetes.io/managed-by": MANAGER,
+                        },
+                        "ownerReferences": [{
+                            "apiVersion": api_version(), "kind": "EgressGateway",
+                            "name": spec.gateway, "uid": owner,
+                        }],
+                    },
+                    "spec": spec,
+                });
+                let params = PatchParams::apply(MANAGER).force();
+                self.metrics
+                    .api()
+                    .send(Verb::Patch, api.patch(name, &params, &Patch::Apply(&body)))
+                    .await?;
+            }
+            SliceWrite::Delete { name, .. } => {
+                let deleted = self
+                    .metrics
+                    .api()
+                    .send(Verb::Delete, api.delete(name, &DeleteParams::default()))
+                    .await;
+                match deleted {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(e)) if e.code == 404 => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        tracing::debug!(write = %write, "written");
+        Ok(())
     }
 
     /// What the watch caches hold, as [`writes::plan`] decides from it.

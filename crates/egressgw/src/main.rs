@@ -8,6 +8,7 @@ mod dataplane;
 mod doctor;
 mod failover;
 mod render;
+mod slices;
 mod writes;
 
 use std::io::{Read as _, Write as _};

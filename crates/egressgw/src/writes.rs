@@ -10,6 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use egressgw_api::gateway::GatewayPods;
 use egressgw_api::status::{gateway_status, policy_status, tunnel_status};
 use egressgw_api::tunnel::TunnelEndpoint;
 use egressgw_api::{EgressGatewayStatus, EgressPolicyStatus, EgressTunnelStatus, TunnelPhase};
@@ -28,6 +29,9 @@ pub struct Stored {
     pub policies: BTreeMap<PolicyRef, Object<EgressPolicyStatus>>,
     /// Each gateway's stored status and `metadata.generation`.
     pub gateways: BTreeMap<String, Object<EgressGatewayStatus>>,
+    /// The gateways whose Pods are published (their `EgressEndpointSlice`s
+    /// written), with what their status says of them.
+    pub published: BTreeMap<String, GatewayPods>,
 }
 
 /// An object's stored status and generation.
@@ -134,11 +138,14 @@ pub fn plan(stored: &Stored, status: &ClusterStatus, now: Timestamp) -> Vec<Writ
         }
     }
     for s in &status.gateways {
-        let Some(stored) = stored.gateways.get(&s.gateway) else {
+        let Some(object) = stored.gateways.get(&s.gateway) else {
             continue;
         };
-        let new = gateway_status(s, stored.status.as_ref(), stored.generation, now);
-        if stored.status.as_ref() != Some(&new) {
+        let mut new = gateway_status(s, object.status.as_ref(), object.generation, now);
+        if let Some(pods) = stored.published.get(&s.gateway) {
+            new.pods = Some(*pods);
+        }
+        if object.status.as_ref() != Some(&new) {
             writes.push(Write::GatewayStatus {
                 gateway: s.gateway.clone(),
                 status: new,
@@ -274,7 +281,33 @@ mod tests {
                     generation: Some(3),
                 },
             )]),
+            published: BTreeMap::new(),
         }
+    }
+
+    /// The gateway's status says its Pods are published once the slices
+    /// are written, and is written again only when their count changes;
+    /// until then it keeps what it said.
+    #[test]
+    fn a_gateways_published_pods_go_into_its_status() {
+        let mut stored = carried_out(fresh(), &plan(&fresh(), &cluster(true), now()));
+        let gateway = |stored: &Stored| stored.gateways["egw"].status.clone().unwrap();
+        assert_eq!(gateway(&stored).pods, None);
+        let pods = GatewayPods {
+            selected: 3,
+            slices: 1,
+        };
+        stored.published.insert("egw".into(), pods);
+        let writes = plan(&stored, &cluster(true), later());
+        assert!(
+            matches!(writes.as_slice(), [Write::GatewayStatus { .. }]),
+            "{writes:?}"
+        );
+        let mut stored = carried_out(stored, &writes);
+        assert_eq!(gateway(&stored).pods, Some(pods));
+        assert_eq!(plan(&stored, &cluster(true), later()), []);
+        stored.published.clear();
+        assert_eq!(plan(&stored, &cluster(true), later()), []);
     }
 
     #[test]

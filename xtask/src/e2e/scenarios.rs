@@ -68,8 +68,8 @@ pub const ALL: [Scenario; 37] = [
         new_pod_matching_a_policy_is_covered,
     ),
     (
-        "only_nodes_a_gateway_selects_watch_every_pod",
-        super::scope::only_nodes_a_gateway_selects_watch_every_pod,
+        "only_nodes_a_gateway_selects_watch_its_pods",
+        super::scope::only_nodes_a_gateway_selects_watch_its_pods,
     ),
     (
         "metrics_count_a_policys_traffic_and_every_daemon_serves_them",

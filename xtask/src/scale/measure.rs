@@ -81,6 +81,9 @@ pub struct Report {
     /// address in the API to its entry.
     probe_created: Vec<f64>,
     probe_addressed: Vec<f64>,
+    /// Seconds from each probe Pod's creation to its SNAT entry on the
+    /// gateway node, which learns of it from the controller's slices.
+    probe_gateway: Vec<f64>,
     load_average: String,
 }
 
@@ -136,6 +139,7 @@ pub fn run(lab: &Lab, args: &ScaleArgs) -> anyhow::Result<Report> {
         concurrency: args.concurrency.max(1),
         probes: args.probes,
         worker,
+        gateway: gateway_node.clone(),
         pins,
     };
     probe::in_netns(&topo.control_plane.netns, || {
@@ -170,6 +174,7 @@ struct Steps<'a> {
     concurrency: usize,
     probes: usize,
     worker: LabNode,
+    gateway: LabNode,
     pins: PathBuf,
 }
 
@@ -351,8 +356,35 @@ impl Steps<'_> {
             report
                 .probe_addressed
                 .push(addressed.elapsed().as_secs_f64());
+            while !self.gateway_snats(ip)? {
+                if addressed.elapsed() > PROBE_TIMEOUT {
+                    bail!(
+                        "Pod {PROBE_NAMESPACE}/{name} ({ip}) has no SNAT entry on {} after {} s",
+                        self.gateway.name,
+                        PROBE_TIMEOUT.as_secs()
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            report.probe_gateway.push(created.elapsed().as_secs_f64());
         }
         Ok(())
+    }
+
+    /// Whether the gateway node's nftables SNAT map has `ip`'s entry for
+    /// the probe destination (one element looked up, not the map listed).
+    fn gateway_snats(&self, ip: IpAddr) -> anyhow::Result<bool> {
+        let element = format!("{{ {ip} . {PROBE_DST} }}");
+        let status = std::process::Command::new("ip")
+            .args(["netns", "exec", self.gateway.netns.as_str()])
+            .args([
+                "nft", "get", "element", "inet", "egressgw", "snat4", &element,
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .context("running nft get element on the gateway node")?;
+        Ok(status.success())
     }
 }
 
@@ -890,6 +922,10 @@ impl fmt::Display for Report {
             for (what, values) in [
                 ("from the create request", &self.probe_created),
                 ("from the address written", &self.probe_addressed),
+                (
+                    "from the create request to the gateway's SNAT entry",
+                    &self.probe_gateway,
+                ),
             ] {
                 let _ = writeln!(
                     out,

@@ -37,15 +37,19 @@ fn every_manifest_starts_with_the_generated_header_and_parses_back() {
 
 #[test]
 fn every_kind_has_its_short_name_scope_category_and_status_subresource() {
+    // (kind, short name, scope, whether it has a status)
     let expected = [
-        ("EgressGateway", "egw", "Cluster"),
-        ("EgressPolicy", "egp", "Namespaced"),
-        ("EgressClusterPolicy", "egcp", "Cluster"),
-        ("EgressTunnel", "egt", "Cluster"),
+        ("EgressGateway", "egw", "Cluster", true),
+        ("EgressPolicy", "egp", "Namespaced", true),
+        ("EgressClusterPolicy", "egcp", "Cluster", true),
+        ("EgressTunnel", "egt", "Cluster", true),
+        // The controller's own output, for the agents: all of it is the
+        // controller's to write, and it is in no category.
+        ("EgressEndpointSlice", "egeps", "Namespaced", false),
     ];
     let crds = crds();
     assert_eq!(crds.len(), expected.len());
-    for (crd, (kind, short, scope)) in crds.iter().zip(expected) {
+    for (crd, (kind, short, scope, status)) in crds.iter().zip(expected) {
         assert_eq!(crd.spec.group, "egressgw.io");
         assert_eq!(crd.spec.names.kind, kind);
         assert_eq!(
@@ -55,18 +59,19 @@ fn every_kind_has_its_short_name_scope_category_and_status_subresource() {
         );
         assert_eq!(
             crd.spec.names.categories,
-            Some(vec!["egressgw".to_owned()]),
-            "{kind}"
+            status.then(|| vec!["egressgw".to_owned()]),
+            "{kind}: in the category if users read it"
         );
         assert_eq!(crd.spec.scope, scope, "{kind}");
         let version = &crd.spec.versions[0];
         assert_eq!(version.name, "v1alpha1");
-        assert!(
+        assert_eq!(
             version
                 .subresources
                 .as_ref()
                 .and_then(|s| s.status.as_ref())
                 .is_some(),
+            status,
             "{kind}"
         );
     }

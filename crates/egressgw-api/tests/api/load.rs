@@ -57,6 +57,12 @@ spec: {}
 apiVersion: v1
 kind: Service
 metadata: {name: web, namespace: shop}
+---
+# the controller's output: a dump of every egressgw kind has it
+apiVersion: egressgw.io/v1alpha1
+kind: EgressEndpointSlice
+metadata: {name: default-0, namespace: egressgw-system}
+spec: {gateway: default}
 "#;
 
 #[test]
@@ -69,10 +75,14 @@ fn every_kind_loads_and_other_kinds_are_skipped_with_a_note() {
     assert_eq!(objects.policies.len(), 1);
     assert_eq!(objects.cluster_policies.len(), 1);
     assert_eq!(objects.tunnels.len(), 1);
-    assert_eq!(objects.skipped.len(), 1);
+    assert_eq!(objects.skipped.len(), 2);
     assert_eq!(
         objects.skipped[0].to_string(),
         "document 10: skipped v1 Service web: egressgw does not read this kind"
+    );
+    assert_eq!(
+        objects.skipped[1].to_string(),
+        "document 11: skipped egressgw.io/v1alpha1 EgressEndpointSlice default-0: egressgw does not read this kind"
     );
 }
 

@@ -25,7 +25,7 @@ mod scope;
 mod tunnels;
 
 pub use incremental::Planner;
-pub use scope::{PodScope, pod_scope, scoped};
+pub use scope::{PodScope, gateways_selecting, pod_scope, scoped};
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -33,7 +33,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use serde::Serialize;
 
-use crate::model::{Policy, Snapshot};
+use crate::model::{Pod, Policy, Snapshot};
 use crate::net::Family;
 use crate::state::NodeState;
 use crate::status::{ClusterStatus, Reason};
@@ -79,6 +79,49 @@ pub fn plan_node_published(snapshot: &Snapshot, node: &str) -> Option<NodeState>
 /// reads.
 pub fn plan_status(snapshot: &Snapshot) -> ClusterStatus {
     build(snapshot, States::None).status
+}
+
+/// What the controller publishes: the allocations and status, and per
+/// gateway the pods its nodes' agents read instead of every pod
+/// (`scope::gateway_pods`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Published<'a> {
+    /// The same as [`plan_status`]'s.
+    pub status: ClusterStatus,
+    /// Per gateway name, its pods, sorted by namespace and name; a gateway
+    /// whose policies select nothing is left out.
+    pub gateway_pods: BTreeMap<String, Vec<&'a Pod>>,
+}
+
+/// [`plan_status`], and per gateway the pods its nodes need, from one
+/// selection of the pods.
+pub fn plan_published(snapshot: &Snapshot) -> Published<'_> {
+    let Stages {
+        gateways,
+        tunnels,
+        cluster_cidrs: _,
+        policies,
+        placed,
+    } = stages(snapshot, Placement::Own);
+    let selecting: Vec<&Policy> = policies.iter().map(|w| w.policy).collect();
+    let selection = classify::select(&snapshot.pods, &selecting, &snapshot.namespaces);
+    let gateway_pods = scope::gateway_pods(&selection, &policies);
+    let classified = classify::Classified {
+        sources: Vec::new(),
+        pod_counts: selection.counts,
+    };
+    let status = report::status(
+        snapshot,
+        &gateways,
+        &tunnels,
+        &policies,
+        &placed,
+        &classified,
+    );
+    Published {
+        status,
+        gateway_pods,
+    }
 }
 
 /// Which nodes' dataplane states a plan builds.

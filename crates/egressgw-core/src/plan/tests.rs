@@ -860,25 +860,68 @@ fn ipv6_pods_get_ipv6_eips_when_ipv6_is_enabled() {
 }
 
 #[test]
-fn a_node_needs_every_pod_once_any_gateway_selects_it_valid_or_not() {
+fn a_node_needs_its_gateways_pods_once_any_gateway_selects_it_valid_or_not() {
     let mut c = Cluster::new();
     assert_eq!(pod_scope(&c.0, "n1"), PodScope::Node);
-    assert_eq!(pod_scope(&c.0, "g1"), PodScope::Cluster);
+    assert_eq!(pod_scope(&c.0, "g1"), PodScope::Gateways);
     assert_eq!(pod_scope(&c.0, "unknown"), PodScope::Node);
     // An invalid gateway selecting n1 may become valid: the pods must be there.
     let mut broken = gateway("broken", "198.51.100.20", false, 2);
     broken.node_selector = LabelSelector::eq("egress", "false");
     broken.errors.push("ippools: overlapping".into());
     c.0.gateways.push(broken);
-    assert_eq!(pod_scope(&c.0, "n1"), PodScope::Cluster);
+    assert_eq!(pod_scope(&c.0, "n1"), PodScope::Gateways);
+    assert_eq!(gateways_selecting(&c.0, "n1"), vec!["broken"]);
 
     let c = Cluster::new()
         .pod("a", "web-0", "n1", "10.244.1.5", "web")
-        .pod("a", "web-1", "g1", "10.244.2.5", "web");
-    let only_n1 = scoped(&c.0, "n1", PodScope::Node);
-    assert_eq!(only_n1.pods.len(), 1);
-    assert_eq!(only_n1.pods[0].name, "web-0");
-    assert_eq!(scoped(&c.0, "n1", PodScope::Cluster).pods.len(), 2);
+        .pod("a", "web-1", "g1", "10.244.2.5", "web")
+        .pod("a", "db-0", "n1", "10.244.1.6", "db")
+        .policy(policy("a", "p", "web"));
+    let published = plan_published(&c.0);
+    let only_n1 = scoped(&c.0, "n1", PodScope::Node, &published.gateway_pods);
+    assert_eq!(only_n1.pods.len(), 2);
+    assert!(only_n1.pods.iter().all(|p| p.node.as_deref() == Some("n1")));
+    assert_eq!(
+        scoped(&c.0, "n1", PodScope::Cluster, &published.gateway_pods)
+            .pods
+            .len(),
+        3
+    );
+    // No policy selects db-0: the gateway node has no need of it.
+    let mut names: Vec<String> = scoped(&c.0, "g1", PodScope::Gateways, &published.gateway_pods)
+        .pods
+        .into_iter()
+        .map(|p| p.name)
+        .collect();
+    names.sort();
+    assert_eq!(names, vec!["web-0", "web-1"]);
+}
+
+/// A pod that shares its address with a pod of another gateway is
+/// published for both gateways: the first of them claims the address.
+#[test]
+fn pods_sharing_an_address_are_published_for_each_others_gateways() {
+    let mut c = Cluster::new()
+        .pod("a", "old", "n1", "10.244.1.5", "db")
+        .pod("a", "web", "n1", "10.244.1.5", "web")
+        .pod("a", "lone", "n1", "10.244.1.7", "db");
+    let mut other = gateway("other", "198.51.100.30", false, 3);
+    other.node_selector = LabelSelector::eq("egress", "false");
+    c.0.gateways.push(other);
+    let mut db = policy("a", "db", "db");
+    db.gateway = Some("other".into());
+    c = c.policy(policy("a", "web", "web")).policy(db);
+    let published = plan_published(&c.0);
+    let names = |g: &str| -> Vec<&str> {
+        published.gateway_pods[g]
+            .iter()
+            .map(|p| p.name.as_str())
+            .collect()
+    };
+    assert_eq!(names("other"), vec!["lone", "old", "web"]);
+    assert_eq!(names("gw"), vec!["old", "web"]);
+    assert_eq!(published.status, plan_status(&c.0));
 }
 
 // ---- properties over generated clusters ----
@@ -984,6 +1027,27 @@ fn shuffled(s: &Snapshot, seed: u64) -> Snapshot {
     s
 }
 
+/// Every node's state planned from the Pods its agent holds (its scope,
+/// with the gateways' Pods as the controller publishes them) is its part of
+/// the whole plan, and the published status is the whole plan's.
+fn scoped_plans_are_the_whole_plans(s: &Snapshot) -> Result<(), TestCaseError> {
+    let whole = plan(s);
+    let published = plan_published(s);
+    prop_assert_eq!(&published.status, &whole.status);
+    for (node, state) in &whole.nodes {
+        let scope = pod_scope(s, node);
+        let one = plan_node(&scoped(s, node, scope, &published.gateway_pods), node);
+        prop_assert_eq!(
+            one.nodes.get(node),
+            Some(state),
+            "{} with scope {:?}",
+            node,
+            scope
+        );
+    }
+    Ok(())
+}
+
 proptest! {
     #[test]
     fn planning_does_not_depend_on_the_order_of_the_input(s in arb_snapshot(), seed in any::<u64>()) {
@@ -1003,12 +1067,41 @@ proptest! {
 
     #[test]
     fn a_nodes_state_from_its_scoped_pods_is_the_whole_plans(s in arb_snapshot()) {
-        let whole = plan(&s);
-        for (node, state) in &whole.nodes {
-            let scope = pod_scope(&s, node);
-            let one = plan_node(&scoped(&s, node, scope), node);
-            prop_assert_eq!(one.nodes.get(node), Some(state), "{} with scope {:?}", node, scope);
+        scoped_plans_are_the_whole_plans(&s)?;
+    }
+
+    /// Gateways selecting nodes of their own, and pods sharing addresses:
+    /// every node's state from its own pods and its
+    /// gateways' published ones is its part of the whole plan.
+    #[test]
+    fn a_gateway_nodes_state_from_its_gateways_pods_is_the_whole_plans(
+        s in arb_snapshot(),
+        selects in prop::collection::vec(0u8..8, 6),
+        shares in prop::collection::vec((0usize..12, 0usize..12), 0..4),
+    ) {
+        let mut s = s;
+        // Gateway g selects the nodes whose entry in `selects` has bit g.
+        for (i, node) in s.nodes.iter_mut().enumerate() {
+            for g in 0..3 {
+                if selects[i] & (1 << g) != 0 {
+                    node.labels.insert(format!("gw{g}"), "yes".into());
+                }
+            }
         }
+        for (g, gateway) in s.gateways.iter_mut().enumerate() {
+            gateway.node_selector = LabelSelector::eq(&format!("gw{g}"), "yes");
+        }
+        // A stale Pod and the one its address went to, on one node (pod
+        // addresses come from the node's range).
+        let n = s.pods.len();
+        for (from, to) in shares {
+            if n > 0 {
+                let (ips, node) = (s.pods[from % n].ips.clone(), s.pods[from % n].node.clone());
+                s.pods[to % n].ips = ips;
+                s.pods[to % n].node = node;
+            }
+        }
+        scoped_plans_are_the_whole_plans(&s)?;
     }
 
     #[test]
@@ -1025,12 +1118,13 @@ proptest! {
         let mut published = s.clone();
         remember(&mut published, &plan(&s).status);
         let whole = plan(&published);
+        let pods = plan_published(&published).gateway_pods;
         for (node, state) in &whole.nodes {
             let one = plan_node_published(&published, node);
             prop_assert_eq!(one.as_ref(), Some(state));
             // And from the Pods the agent watches.
             let scope = pod_scope(&published, node);
-            let agent = plan_node_published(&scoped(&published, node, scope), node);
+            let agent = plan_node_published(&scoped(&published, node, scope, &pods), node);
             prop_assert_eq!(agent.as_ref(), Some(state));
         }
     }

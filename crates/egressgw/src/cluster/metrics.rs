@@ -206,8 +206,9 @@ impl AgentMetrics {
         registry.register(
             "egressgw_watched_pods",
             "Pods this agent watches and plans from, by scope (node: the Pods on this node, \
-             while no EgressGateway selects it; cluster: every Pod, while one does); the \
-             other scope is 0.",
+             while no EgressGateway selects it; gateways: those and the Pods the controller \
+             publishes for the EgressGateways selecting it; cluster: every Pod, while one \
+             selects it and no controller publishes them); the other scopes are 0.",
             metrics.watched_pods.clone(),
         );
         registry.register_collector(Box::new(Arc::clone(&metrics.traffic)));
@@ -216,7 +217,7 @@ impl AgentMetrics {
 
     /// The agent planned from `count` Pods of `scope`.
     pub fn watched_pods(&self, scope: PodScope, count: usize) {
-        for s in [PodScope::Node, PodScope::Cluster] {
+        for s in [PodScope::Node, PodScope::Gateways, PodScope::Cluster] {
             let n = if s == scope { count } else { 0 };
             self.watched_pods
                 .get_or_create(&[("scope", s.as_str())])
@@ -376,6 +377,7 @@ pub enum Verb {
     Create,
     Update,
     Patch,
+    Delete,
 }
 
 impl Verb {
@@ -385,6 +387,7 @@ impl Verb {
             Self::Create => "create",
             Self::Update => "update",
             Self::Patch => "patch",
+            Self::Delete => "delete",
         }
     }
 }

@@ -4,6 +4,7 @@
 //! Watch events only update the stores and wake the daemon's reconcile
 //! loop ([`Notify`]); the loop reads the stores as a whole (level-based).
 
+use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -12,7 +13,8 @@ use std::time::Duration;
 use egressgw_api::WatchedPod;
 use egressgw_api::policy::EgressPolicyStatus;
 use egressgw_api::{
-    EgressClusterPolicy, EgressGateway, EgressPolicy, EgressTunnel, SnapshotBuilder,
+    EgressClusterPolicy, EgressEndpointSlice, EgressGateway, EgressPolicy, EgressTunnel,
+    SnapshotBuilder,
 };
 use egressgw_core::model::Config;
 use egressgw_core::{PodScope, Snapshot};
@@ -22,7 +24,7 @@ use k8s_openapi::api::core::v1::{Namespace, Node, NodeCondition, NodeSpec, NodeS
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::utils::Backoff;
 use kube::runtime::{WatchStreamExt as _, watcher};
-use kube::{Api, Client, Resource};
+use kube::{Api, Client, Resource, ResourceExt as _};
 use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
@@ -54,21 +56,24 @@ impl Debug for Stores {
 
 impl Stores {
     /// Starts one watch per kind, cluster-wide; every change wakes `changed`.
-    /// Each watch is renewed every `renew` (see [`watch`]). With `node`, the
-    /// Pods watched are that node's (see [`Pods`]); without, every Pod.
+    /// Each watch is renewed every `renew` (see [`watch`]). An agent gives
+    /// its node and the release namespace: the Pods watched are then that
+    /// node's, and what [`Pods::serve`] adds (see [`Pods`]); without, every
+    /// Pod.
     pub fn start(
         client: &Client,
         changed: &Arc<Notify>,
         renew: Duration,
-        node: Option<&str>,
+        agent: Option<(&str, &str)>,
     ) -> (Self, Vec<JoinHandle<()>>) {
         let mut tasks = Vec::new();
         let t = &mut tasks;
         let version = Arc::new(AtomicU64::new(0));
         let v = Some(&version);
-        // An agent (watching for its node) plans from a policy's spec and
-        // placement alone; the controller compares whole statuses.
-        let agent = node.is_some();
+        // An agent plans from a policy's spec and placement alone, and
+        // from whether a gateway's Pods are published, not how many; the
+        // controller compares whole statuses.
+        let is_agent = agent.is_some();
         // Every kind is watched whole, counted in `version`.
         macro_rules! watch {
             ($selection:expr) => {
@@ -78,14 +83,25 @@ impl Stores {
         let stores = Self {
             nodes: watch!(Selection::every()),
             namespaces: watch!(Selection::every()),
-            pods: Pods::start(client, changed, t, renew, node),
-            gateways: watch!(Selection::every()),
-            policies: watch!(Selection::policies(agent)),
-            cluster_policies: watch!(Selection::policies(agent)),
+            pods: Pods::start(client, changed, t, renew, agent),
+            gateways: watch!(Selection::gateways(is_agent)),
+            policies: watch!(Selection::policies(is_agent)),
+            cluster_policies: watch!(Selection::policies(is_agent)),
             tunnels: watch!(Selection::every()),
             cluster_version: Arc::clone(&version),
         };
         (stores, tasks)
+    }
+
+    /// Whether the controller publishes the gateways' Pods: some gateway's
+    /// status says so. An agent of a gateway's node then reads them from
+    /// slices; otherwise (a controller of an earlier release) it watches
+    /// every Pod.
+    pub fn pods_published(&self) -> bool {
+        self.gateways
+            .state()
+            .iter()
+            .any(|g| g.status.as_ref().is_some_and(|s| s.pods.is_some()))
     }
 
     /// Waits until every store holds its first complete list.
@@ -145,27 +161,67 @@ impl Stores {
 /// The Pods a daemon watches.
 ///
 /// The controller watches every Pod. An agent watches the Pods on its node
-/// (a `spec.nodeName` field selector), and every Pod only while some
-/// gateway selects its node ([`egressgw_core::pod_scope`]): a node that can
-/// carry no gateway's traffic plans nothing from other nodes' Pods, so the
-/// API server streams each Pod to its own node and to the gateway nodes
-/// rather than to every node.
+/// (a `spec.nodeName` field selector). While some gateway selects its node
+/// ([`egressgw_core::pod_scope`]) it also needs the Pods whose traffic
+/// those gateways carry: it watches the `EgressEndpointSlice`s in which the
+/// controller publishes them (a label selector on the gateways), or, while
+/// no controller publishes any (one of an earlier release), every Pod. So
+/// the API server streams each Pod to its own node and to the controller,
+/// and each gateway's slices to that gateway's nodes, rather than every Pod
+/// to every node.
 #[derive(Clone)]
 pub struct Pods {
     /// The watch started with the daemon.
     first: Store<WatchedPod>,
     /// Which Pods `first` holds.
     first_scope: PodScope,
-    /// An agent's watch of every Pod, started and stopped on demand.
-    cluster: Arc<Mutex<OnDemand>>,
+    /// The agent's node.
+    node: Option<String>,
+    /// An agent's watch of every Pod or of slices, started and stopped on
+    /// demand.
+    on_demand: Arc<Mutex<OnDemand>>,
 }
 
-/// What starting a watch takes, and the watch of every Pod while it runs.
+/// The Pods an agent asks for ([`Pods::serve`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Wanted {
+    /// Its node's.
+    Node,
+    /// Its node's, and those published for these gateways (sorted names).
+    Gateways(Vec<String>),
+    /// Every Pod.
+    Cluster,
+}
+
+impl Wanted {
+    pub fn scope(&self) -> PodScope {
+        match self {
+            Self::Node => PodScope::Node,
+            Self::Gateways(_) => PodScope::Gateways,
+            Self::Cluster => PodScope::Cluster,
+        }
+    }
+}
+
+/// What starting a watch takes, and the watch running on demand.
 struct OnDemand {
     client: Client,
     changed: Arc<Notify>,
     renew: Duration,
-    running: Option<(Store<WatchedPod>, JoinHandle<()>)>,
+    /// Where the slices are (the release namespace).
+    namespace: String,
+    running: Option<(Running, JoinHandle<()>)>,
+    /// The Pods of each slice as last read, by slice name, with its
+    /// `resourceVersion`: a slice unchanged gives the same objects, and a
+    /// changed one the same objects for its Pods that did not change, so
+    /// the planner is fed only what changed (see `cluster::following`).
+    read: HashMap<String, (Option<String>, Vec<Arc<WatchedPod>>)>,
+}
+
+/// A watch started on demand.
+enum Running {
+    Cluster(Store<WatchedPod>),
+    Gateways(Vec<String>, Store<EgressEndpointSlice>),
 }
 
 impl Drop for OnDemand {
@@ -182,14 +238,15 @@ impl Pods {
         changed: &Arc<Notify>,
         tasks: &mut Vec<JoinHandle<()>>,
         renew: Duration,
-        node: Option<&str>,
+        agent: Option<(&str, &str)>,
     ) -> Self {
-        let (fields, first_scope) = match node {
-            Some(node) => (Some(format!("spec.nodeName={node}")), PodScope::Node),
+        let (fields, first_scope) = match agent {
+            Some((node, _)) => (Some(format!("spec.nodeName={node}")), PodScope::Node),
             None => (None, PodScope::Cluster),
         };
         let selection = Selection {
             fields: fields.as_deref(),
+            labels: None,
             trim: WatchedPod::trim,
         };
         let first = watch_fields(
@@ -203,85 +260,205 @@ impl Pods {
         Self {
             first,
             first_scope,
-            cluster: Arc::new(Mutex::new(OnDemand {
+            node: agent.map(|(node, _)| node.to_owned()),
+            on_demand: Arc::new(Mutex::new(OnDemand {
                 client: client.clone(),
                 changed: Arc::clone(changed),
                 renew,
+                namespace: agent.map(|(_, ns)| ns.to_owned()).unwrap_or_default(),
                 running: None,
+                read: HashMap::new(),
             })),
         }
     }
 
-    /// The Pods watched now and which they are: every Pod once the watch
-    /// of every Pod has listed them, else the first watch's.
+    /// The Pods watched now and which they are: those of the watch started
+    /// on demand once it has listed, else the first watch's.
     pub fn scoped_state(&self) -> (PodScope, Vec<Arc<WatchedPod>>) {
-        match self.cluster_store() {
-            Some(store) => (PodScope::Cluster, store.state()),
-            None => (self.first_scope, self.first.state()),
+        let mut on_demand = self.lock();
+        let OnDemand { running, read, .. } = &mut *on_demand;
+        match running.as_ref().map(|(r, _)| r) {
+            Some(Running::Cluster(store)) if listed(store) => (PodScope::Cluster, store.state()),
+            Some(Running::Gateways(names, slices)) if listed(slices) => {
+                let mut pods = self.first.state();
+                pods.extend(published(slices, names, self.node.as_deref(), read));
+                (PodScope::Gateways, pods)
+            }
+            _ => (self.first_scope, self.first.state()),
         }
     }
 
     /// The Pods of [`Pods::scoped_state`] alone.
     pub fn state(&self) -> Vec<Arc<WatchedPod>> {
-        self.cluster_store()
-            .unwrap_or_else(|| self.first.clone())
-            .state()
+        self.scoped_state().1
     }
 
-    /// Asks for the Pods of `scope`, starting or stopping the watch of
-    /// every Pod (an agent's); true when [`Pods::scoped_state`] gives them now.
-    /// A watch started here wakes the daemon when it has listed.
-    pub fn serve(&self, scope: PodScope) -> bool {
+    /// Asks for the Pods `wanted` says (an agent's), starting or stopping
+    /// a watch of slices or of every Pod; true when
+    /// [`Pods::scoped_state`] gives them now. A watch started here wakes
+    /// the daemon when it has listed.
+    pub fn serve(&self, wanted: &Wanted) -> bool {
         if self.first_scope == PodScope::Cluster {
             return true;
         }
-        let mut on_demand = self
-            .cluster
-            .lock()
-            .expect("the pod watch lock is never poisoned");
-        match scope {
-            PodScope::Node => {
-                if let Some((_, task)) = on_demand.running.take() {
-                    task.abort();
-                    tracing::info!(
-                        "no gateway selects this node any more: watching its own pods only"
-                    );
-                }
-                true
+        let mut on_demand = self.lock();
+        let current = match on_demand.running.as_ref().map(|(r, _)| r) {
+            None => Wanted::Node,
+            Some(Running::Cluster(_)) => Wanted::Cluster,
+            Some(Running::Gateways(names, _)) => Wanted::Gateways(names.clone()),
+        };
+        if current != *wanted {
+            if let Some((_, task)) = on_demand.running.take() {
+                task.abort();
             }
-            PodScope::Cluster => {
-                if on_demand.running.is_none() {
-                    tracing::info!(
-                        "a gateway selects this node: watching every pod in the cluster"
-                    );
-                    let mut tasks = Vec::new();
-                    let store = watch_fields(
-                        Api::all(on_demand.client.clone()),
-                        Selection::every(),
-                        &on_demand.changed,
-                        None,
-                        &mut tasks,
-                        on_demand.renew,
-                    );
-                    let task = tasks.pop().expect("watch_fields starts one task");
-                    on_demand.running = Some((store, task));
-                }
-                drop(on_demand);
-                self.cluster_store().is_some()
-            }
+            on_demand.read.clear();
+            on_demand.running = on_demand.start(wanted);
+        }
+        match on_demand.running.as_ref().map(|(r, _)| r) {
+            None => true,
+            Some(Running::Cluster(store)) => listed(store),
+            Some(Running::Gateways(_, store)) => listed(store),
         }
     }
 
-    /// The store of every Pod, when it is watched and has listed.
-    fn cluster_store(&self) -> Option<Store<WatchedPod>> {
-        let on_demand = self
-            .cluster
+    fn lock(&self) -> std::sync::MutexGuard<'_, OnDemand> {
+        self.on_demand
             .lock()
-            .expect("the pod watch lock is never poisoned");
-        let (store, _) = on_demand.running.as_ref()?;
-        let listed = store.wait_until_ready().now_or_never();
-        matches!(listed, Some(Ok(()))).then(|| store.clone())
+            .expect("the pod watch lock is never poisoned")
     }
+}
+
+impl OnDemand {
+    /// Starts the watch `wanted` needs besides the node's own Pods.
+    fn start(&self, wanted: &Wanted) -> Option<(Running, JoinHandle<()>)> {
+        let mut tasks = Vec::new();
+        let running = match wanted {
+            Wanted::Node => {
+                tracing::info!("no gateway selects this node: watching its own pods only");
+                return None;
+            }
+            Wanted::Cluster => {
+                tracing::info!(
+                    "a gateway selects this node and no controller publishes its pods: watching \
+                     every pod in the cluster"
+                );
+                Running::Cluster(watch_fields(
+                    Api::all(self.client.clone()),
+                    Selection::every(),
+                    &self.changed,
+                    None,
+                    &mut tasks,
+                    self.renew,
+                ))
+            }
+            Wanted::Gateways(names) => {
+                tracing::info!(
+                    gateways = ?names,
+                    "gateways select this node: watching the pods the controller publishes for them"
+                );
+                let values: Vec<String> = names
+                    .iter()
+                    .map(|g| egressgw_api::endpoints::gateway_label(g))
+                    .collect();
+                let labels = format!(
+                    "{} in ({})",
+                    egressgw_api::endpoints::GATEWAY_LABEL,
+                    values.join(",")
+                );
+                let selection = Selection {
+                    fields: None,
+                    labels: Some(&labels),
+                    trim: Trim::trim,
+                };
+                Running::Gateways(
+                    names.clone(),
+                    watch_fields(
+                        Api::namespaced(self.client.clone(), &self.namespace),
+                        selection,
+                        &self.changed,
+                        None,
+                        &mut tasks,
+                        self.renew,
+                    ),
+                )
+            }
+        };
+        let task = tasks.pop().expect("watch_fields starts one task");
+        Some((running, task))
+    }
+}
+
+/// Whether `store` holds its first complete list.
+fn listed<K: Resource<DynamicType = ()> + Clone>(store: &Store<K>) -> bool {
+    matches!(store.wait_until_ready().now_or_never(), Some(Ok(())))
+}
+
+/// The Pods the `slices` of the gateways `names` publish, but those of
+/// `node` (its own watch has them, fresher), each Pod once; `read` keeps
+/// the objects of the last read for the next.
+fn published(
+    slices: &Store<EgressEndpointSlice>,
+    names: &[String],
+    node: Option<&str>,
+    read: &mut HashMap<String, (Option<String>, Vec<Arc<WatchedPod>>)>,
+) -> Vec<Arc<WatchedPod>> {
+    let mut slices: Vec<Arc<EgressEndpointSlice>> = slices
+        .state()
+        .into_iter()
+        .filter(|s| names.binary_search(&s.spec.gateway).is_ok())
+        .collect();
+    // In a fixed order, so that a Pod two gateways publish is the same
+    // object from one read to the next.
+    slices.sort_by_key(|s| s.name_any());
+    let mut next = HashMap::with_capacity(slices.len());
+    let mut seen: HashSet<(&str, &str)> = HashSet::new();
+    let mut out = Vec::new();
+    for slice in &slices {
+        let name = slice.name_any();
+        let version = slice.metadata.resource_version.clone();
+        let pods = match read.remove(&name) {
+            Some((v, pods)) if v == version => pods,
+            old => {
+                let old: HashMap<(String, String), Arc<WatchedPod>> = old
+                    .into_iter()
+                    .flat_map(|(_, pods)| pods)
+                    .map(|p| (key(&p), p))
+                    .collect();
+                slice
+                    .spec
+                    .pods
+                    .iter()
+                    .map(|entry| {
+                        let pod = entry.watched();
+                        match old.get(&(entry.namespace.clone(), entry.name.clone())) {
+                            Some(same) if **same == pod => Arc::clone(same),
+                            _ => Arc::new(pod),
+                        }
+                    })
+                    .collect()
+            }
+        };
+        next.insert(name, (version, pods));
+    }
+    for slice in &slices {
+        let (_, pods) = &next[&slice.name_any()];
+        for (entry, pod) in slice.spec.pods.iter().zip(pods) {
+            if Some(entry.node.as_str()) != node
+                && seen.insert((entry.namespace.as_str(), entry.name.as_str()))
+            {
+                out.push(Arc::clone(pod));
+            }
+        }
+    }
+    *read = next;
+    out
+}
+
+fn key(pod: &WatchedPod) -> (String, String) {
+    (
+        pod.metadata.namespace.clone().unwrap_or_default(),
+        pod.metadata.name.clone().unwrap_or_default(),
+    )
 }
 
 /// Adds the objects of `objects` that did not decode as invalid ones.
@@ -391,6 +568,8 @@ where
 struct Selection<'a, K> {
     /// A field selector, or every object.
     fields: Option<&'a str>,
+    /// A label selector, or every object.
+    labels: Option<&'a str>,
     /// Drops what the daemon does not keep ([`Trim::trim`] at least).
     trim: fn(&mut K),
 }
@@ -408,6 +587,7 @@ impl<K: Trim> Selection<'_, K> {
     fn every() -> Self {
         Self {
             fields: None,
+            labels: None,
             trim: K::trim,
         }
     }
@@ -418,12 +598,33 @@ impl<P: PolicyKind> Selection<'_, Decoded<P>> {
     fn policies(agent: bool) -> Self {
         Self {
             fields: None,
+            labels: None,
             trim: if agent {
                 without_conditions
             } else {
                 Trim::trim
             },
         }
+    }
+}
+
+impl Selection<'_, EgressGateway> {
+    /// Every gateway; an agent keeps whether its Pods are published, not
+    /// their count, which changes with every Pod of its policies.
+    fn gateways(agent: bool) -> Self {
+        Self {
+            fields: None,
+            labels: None,
+            trim: if agent { published_only } else { Trim::trim },
+        }
+    }
+}
+
+/// What an agent keeps of a gateway's `status.pods`: that it is set.
+fn published_only(gateway: &mut EgressGateway) {
+    gateway.trim();
+    if let Some(pods) = gateway.status.as_mut().and_then(|s| s.pods.as_mut()) {
+        *pods = egressgw_api::gateway::GatewayPods::default();
     }
 }
 
@@ -483,6 +684,9 @@ where
     let mut config = watcher::Config::default().any_semantic().timeout(renew);
     if let Some(fields) = selection.fields {
         config = config.fields(fields);
+    }
+    if let Some(labels) = selection.labels {
+        config = config.labels(labels);
     }
     let trim = selection.trim;
     let stream = watcher(api, config)
@@ -547,6 +751,7 @@ pub trait Trim: Resource {
 }
 
 impl Trim for Namespace {}
+impl Trim for EgressEndpointSlice {}
 impl Trim for EgressGateway {}
 /// A tunnel keeps all but its heartbeat: the agents renew it every 30 s
 /// and nothing plans from it, so at a thousand nodes it would wake every
@@ -744,6 +949,113 @@ mod tests {
             panic!("the policy decodes")
         };
         assert_eq!(whole.status.expect("a status").conditions.len(), 1);
+    }
+
+    fn slice(
+        name: &str,
+        gateway: &str,
+        version: &str,
+        pods: &[(&str, &str)],
+    ) -> EgressEndpointSlice {
+        let mut slice = EgressEndpointSlice::new(
+            name,
+            egressgw_api::EgressEndpointSliceSpec {
+                gateway: gateway.into(),
+                pods: pods
+                    .iter()
+                    .map(|(pod, node)| egressgw_api::EndpointPod {
+                        namespace: "team-a".into(),
+                        name: (*pod).into(),
+                        node: (*node).into(),
+                        ips: vec![format!("10.244.{}.{}", node.len(), pod.len())],
+                        labels: [("app".to_owned(), "web".to_owned())].into(),
+                    })
+                    .collect(),
+            },
+        );
+        slice.metadata.namespace = Some("egressgw-system".into());
+        slice.metadata.resource_version = Some(version.into());
+        slice
+    }
+
+    fn names(pods: &[Arc<WatchedPod>]) -> Vec<String> {
+        let mut names: Vec<String> = pods.iter().map(|p| key(p).1).collect();
+        names.sort();
+        names
+    }
+
+    /// The Pods of the slices of this node's gateways, each once, but its
+    /// own; read again, an unchanged Pod is the same object, so the planner
+    /// is fed only what changed.
+    #[test]
+    fn published_pods_are_read_once_each_and_the_same_objects_while_unchanged() {
+        let (store, mut writer) = reflector::store::<EgressEndpointSlice>();
+        let apply = |writer: &mut reflector::store::Writer<EgressEndpointSlice>, s| {
+            writer.apply_watcher_event(&watcher::Event::Apply(s));
+        };
+        apply(
+            &mut writer,
+            slice(
+                "gw-0",
+                "gw",
+                "1",
+                &[("web-1", "node-1"), ("web-2", "node-2")],
+            ),
+        );
+        apply(
+            &mut writer,
+            slice("gw-1", "gw", "1", &[("web-3", "node-3")]),
+        );
+        apply(
+            &mut writer,
+            slice(
+                "other-0",
+                "other",
+                "1",
+                &[("web-2", "node-2"), ("db-1", "node-3")],
+            ),
+        );
+        // A slice of a gateway not selecting the node (a label hash shared).
+        apply(
+            &mut writer,
+            slice("far-0", "far", "1", &[("api-1", "node-3")]),
+        );
+        let gateways = ["gw".to_owned(), "other".to_owned()];
+        let mut read = HashMap::new();
+        let first = published(&store, &gateways, Some("node-1"), &mut read);
+        assert_eq!(names(&first), ["db-1", "web-2", "web-3"]);
+        let again = published(&store, &gateways, Some("node-1"), &mut read);
+        let same = |a: &[Arc<WatchedPod>], b: &[Arc<WatchedPod>], pod: &str| {
+            let find = |l: &[Arc<WatchedPod>]| {
+                Arc::clone(l.iter().find(|p| key(p).1 == pod).expect("read"))
+            };
+            Arc::ptr_eq(&find(a), &find(b))
+        };
+        for pod in ["db-1", "web-2", "web-3"] {
+            assert!(same(&first, &again, pod), "{pod}");
+        }
+        // web-3 relabelled in a new version of its slice: a new object for
+        // it alone.
+        let mut changed = slice(
+            "gw-1",
+            "gw",
+            "2",
+            &[("web-3", "node-3"), ("web-4", "node-2")],
+        );
+        changed.spec.pods[0]
+            .labels
+            .insert("tier".into(), "front".into());
+        apply(&mut writer, changed);
+        let third = published(&store, &gateways, Some("node-1"), &mut read);
+        assert_eq!(names(&third), ["db-1", "web-2", "web-3", "web-4"]);
+        assert!(!same(&again, &third, "web-3"));
+        assert!(same(&again, &third, "web-2"));
+        let planned = snapshot::watched_pod(third.iter().find(|p| key(p).1 == "web-3").unwrap())
+            .expect("a running pod");
+        assert_eq!(
+            planned.labels.get("tier").map(String::as_str),
+            Some("front")
+        );
     }
 
     /// A kubelet's status renewal changes only its conditions' heartbeat

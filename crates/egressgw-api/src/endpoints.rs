@@ -1,0 +1,206 @@
+//! `EgressEndpointSlice`: the Pods a gateway's nodes carry traffic of, as
+//! the controller publishes them.
+//!
+//! A node that some `EgressGateway` selects needs, besides its own Pods,
+//! every Pod whose traffic that gateway may carry (to SNAT it and route its
+//! replies back). The controller watches every Pod and already selects
+//! them; it writes each gateway's Pods into slices of at most
+//! [`MAX_PODS`] in the release namespace, labelled [`GATEWAY_LABEL`], and
+//! the agents of the gateway's nodes watch those slices instead of every
+//! Pod in the cluster. See `docs/scale.md`.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use egressgw_core::model;
+use k8s_openapi::api::core::v1::PodIP;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::watched::{WatchedPod, WatchedPodSpec, WatchedPodStatus};
+
+/// The label naming the gateway a slice belongs to ([`gateway_label`]).
+pub const GATEWAY_LABEL: &str = "egressgw.io/gateway";
+
+/// The most Pods one slice holds.
+pub const MAX_PODS: usize = 100;
+
+/// Spec of an `EgressEndpointSlice` (namespaced, in the release namespace,
+/// short name `egeps`): written by the controller alone. Not in the
+/// `egressgw` category: `kubectl get egressgw` lists what users write and
+/// read, not a thousand slices.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "egressgw.io",
+    version = "v1alpha1",
+    kind = "EgressEndpointSlice",
+    plural = "egressendpointslices",
+    shortname = "egeps",
+    namespaced,
+    derive = "PartialEq",
+    doc = "Some of the Pods whose traffic an EgressGateway's nodes may carry, written by the controller for the agents of those nodes; a gateway's Pods are spread over slices of at most 100.",
+    printcolumn(
+        name = "Gateway",
+        type_ = "string",
+        json_path = ".spec.gateway",
+        description = "The EgressGateway whose Pods these are"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct EgressEndpointSliceSpec {
+    /// The `EgressGateway` whose Pods these are.
+    #[schemars(length(min = 1, max = 253))]
+    pub gateway: String,
+    /// The Pods, sorted by namespace and name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 100))]
+    pub pods: Vec<EndpointPod>,
+}
+
+/// One Pod: what a gateway node plans from.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointPod {
+    /// The Pod's namespace.
+    #[schemars(length(max = 63))]
+    pub namespace: String,
+    /// The Pod's name.
+    #[schemars(length(max = 253))]
+    pub name: String,
+    /// `spec.nodeName`.
+    #[schemars(length(max = 253))]
+    pub node: String,
+    /// `status.podIPs`.
+    #[schemars(length(max = 2))]
+    pub ips: Vec<String>,
+    /// The Pod's labels, which the policies' selectors read.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}
+
+impl EndpointPod {
+    /// The entry of a selected, scheduled Pod.
+    pub fn of(pod: &model::Pod) -> Self {
+        Self {
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            node: pod.node.clone().unwrap_or_default(),
+            ips: pod.ips.iter().map(IpAddr::to_string).collect(),
+            labels: pod.labels.clone(),
+        }
+    }
+
+    /// The entry as a running Pod, as an agent plans from it.
+    pub fn watched(&self) -> WatchedPod {
+        WatchedPod {
+            metadata: ObjectMeta {
+                name: Some(self.name.clone()),
+                namespace: Some(self.namespace.clone()),
+                labels: (!self.labels.is_empty()).then(|| self.labels.clone()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(WatchedPodSpec {
+                node_name: Some(self.node.clone()),
+                host_network: None,
+            }),
+            status: Some(WatchedPodStatus {
+                phase: Some("Running".into()),
+                pod_ip: self.ips.first().cloned(),
+                pod_ips: Some(self.ips.iter().map(|ip| PodIP { ip: ip.clone() }).collect()),
+            }),
+        }
+    }
+
+    /// The size of the entry in a slice's JSON, about.
+    pub fn json_len(&self) -> usize {
+        let labels: usize = self.labels.iter().map(|(k, v)| k.len() + v.len() + 6).sum();
+        let ips: usize = self.ips.iter().map(|ip| ip.len() + 3).sum();
+        60 + self.namespace.len() + self.name.len() + self.node.len() + ips + labels
+    }
+}
+
+/// The value of [`GATEWAY_LABEL`] for the gateway `name`: the name itself
+/// when it is a valid label value (at most 63 characters), else a hash of
+/// it. A slice's `spec.gateway` says which gateway it is in either case.
+pub fn gateway_label(name: &str) -> String {
+    if name.len() <= 63 {
+        name.to_owned()
+    } else {
+        format!("h-{:016x}", fnv1a(name))
+    }
+}
+
+/// The name of a gateway's `index`th slice: `<gateway>-<index>`, the
+/// gateway's name shortened (with a hash of it) when that would be too long.
+pub fn slice_name(gateway: &str, index: usize) -> String {
+    const KEEP: usize = 200;
+    if gateway.len() <= KEEP + 20 {
+        format!("{gateway}-{index}")
+    } else {
+        let cut = gateway
+            .char_indices()
+            .map(|(i, _)| i)
+            .take_while(|i| *i <= KEEP)
+            .last()
+            .unwrap_or(0);
+        let head = gateway[..cut].trim_end_matches(['-', '.']);
+        format!("{head}-{:016x}-{index}", fnv1a(gateway))
+    }
+}
+
+/// 64-bit FNV-1a: stable across builds and versions, as names and labels
+/// that two releases compute must be.
+fn fnv1a(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot;
+
+    /// An entry planned as a Pod is the Pod it was made from.
+    #[test]
+    fn an_entry_plans_as_its_pod() {
+        let pod = model::Pod {
+            namespace: "team-a".into(),
+            name: "web-1".into(),
+            labels: [("app".to_owned(), "web".to_owned())].into(),
+            ips: vec!["10.244.1.2".parse().unwrap(), "fd00::2".parse().unwrap()],
+            node: Some("node-1".into()),
+            host_network: false,
+        };
+        let entry = EndpointPod::of(&pod);
+        assert_eq!(snapshot::watched_pod(&entry.watched()), Some(pod));
+        let json = serde_json::to_string(&entry).unwrap();
+        assert!(
+            json.len() <= entry.json_len(),
+            "{} > {}",
+            json.len(),
+            entry.json_len()
+        );
+    }
+
+    #[test]
+    fn names_and_labels_fit_their_limits_and_stay_apart() {
+        assert_eq!(gateway_label("default"), "default");
+        assert_eq!(slice_name("default", 3), "default-3");
+        let long = "g".repeat(250);
+        let label = gateway_label(&long);
+        assert!(label.len() <= 63 && label.starts_with("h-"), "{label}");
+        assert_ne!(label, gateway_label(&"g".repeat(249)));
+        let name = slice_name(&long, 12);
+        assert!(name.len() <= 253, "{}", name.len());
+        assert!(name.ends_with("-12"));
+        assert_ne!(slice_name(&long, 1), slice_name(&"g".repeat(249), 1));
+    }
+}
