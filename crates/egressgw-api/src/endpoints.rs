@@ -118,11 +118,78 @@ impl EndpointPod {
         }
     }
 
+    /// A digest of the whole entry, the same in every build and release:
+    /// what the controller keeps of the entries it wrote ([`SliceEntry`]).
+    pub fn digest(&self) -> u64 {
+        egressgw_core::stable_hash(&serde_json::to_vec(self).expect("an entry serializes"))
+    }
+
     /// The size of the entry in a slice's JSON, about.
     pub fn json_len(&self) -> usize {
         let labels: usize = self.labels.iter().map(|(k, v)| k.len() + v.len() + 6).sum();
         let ips: usize = self.ips.iter().map(|ip| ip.len() + 3).sum();
         60 + self.namespace.len() + self.name.len() + self.node.len() + ips + labels
+    }
+}
+
+/// An `EgressEndpointSlice` as the controller keeps it: each Pod's
+/// namespace, name and [`EndpointPod::digest`], decoded straight from the
+/// API server's JSON. At a hundred thousand Pods the whole entries with
+/// their labels would be hundreds of MiB held only to compare with.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct WatchedSlice {
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: WatchedSliceSpec,
+}
+
+/// `spec` of a [`WatchedSlice`].
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct WatchedSliceSpec {
+    #[serde(default)]
+    pub gateway: String,
+    #[serde(default)]
+    pub pods: Vec<SliceEntry>,
+}
+
+/// One Pod of a [`WatchedSlice`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(from = "EndpointPod")]
+pub struct SliceEntry {
+    pub namespace: String,
+    pub name: String,
+    pub digest: u64,
+}
+
+impl From<EndpointPod> for SliceEntry {
+    fn from(pod: EndpointPod) -> Self {
+        let digest = pod.digest();
+        Self {
+            namespace: pod.namespace,
+            name: pod.name,
+            digest,
+        }
+    }
+}
+
+impl k8s_openapi::Resource for WatchedSlice {
+    const API_VERSION: &'static str = "egressgw.io/v1alpha1";
+    const GROUP: &'static str = crate::GROUP;
+    const KIND: &'static str = "EgressEndpointSlice";
+    const VERSION: &'static str = crate::VERSION;
+    const URL_PATH_SEGMENT: &'static str = "egressendpointslices";
+    type Scope = k8s_openapi::NamespaceResourceScope;
+}
+
+impl k8s_openapi::Metadata for WatchedSlice {
+    type Ty = ObjectMeta;
+
+    fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn metadata_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
     }
 }
 
@@ -133,7 +200,7 @@ pub fn gateway_label(name: &str) -> String {
     if name.len() <= 63 {
         name.to_owned()
     } else {
-        format!("h-{:016x}", fnv1a(name))
+        format!("h-{:016x}", egressgw_core::stable_hash(name.as_bytes()))
     }
 }
 
@@ -151,16 +218,11 @@ pub fn slice_name(gateway: &str, index: usize) -> String {
             .last()
             .unwrap_or(0);
         let head = gateway[..cut].trim_end_matches(['-', '.']);
-        format!("{head}-{:016x}-{index}", fnv1a(gateway))
+        format!(
+            "{head}-{:016x}-{index}",
+            egressgw_core::stable_hash(gateway.as_bytes())
+        )
     }
-}
-
-/// 64-bit FNV-1a: stable across builds and versions, as names and labels
-/// that two releases compute must be.
-fn fnv1a(text: &str) -> u64 {
-    text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
-        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
-    })
 }
 
 #[cfg(test)]
@@ -187,6 +249,46 @@ mod tests {
             "{} > {}",
             json.len(),
             entry.json_len()
+        );
+    }
+
+    /// A slice decoded as the controller keeps it names the same Pods,
+    /// each with the digest of its whole entry, and is the type's own.
+    #[test]
+    fn a_watched_slice_keeps_each_pods_name_and_digest() {
+        use kube::Resource as _;
+        let mut entry = EndpointPod {
+            namespace: "team-a".into(),
+            name: "web-1".into(),
+            node: "node-1".into(),
+            ips: vec!["10.244.1.2".into()],
+            labels: [("app".to_owned(), "web".to_owned())].into(),
+        };
+        let slice = EgressEndpointSlice::new(
+            "gw-0",
+            EgressEndpointSliceSpec {
+                gateway: "gw".into(),
+                pods: vec![entry.clone()],
+            },
+        );
+        let watched: WatchedSlice =
+            serde_json::from_value(serde_json::to_value(&slice).unwrap()).unwrap();
+        assert_eq!(watched.spec.gateway, "gw");
+        assert_eq!(
+            watched.spec.pods,
+            [SliceEntry {
+                namespace: "team-a".into(),
+                name: "web-1".into(),
+                digest: entry.digest(),
+            }]
+        );
+        entry.labels.insert("tier".into(), "front".into());
+        assert_ne!(watched.spec.pods[0].digest, entry.digest());
+        assert_eq!(WatchedSlice::kind(&()), EgressEndpointSlice::kind(&()));
+        assert_eq!(WatchedSlice::plural(&()), EgressEndpointSlice::plural(&()));
+        assert_eq!(
+            WatchedSlice::api_version(&()),
+            EgressEndpointSlice::api_version(&())
         );
     }
 

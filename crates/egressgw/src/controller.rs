@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use egressgw_api::endpoints::{self, EndpointPod};
+use egressgw_api::endpoints::{self, EndpointPod, WatchedSlice};
 use egressgw_api::{
     EgressClusterPolicy, EgressEndpointSlice, EgressGateway, EgressPolicy, EgressTunnel,
     TunnelPhase,
@@ -132,7 +132,7 @@ async fn controller(args: &ControllerArgs, config: Config) -> anyhow::Result<()>
     );
     // Its own writes come back and wake it once more, with nothing to do;
     // a slice changed or deleted by anyone else is written again.
-    let endpoint_slices: Store<EgressEndpointSlice> = watch_kind(
+    let endpoint_slices: Store<WatchedSlice> = watch_kind(
         Api::namespaced(client.clone(), &args.cluster.namespace),
         &changed,
         &mut watches,
@@ -270,8 +270,9 @@ struct Control {
     client: Client,
     stores: Stores,
     leases: Store<Lease>,
-    /// The slices of every gateway's Pods, in `namespace`.
-    endpoint_slices: Store<EgressEndpointSlice>,
+    /// The slices of every gateway's Pods, in `namespace`, as it keeps
+    /// them (names and digests).
+    endpoint_slices: Store<WatchedSlice>,
     /// The controller's namespace, where the slices are.
     namespace: String,
     liveness: Liveness,

@@ -3,6 +3,9 @@
 //! gateways and the Pods each gateway's nodes need
 //! ([`egressgw_core::plan_published`]).
 //!
+//! The stored slices are kept as [`WatchedSlice`]s: each Pod's name and a
+//! digest of its entry, compared with the digest of the entry wanted.
+//!
 //! A Pod stays in the slice that holds it while it is published (its
 //! entry is rewritten in place when its labels or addresses change); new
 //! Pods go to the slices with room, in name order, then to new slices.
@@ -13,9 +16,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use egressgw_api::endpoints::{self, EndpointPod, MAX_PODS};
+use egressgw_api::EgressEndpointSliceSpec;
+use egressgw_api::endpoints::{self, EndpointPod, MAX_PODS, WatchedSlice};
 use egressgw_api::gateway::GatewayPods;
-use egressgw_api::{EgressEndpointSlice, EgressEndpointSliceSpec};
 use kube::ResourceExt as _;
 
 /// The most bytes of entries a slice is given (an object must stay well
@@ -74,11 +77,11 @@ pub struct Planned {
 /// The writes that make the stored `slices` hold `wanted`, each gateway's
 /// Pods by gateway name; `gateways` maps every existing gateway to its uid.
 pub fn plan(
-    slices: &[Arc<EgressEndpointSlice>],
+    slices: &[Arc<WatchedSlice>],
     gateways: &BTreeMap<String, String>,
     wanted: &BTreeMap<String, Vec<EndpointPod>>,
 ) -> Planned {
-    let mut by_gateway: BTreeMap<&str, Vec<&EgressEndpointSlice>> = BTreeMap::new();
+    let mut by_gateway: BTreeMap<&str, Vec<&WatchedSlice>> = BTreeMap::new();
     for slice in slices {
         by_gateway
             .entry(slice.spec.gateway.as_str())
@@ -118,18 +121,18 @@ pub fn plan(
 fn gateway_slices(
     gateway: &str,
     owner: &str,
-    stored: &[&EgressEndpointSlice],
+    stored: &[&WatchedSlice],
     pods: &[EndpointPod],
 ) -> (Vec<SliceWrite>, usize) {
     let wanted: BTreeMap<Key, &EndpointPod> = pods
         .iter()
         .map(|p| ((p.namespace.clone(), p.name.clone()), p))
         .collect();
-    let mut stored: Vec<&EgressEndpointSlice> = stored.to_vec();
+    let mut stored: Vec<&WatchedSlice> = stored.to_vec();
     stored.sort_by_key(|s| s.name_any());
     // Each stored slice keeps the wanted Pods it holds, as they are now.
     let mut placed: BTreeSet<&Key> = BTreeSet::new();
-    let mut slices: Vec<(String, Vec<EndpointPod>, Option<&EgressEndpointSlice>)> = stored
+    let mut slices: Vec<(String, Vec<EndpointPod>, Option<&WatchedSlice>)> = stored
         .iter()
         .map(|slice| {
             let kept = slice
@@ -187,7 +190,13 @@ fn gateway_slices(
             pods,
         };
         let current = stored.is_some_and(|s| {
-            s.spec == spec
+            s.spec.gateway == spec.gateway
+                && s.spec.pods.len() == spec.pods.len()
+                && s.spec.pods.iter().zip(&spec.pods).all(|(held, pod)| {
+                    held.namespace == pod.namespace
+                        && held.name == pod.name
+                        && held.digest == pod.digest()
+                })
                 && s.labels().get(endpoints::GATEWAY_LABEL)
                     == Some(&endpoints::gateway_label(gateway))
         });
@@ -214,6 +223,7 @@ fn fits(pods: &[EndpointPod], pod: &EndpointPod) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use egressgw_api::EgressEndpointSlice;
     use egressgw_api::endpoints::GATEWAY_LABEL;
     use kube::api::ObjectMeta;
 
@@ -249,10 +259,7 @@ mod tests {
     }
 
     /// The slices after `writes`, as the API server would store them.
-    fn stored(
-        mut slices: Vec<Arc<EgressEndpointSlice>>,
-        writes: &[SliceWrite],
-    ) -> Vec<Arc<EgressEndpointSlice>> {
+    fn stored(mut slices: Vec<Arc<WatchedSlice>>, writes: &[SliceWrite]) -> Vec<Arc<WatchedSlice>> {
         for write in writes {
             match write {
                 SliceWrite::Delete { name, .. } => slices.retain(|s| s.name_any() != *name),
@@ -270,14 +277,15 @@ mod tests {
                         ),
                         ..ObjectMeta::default()
                     };
-                    slices.push(Arc::new(slice));
+                    let json = serde_json::to_value(&slice).expect("a slice serializes");
+                    slices.push(Arc::new(serde_json::from_value(json).expect("decoded")));
                 }
             }
         }
         slices
     }
 
-    fn held(slices: &[Arc<EgressEndpointSlice>]) -> BTreeMap<String, Vec<String>> {
+    fn held(slices: &[Arc<WatchedSlice>]) -> BTreeMap<String, Vec<String>> {
         slices
             .iter()
             .map(|s| {

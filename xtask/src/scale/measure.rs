@@ -199,8 +199,10 @@ impl Steps<'_> {
         let after = Metrics::read(client).await?;
         report.status_writes = after.status_writes().minus(&before.status_writes());
         report.watch_events = after.watch_events(&before);
-        report.watched = self.watched();
         self.probes(client, report).await?;
+        // After the probes: a gateway node's agent reads its Pods from the
+        // slices the controller writes with the statuses, a moment later.
+        report.watched = self.watched();
         report.memory = memory();
         Ok(())
     }
@@ -364,7 +366,9 @@ impl Steps<'_> {
                         PROBE_TIMEOUT.as_secs()
                     );
                 }
-                tokio::time::sleep(Duration::from_millis(2)).await;
+                // Each look reads the whole table into nft first: rarely
+                // enough to leave the gateway's agent its CPU.
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
             report.probe_gateway.push(created.elapsed().as_secs_f64());
         }

@@ -81,18 +81,11 @@ pub fn witnesses(state: &NodeState) -> Vec<&str> {
     nodes.sort_unstable();
     nodes.dedup();
     if nodes.len() > MAX_WITNESSES {
-        nodes.sort_by_key(|n| (fnv1a(n), *n));
+        nodes.sort_by_key(|n| (crate::stable_hash(n.as_bytes()), *n));
         nodes.truncate(MAX_WITNESSES);
         nodes.sort_unstable();
     }
     nodes
-}
-
-/// 64-bit FNV-1a: the same on every node and in every release.
-fn fnv1a(text: &str) -> u64 {
-    text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
-        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
-    })
 }
 
 impl Quorum {

@@ -752,6 +752,7 @@ pub trait Trim: Resource {
 
 impl Trim for Namespace {}
 impl Trim for EgressEndpointSlice {}
+impl Trim for egressgw_api::endpoints::WatchedSlice {}
 impl Trim for EgressGateway {}
 /// A tunnel keeps all but its heartbeat: the agents renew it every 30 s
 /// and nothing plans from it, so at a thousand nodes it would wake every
