@@ -22,8 +22,7 @@ pub use plan::{
 };
 
 /// 64-bit FNV-1a of `bytes`: the same in every build and every release, for
-/// what two versions of egressgw must compute alike (names, digests, the
-/// quorum's witnesses).
+/// what two versions of egressgw must compute alike (names, digests).
 pub fn stable_hash(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
         (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3)

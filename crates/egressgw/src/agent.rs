@@ -617,15 +617,13 @@ impl Agent {
     fn snapshot(&self) -> Option<(Snapshot, PodScope, Vec<Arc<WatchedPod>>)> {
         for _ in 0..2 {
             let cluster = self.stores.cluster_snapshot(self.config.clone());
-            let wanted = match egressgw_core::pod_scope(&cluster, &self.node) {
-                PodScope::Node => Wanted::Node,
-                _ if self.stores.pods_published() => Wanted::Gateways(
-                    egressgw_core::gateways_selecting(&cluster, &self.node)
-                        .into_iter()
-                        .map(str::to_owned)
-                        .collect(),
-                ),
-                _ => Wanted::Cluster,
+            let gateways = egressgw_core::gateways_selecting(&cluster, &self.node);
+            let wanted = if gateways.is_empty() {
+                Wanted::Node
+            } else if self.stores.pods_published(&gateways) {
+                Wanted::Gateways(gateways.into_iter().map(str::to_owned).collect())
+            } else {
+                Wanted::Cluster
             };
             if !self.stores.pods.serve(&wanted) {
                 return None;

@@ -538,7 +538,7 @@ impl Memory {
 
 /// The ids of the groups this node sends selected traffic to.
 /// Whether `state`'s node is a candidate of some EIP: it holds it or may
-/// take it over, which takes a quorum of the witnesses.
+/// take it over, which takes a quorum of all the nodes.
 pub fn is_candidate(state: &NodeState) -> bool {
     state
         .groups
@@ -546,25 +546,22 @@ pub fn is_candidate(state: &NodeState) -> bool {
         .any(|g| g.candidates.iter().any(|c| c.node == state.node))
 }
 
-/// The peers a node probes: the candidates of its groups, and for a
-/// candidate of some EIP the quorum's witnesses too
-/// ([`failover::witnesses`]: every node up to 31, else 31 of them). Any
-/// other node holds nothing and decides only where its traffic goes. At a
-/// thousand nodes with twenty gateway nodes, a worker sends twenty probes
-/// an interval and a gateway node about fifty, instead of a thousand each.
+/// The peers a node probes. A candidate of some EIP probes every peer: its
+/// quorum counts all the nodes. Any other node holds nothing and decides
+/// only where its traffic goes, so it probes the candidates of its groups
+/// alone: at a thousand nodes with twenty gateway nodes, twenty probes an
+/// interval instead of a thousand.
 fn probe_targets(state: &NodeState) -> Vec<Target> {
-    let mut wanted: BTreeSet<&str> = state
+    let candidates: BTreeSet<&str> = state
         .groups
         .iter()
         .flat_map(|g| g.candidates.iter().map(|c| c.node.as_str()))
         .collect();
-    if is_candidate(state) {
-        wanted.extend(failover::witnesses(state));
-    }
+    let everyone = is_candidate(state);
     state
         .peers
         .iter()
-        .filter(|p| wanted.contains(p.node.as_str()))
+        .filter(|p| everyone || candidates.contains(p.node.as_str()))
         .filter_map(|p| {
             let addr = p.ipv4.map(IpAddr::V4).or(p.ipv6.map(IpAddr::V6))?;
             Some(Target {
@@ -737,20 +734,17 @@ mod tests {
     }
 
     /// Peers `n1` to `n<count>` but `me`, each with a tunnel address.
-    fn peers(me: &str, count: u16) -> Vec<Peer> {
+    fn peers(me: &str, count: u8) -> Vec<Peer> {
         (1..=count)
             .map(|i| format!("n{i}"))
             .filter(|n| n != me)
-            .zip(1u16..)
-            .map(|(node, i)| {
-                let [hi, lo] = i.to_be_bytes();
-                Peer {
-                    node,
-                    underlay: IpAddr::from([172, 18, hi, lo]),
-                    mac: Mac([2, 0, 0, 0, hi, lo]),
-                    ipv4: Some(std::net::Ipv4Addr::new(169, 254, hi, lo)),
-                    ipv6: None,
-                }
+            .zip(1u8..)
+            .map(|(node, i)| Peer {
+                node,
+                underlay: IpAddr::from([172, 18, 0, 10 + i]),
+                mac: Mac([2, 0, 0, 0, 0, i]),
+                ipv4: Some(std::net::Ipv4Addr::new(169, 254, 0, i)),
+                ipv6: None,
             })
             .collect()
     }
@@ -759,11 +753,10 @@ mod tests {
         probe_targets(state).into_iter().map(|t| t.node).collect()
     }
 
-    /// A candidate probes the quorum's witnesses (every peer in a small
-    /// cluster) and its groups' candidates; a node that is none probes the
-    /// candidates of its groups alone, and with no group none.
+    /// A candidate probes every peer for its quorum; a node that is none
+    /// probes the candidates of its groups alone, and with no group none.
     #[test]
-    fn only_candidates_probe_the_quorums_witnesses() {
+    fn only_candidates_probe_every_peer() {
         let mut gateway = two_groups("n1", &[]);
         gateway.peers = peers("n1", 6);
         gateway.groups[0].candidates = vec![candidate("n2"), candidate("n1")];
@@ -779,24 +772,6 @@ mod tests {
 
         worker.groups.clear();
         assert!(probed(&worker).is_empty());
-
-        // In a large cluster, a candidate probes the witnesses and its
-        // groups' candidates, not every node.
-        gateway.peers = peers("n1", 500);
-        let probed = probed(&gateway);
-        let witnesses = failover::witnesses(&gateway);
-        assert_eq!(witnesses.len(), failover::MAX_WITNESSES);
-        assert!(
-            probed.len() <= failover::MAX_WITNESSES + 1,
-            "{}",
-            probed.len()
-        );
-        assert!(probed.iter().any(|n| n == "n2"));
-        assert!(
-            witnesses
-                .iter()
-                .all(|w| *w == "n1" || probed.iter().any(|n| n == w))
-        );
     }
 
     #[test]

@@ -99,11 +99,13 @@ pub fn plan(
                 }));
         }
     }
+    // New slices take names no stored slice has, whichever its gateway.
+    let mut taken: BTreeSet<String> = slices.iter().map(|s| s.name_any()).collect();
     let none = Vec::new();
     for (gateway, owner) in gateways {
         let stored = by_gateway.get(gateway.as_str()).unwrap_or(&none);
         let pods = wanted.get(gateway).map_or(&[][..], Vec::as_slice);
-        let (writes, slices) = gateway_slices(gateway, owner, stored, pods);
+        let (writes, slices) = gateway_slices(gateway, owner, stored, pods, &mut taken);
         planned.writes.extend(writes);
         let count = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
         planned.published.insert(
@@ -123,6 +125,7 @@ fn gateway_slices(
     owner: &str,
     stored: &[&WatchedSlice],
     pods: &[EndpointPod],
+    taken: &mut BTreeSet<String>,
 ) -> (Vec<SliceWrite>, usize) {
     let wanted: BTreeMap<Key, &EndpointPod> = pods
         .iter()
@@ -149,7 +152,6 @@ fn gateway_slices(
         })
         .collect();
     // The others fill the slices with room, then new ones.
-    let mut used: BTreeSet<String> = slices.iter().map(|(name, ..)| name.clone()).collect();
     let mut next_index = 0;
     let mut target = 0;
     for (key, pod) in &wanted {
@@ -163,7 +165,7 @@ fn gateway_slices(
             let name = loop {
                 let name = endpoints::slice_name(gateway, next_index);
                 next_index += 1;
-                if used.insert(name.clone()) {
+                if taken.insert(name.clone()) {
                     break name;
                 }
             };
@@ -199,6 +201,7 @@ fn gateway_slices(
                 })
                 && s.labels().get(endpoints::GATEWAY_LABEL)
                     == Some(&endpoints::gateway_label(gateway))
+                && s.owner_references().iter().any(|o| o.uid == owner)
         });
         if !current {
             writes.push(SliceWrite::Apply {
@@ -225,6 +228,7 @@ fn fits(pods: &[EndpointPod], pod: &EndpointPod) -> bool {
 mod tests {
     use egressgw_api::EgressEndpointSlice;
     use egressgw_api::endpoints::GATEWAY_LABEL;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
     use kube::api::ObjectMeta;
 
     use super::*;
@@ -263,7 +267,7 @@ mod tests {
         for write in writes {
             match write {
                 SliceWrite::Delete { name, .. } => slices.retain(|s| s.name_any() != *name),
-                SliceWrite::Apply { name, spec, .. } => {
+                SliceWrite::Apply { name, spec, owner } => {
                     slices.retain(|s| s.name_any() != *name);
                     let mut slice = EgressEndpointSlice::new(name, spec.clone());
                     slice.metadata = ObjectMeta {
@@ -275,6 +279,13 @@ mod tests {
                             )]
                             .into(),
                         ),
+                        owner_references: Some(vec![OwnerReference {
+                            api_version: "egressgw.io/v1alpha1".into(),
+                            kind: "EgressGateway".into(),
+                            name: spec.gateway.clone(),
+                            uid: owner.clone(),
+                            ..OwnerReference::default()
+                        }]),
                         ..ObjectMeta::default()
                     };
                     let json = serde_json::to_value(&slice).expect("a slice serializes");
@@ -365,6 +376,41 @@ mod tests {
             vec!["gw-0".to_owned()]
         );
         assert!(!planned.published.contains_key("old"));
+    }
+
+    /// A gateway made again under its name (a new uid) gets its slices
+    /// written again, owned by it, before the garbage collector takes the
+    /// old owner's; and a new slice never takes a name another gateway's
+    /// slice has.
+    #[test]
+    fn slices_follow_their_gateways_uid_and_names_stay_apart() {
+        let wanted = BTreeMap::from([("gw".to_owned(), pods(10))]);
+        let slices = stored(Vec::new(), &plan(&[], &gateways(&["gw"]), &wanted).writes);
+        let mut again = gateways(&["gw"]);
+        again.insert("gw".into(), "uid-gw-again".into());
+        let rewritten = plan(&slices, &again, &wanted);
+        assert!(
+            matches!(rewritten.writes.as_slice(), [SliceWrite::Apply { owner, .. }] if owner == "uid-gw-again"),
+            "{:?}",
+            rewritten.writes
+        );
+        // A slice named like gw's first, holding another gateway's Pods.
+        let mut other = stored(Vec::new(), &plan(&[], &gateways(&["gw"]), &wanted).writes);
+        let json = serde_json::json!({
+            "metadata": { "name": "gw-0" },
+            "spec": { "gateway": "other", "pods": [] },
+        });
+        other[0] = Arc::new(serde_json::from_value(json).unwrap());
+        let planned = plan(&other, &gateways(&["gw", "other"]), &wanted);
+        let names: Vec<&str> = planned
+            .writes
+            .iter()
+            .filter_map(|w| match w {
+                SliceWrite::Apply { name, spec, .. } if spec.gateway == "gw" => Some(name.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(names, ["gw-1"]);
     }
 
     /// However large a Pod's labels, a slice stays under its byte budget

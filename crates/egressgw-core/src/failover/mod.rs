@@ -17,8 +17,7 @@
 //!   once sent to each other (their plans disagreed for a moment) would
 //!   otherwise wait for each other forever;
 //! - a holder keeps its EIP while it reaches at least half of the nodes
-//!   (itself included; of the [`witnesses`] in a large cluster) and stays
-//!   a candidate; below that it is cut off and
+//!   (itself included) and stays a candidate; below that it is cut off and
 //!   gives the EIP up (fencing), before any other node may take it;
 //! - a candidate that finds itself first among the live ones, and reaches
 //!   more than half of the nodes, claims the EIP — after the agent has
@@ -29,12 +28,6 @@
 //! Keeping needs half and claiming needs a majority, so two sides of a
 //! partition never both hold an EIP: at most one side has a majority, and a
 //! side with exactly half may keep but not claim.
-//!
-//! The nodes counted are the quorum's [`witnesses`]: every node in a
-//! cluster of up to [`MAX_WITNESSES`], else that many of them, the same on
-//! every node (chosen by a stable hash of their names). Two sides of a
-//! partition still cannot both reach a majority of one set of nodes, and a
-//! candidate probes that many peers, not every node of the cluster.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -60,32 +53,10 @@ pub struct View<'a> {
 /// How many nodes this node reaches, itself included, of how many.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Quorum {
-    /// Witnesses reached, this node included when it is one.
+    /// Nodes reached, this one included.
     pub reached: usize,
-    /// Witnesses: the nodes with a tunnel, this one included, or
-    /// [`MAX_WITNESSES`] of them.
+    /// Nodes with a tunnel, this one included.
     pub total: usize,
-}
-
-/// The most nodes a quorum counts.
-pub const MAX_WITNESSES: usize = 31;
-
-/// The nodes `state`'s quorum counts, sorted: this node and its peers
-/// while they are at most [`MAX_WITNESSES`], else the [`MAX_WITNESSES`] of
-/// them whose names hash lowest. Every node with the same list of nodes
-/// chooses the same witnesses, whichever it is.
-pub fn witnesses(state: &NodeState) -> Vec<&str> {
-    let mut nodes: Vec<&str> = std::iter::once(state.node.as_str())
-        .chain(state.peers.iter().map(|p| p.node.as_str()))
-        .collect();
-    nodes.sort_unstable();
-    nodes.dedup();
-    if nodes.len() > MAX_WITNESSES {
-        nodes.sort_by_key(|n| (crate::stable_hash(n.as_bytes()), *n));
-        nodes.truncate(MAX_WITNESSES);
-        nodes.sort_unstable();
-    }
-    nodes
 }
 
 impl Quorum {
@@ -123,13 +94,13 @@ pub struct Resolved {
 /// assumed alive) against `view`.
 pub fn resolve(planned: &NodeState, view: View<'_>) -> Resolved {
     let me = planned.node.as_str();
-    let counted = witnesses(planned);
     let quorum = Quorum {
-        reached: counted
+        reached: 1 + planned
+            .peers
             .iter()
-            .filter(|n| **n == me || view.live.contains(**n))
+            .filter(|p| view.live.contains(&p.node))
             .count(),
-        total: counted.len(),
+        total: 1 + planned.peers.len(),
     };
     let alive = |node: &str| node == me || view.live.contains(node);
 

@@ -125,13 +125,27 @@ fn follow_pods(
             None => changed.push(pod),
         }
     }
-    // What is left was deleted, or replaced by one of `changed`.
+    // What is left was deleted, or replaced by one of `changed`. A name
+    // that another object still carries (two sources of Pods held one name
+    // for a moment) is planned again from that object, not removed.
     let replaced: HashSet<PodKey> = changed.iter().map(|p| key(p)).collect();
+    let kept: HashMap<&PodKey, &Arc<Pod>> = if seen.is_empty() {
+        HashMap::new()
+    } else {
+        next.values().map(|(p, k)| (k, p)).collect()
+    };
     let mut count = 0;
     for (_, (_, gone)) in seen.drain() {
-        if !replaced.contains(&gone) {
-            planner.remove_pod(&gone.0, &gone.1);
-            count += 1;
+        if replaced.contains(&gone) {
+            continue;
+        }
+        count += 1;
+        match kept
+            .get(&gone)
+            .and_then(|p| egressgw_api::snapshot::watched_pod(p))
+        {
+            Some(planned) => planner.set_pod(planned),
+            None => planner.remove_pod(&gone.0, &gone.1),
         }
     }
     for pod in changed {
@@ -277,6 +291,33 @@ spec:
         let mut reordered = edited.clone();
         reordered.nodes.reverse();
         assert_eq!(step(&mut following, &reordered, &pods), Replanned::Pods(0));
+    }
+
+    /// Two objects of one name for a moment (a Pod made again on this
+    /// node while still published on its old one): the one that goes
+    /// leaves the other planned.
+    #[test]
+    fn an_object_gone_leaves_another_of_its_name_planned() {
+        let cluster = cluster();
+        let mut following = Following::new("n1");
+        let old = pod("web-1", "web", "n2", "10.244.2.5");
+        let new = pod("web-1", "web", "n1", "10.244.1.7");
+        following.update(cluster.clone(), PodScope::Cluster, vec![Arc::clone(&old)]);
+        following.update(
+            cluster.clone(),
+            PodScope::Cluster,
+            vec![old, Arc::clone(&new)],
+        );
+        let pods = vec![new];
+        assert_eq!(step(&mut following, &cluster, &pods), Replanned::Pods(1));
+        let state = following.state().unwrap();
+        assert!(
+            state
+                .classify
+                .iter()
+                .any(|e| e.src.to_string() == "10.244.1.7"),
+            "web-1 on n1 is still classified"
+        );
     }
 
     #[test]

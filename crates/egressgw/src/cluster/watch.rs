@@ -93,15 +93,17 @@ impl Stores {
         (stores, tasks)
     }
 
-    /// Whether the controller publishes the gateways' Pods: some gateway's
-    /// status says so. An agent of a gateway's node then reads them from
-    /// slices; otherwise (a controller of an earlier release) it watches
-    /// every Pod.
-    pub fn pods_published(&self) -> bool {
-        self.gateways
-            .state()
-            .iter()
-            .any(|g| g.status.as_ref().is_some_and(|s| s.pods.is_some()))
+    /// Whether the controller has published the Pods of every gateway of
+    /// `names`: each one's status says so. An agent of their nodes then
+    /// reads them from slices; otherwise (a controller of an earlier
+    /// release, a gateway whose slices could not be written yet) it
+    /// watches every Pod.
+    pub fn pods_published(&self, names: &[&str]) -> bool {
+        names.iter().all(|name| {
+            self.gateways
+                .get(&ObjectRef::new(name))
+                .is_some_and(|g| g.status.as_ref().is_some_and(|s| s.pods.is_some()))
+        })
     }
 
     /// Waits until every store holds its first complete list.
@@ -281,7 +283,8 @@ impl Pods {
             Some(Running::Cluster(store)) if listed(store) => (PodScope::Cluster, store.state()),
             Some(Running::Gateways(names, slices)) if listed(slices) => {
                 let mut pods = self.first.state();
-                pods.extend(published(slices, names, self.node.as_deref(), read));
+                let own: HashSet<(String, String)> = pods.iter().map(|p| key(p)).collect();
+                pods.extend(published(slices, names, self.node.as_deref(), &own, read));
                 (PodScope::Gateways, pods)
             }
             _ => (self.first_scope, self.first.state()),
@@ -394,12 +397,15 @@ fn listed<K: Resource<DynamicType = ()> + Clone>(store: &Store<K>) -> bool {
 }
 
 /// The Pods the `slices` of the gateways `names` publish, but those of
-/// `node` (its own watch has them, fresher), each Pod once; `read` keeps
-/// the objects of the last read for the next.
+/// `node` and those of a name in `own` (the node's own watch has them,
+/// fresher: a Pod deleted elsewhere and made again on this node under its
+/// name is still published on its old node for a moment), each Pod once;
+/// `read` keeps the objects of the last read for the next.
 fn published(
     slices: &Store<EgressEndpointSlice>,
     names: &[String],
     node: Option<&str>,
+    own: &HashSet<(String, String)>,
     read: &mut HashMap<String, (Option<String>, Vec<Arc<WatchedPod>>)>,
 ) -> Vec<Arc<WatchedPod>> {
     let mut slices: Vec<Arc<EgressEndpointSlice>> = slices
@@ -445,6 +451,7 @@ fn published(
         for (entry, pod) in slice.spec.pods.iter().zip(pods) {
             if Some(entry.node.as_str()) != node
                 && seen.insert((entry.namespace.as_str(), entry.name.as_str()))
+                && !own.contains(&(entry.namespace.clone(), entry.name.clone()))
             {
                 out.push(Arc::clone(pod));
             }
@@ -1022,10 +1029,17 @@ mod tests {
             slice("far-0", "far", "1", &[("api-1", "node-3")]),
         );
         let gateways = ["gw".to_owned(), "other".to_owned()];
+        // web-9 is published on node-3 but now runs on node-1 (made again
+        // there under its name): the node's own watch has it.
+        apply(
+            &mut writer,
+            slice("other-1", "other", "1", &[("web-9", "node-3")]),
+        );
+        let own: HashSet<(String, String)> = [("team-a".to_owned(), "web-9".to_owned())].into();
         let mut read = HashMap::new();
-        let first = published(&store, &gateways, Some("node-1"), &mut read);
+        let first = published(&store, &gateways, Some("node-1"), &own, &mut read);
         assert_eq!(names(&first), ["db-1", "web-2", "web-3"]);
-        let again = published(&store, &gateways, Some("node-1"), &mut read);
+        let again = published(&store, &gateways, Some("node-1"), &own, &mut read);
         let same = |a: &[Arc<WatchedPod>], b: &[Arc<WatchedPod>], pod: &str| {
             let find = |l: &[Arc<WatchedPod>]| {
                 Arc::clone(l.iter().find(|p| key(p).1 == pod).expect("read"))
@@ -1047,7 +1061,7 @@ mod tests {
             .labels
             .insert("tier".into(), "front".into());
         apply(&mut writer, changed);
-        let third = published(&store, &gateways, Some("node-1"), &mut read);
+        let third = published(&store, &gateways, Some("node-1"), &own, &mut read);
         assert_eq!(names(&third), ["db-1", "web-2", "web-3", "web-4"]);
         assert!(!same(&again, &third, "web-3"));
         assert!(same(&again, &third, "web-2"));
