@@ -390,12 +390,39 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
         }
     }
 
-    /// Removes everything egressgw created — the firewall table, rules,
-    /// routes, both devices, and (see [`Self::with_ebpf_pins`]) the eBPF
-    /// classifier's pinned attachments and maps — and nothing else. Keeps going past failures and reports
+    /// Removes everything egressgw created — the routing side (tunnel,
+    /// EIPs, rules, routes), the firewall table and (see
+    /// [`Self::with_ebpf_pins`]) the eBPF classifier's pinned attachments
+    /// and maps — and nothing else. Keeps going past failures and reports
     /// each.
+    ///
+    /// The routing side goes first, the tunnel with it: on a gateway the
+    /// table's guard is what keeps traffic arriving through the tunnel from
+    /// leaving untranslated (a CNI's masquerade would give it the node's
+    /// address). The table is therefore removed only once no tunnel is
+    /// left; while one is (its removal failed, or the routing side could
+    /// not be read), the table stays and that is reported as a failure.
     pub async fn cleanup(&mut self) -> Report {
         let mut report = Report::default();
+        let tunnel_gone = match self.netlink.observe(&self.scope).await {
+            Ok(observed) => {
+                let plan = kernel::plan(&Desired::default(), &observed, &self.scope);
+                for op in plan.ops() {
+                    self.apply(op, &mut report).await;
+                }
+                match self.netlink.observe(&self.scope).await {
+                    Ok(after) => after.vxlan.is_none(),
+                    Err(e) => {
+                        report.record(read_routing(), Err(e));
+                        false
+                    }
+                }
+            }
+            Err(e) => {
+                report.record(read_routing(), Err(e));
+                false
+            }
+        };
         if let Some(pins) = &self.ebpf_pins {
             let what = Op::new(
                 OpKind::Program,
@@ -414,19 +441,21 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
             table.clone(),
             format!("delete table {table}"),
         );
+        if !tunnel_gone {
+            report.record(
+                what,
+                Err(format!(
+                    "kept while {} may still exist: without the table, traffic arriving \
+                     through the tunnel would leave untranslated",
+                    self.scope.vxlan
+                )),
+            );
+            return report;
+        }
         match blocking(|| self.firewall.remove()) {
             Ok(true) => report.done(what),
             Ok(false) => {}
             Err(e) => report.record(what, Err(e)),
-        }
-        match self.netlink.observe(&self.scope).await {
-            Ok(observed) => {
-                let plan = kernel::plan(&Desired::default(), &observed, &self.scope);
-                for op in plan.ops() {
-                    self.apply(op, &mut report).await;
-                }
-            }
-            Err(e) => report.record(read_routing(), Err(e)),
         }
         report
     }
@@ -858,6 +887,53 @@ mod tests {
             assert!(k.vxlan.is_none() && k.eip_device.is_none() && k.routes.is_empty());
             assert_eq!(k.rules.iter().collect::<Vec<_>>(), vec![&foreign]);
             assert_eq!(dp.cleanup().await.ops(), 0, "cleanup twice changes nothing");
+        });
+    }
+
+    /// On a gateway the table's guard drops what arrives through the tunnel
+    /// untranslated: the tunnel goes before the table, and while it cannot
+    /// go the table stays.
+    #[test]
+    fn cleanup_removes_the_tunnel_before_the_table_and_keeps_the_table_while_the_tunnel_stays() {
+        run(async {
+            let mut dp = dataplane();
+            dp.reconcile(&node_state(true)).await;
+            let report = dp.cleanup().await;
+            assert!(report.is_ok(), "{:?}", report.failed);
+            let at = |kind: OpKind| {
+                report
+                    .applied
+                    .iter()
+                    .position(|op| {
+                        op.kind == kind && (kind == OpKind::Table || op.object == "egress.vxlan")
+                    })
+                    .unwrap_or_else(|| panic!("no {kind:?} op in {:?}", report.applied))
+            };
+            assert!(at(OpKind::Link) < at(OpKind::Table), "{:?}", report.applied);
+
+            let mut stuck = dataplane();
+            stuck.reconcile(&node_state(true)).await;
+            stuck
+                .netlink
+                .fail
+                .push((OpKind::Link, "egress.vxlan".to_owned()));
+            let report = stuck.cleanup().await;
+            assert!(stuck.netlink.state.vxlan.is_some());
+            assert!(
+                stuck.firewall.table.is_some(),
+                "the table went with the tunnel still up"
+            );
+            assert!(
+                report
+                    .failed
+                    .iter()
+                    .any(|f| f.op.kind == OpKind::Table && f.error.contains("egress.vxlan")),
+                "{:?}",
+                report.failed
+            );
+            stuck.netlink.fail.clear();
+            assert!(stuck.cleanup().await.is_ok());
+            assert!(stuck.netlink.state.vxlan.is_none() && stuck.firewall.table.is_none());
         });
     }
 }
