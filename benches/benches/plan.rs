@@ -13,6 +13,10 @@
 //! - `agent-worker/pod-change`, `agent-gateway/pod-change`: one Pod
 //!   relabelled out of its policies' reach or back, in that planner; the
 //!   Pods are ones whose change reaches the node's state.
+//! - `controller/full`, `controller/pod-change`: the controller's
+//!   [`Publisher`] built from every Pod (what a policy added or deleted
+//!   costs it), and one selected Pod relabelled out of its policies'
+//!   reach or back in it, with the status that follows.
 //!
 //! Snapshots are built once per size, outside the measurement, and the
 //! plan's drop is not timed.
@@ -23,7 +27,9 @@ use std::time::Duration;
 use criterion::{BatchSize, Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
 use egressgw_benches::{agent_node, next_snapshot, pods_reaching, relabelled, synthetic_cluster};
 use egressgw_core::plan::scoped;
-use egressgw_core::{Planner, Snapshot, plan, plan_node, plan_published, plan_status, pod_scope};
+use egressgw_core::{
+    Planner, Publisher, Snapshot, plan, plan_node, plan_published, plan_status, pod_scope,
+};
 
 /// `(nodes, policies, pods)`.
 type Size = (usize, usize, usize);
@@ -60,7 +66,44 @@ fn bench_size(c: &mut Criterion, size: Size, tune: impl FnOnce(&mut SizeGroup<'_
     for (kind, gateway) in [("agent-worker", false), ("agent-gateway", true)] {
         bench_agent(&mut group, &steady, kind, &agent_node(&steady, gateway));
     }
+    bench_controller(&mut group, &steady);
     group.finish();
+}
+
+/// The controller's publisher: built whole, and changed by one selected
+/// Pod, its status planned after each change.
+fn bench_controller(group: &mut SizeGroup<'_>, steady: &Snapshot) {
+    group.bench_function("controller/full", |b| {
+        b.iter_batched(
+            || steady.clone(),
+            |steady| Publisher::new(black_box(steady)),
+            BatchSize::LargeInput,
+        );
+    });
+    let mut publisher = Publisher::new(steady.clone());
+    let pods: Vec<_> = {
+        let selected: Vec<_> = publisher
+            .gateways()
+            .flat_map(|(g, _)| publisher.pods_of(g))
+            .collect();
+        let step = (selected.len() / 100).max(1);
+        selected
+            .into_iter()
+            .step_by(step)
+            .take(100)
+            .cloned()
+            .collect()
+    };
+    let mut turn = 0usize;
+    group.bench_function("controller/pod-change", |b| {
+        b.iter_with_large_drop(|| {
+            let pod = &pods[turn % pods.len()];
+            let away = (turn / pods.len()).is_multiple_of(2);
+            publisher.set_pod(relabelled(pod, away));
+            turn += 1;
+            publisher.status()
+        });
+    });
 }
 
 /// An agent's planner of `node` from the Pods it watches: built whole,

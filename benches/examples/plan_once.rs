@@ -12,7 +12,10 @@
 //! `PLAN_ONCE_DIGEST=1`, a digest of the whole plan, to check that a change
 //! to the planner plans the same. With `PLAN_ONCE_CHANGES=N` beside
 //! `PLAN_ONCE_AGENT=worker|gateway`, the agent's incremental planner is
-//! built and N of its Pods changed one by one, each timed.
+//! built and N of its Pods changed one by one, each timed. With
+//! `PLAN_ONCE_CONTROLLER=N`, the controller's `egressgw_core::Publisher`
+//! is built from every Pod, N selected Pods are changed one by one, each
+//! timed with the status that follows, and the peak memory printed.
 
 use std::collections::HashSet;
 use std::time::Instant;
@@ -36,6 +39,13 @@ fn main() {
         {
             println!("{} {}", pod.namespace, pod.name);
         }
+        return;
+    }
+    if let Some(changes) = std::env::var("PLAN_ONCE_CONTROLLER")
+        .ok()
+        .and_then(|n| n.parse().ok())
+    {
+        publisher_changes((nodes, policies, pods), changes);
         return;
     }
     if let Some(kind @ ("worker" | "gateway")) = std::env::var("PLAN_ONCE_AGENT").ok().as_deref() {
@@ -207,11 +217,6 @@ fn planner_changes(
             edits.push(start.elapsed());
         }
     }
-    let quantiles = |times: &mut Vec<std::time::Duration>| {
-        times.sort();
-        let at = |q: f64| times[((times.len() - 1) as f64 * q).round() as usize];
-        format!("p50 {:.2?} p99 {:.2?}", at(0.5), at(0.99))
-    };
     let [away, back, delete, add] = &mut times;
     println!(
         "{nodes} nodes, {policies} policies, {pods} pods, {kind} {node} ({watched} pods watched), \
@@ -226,6 +231,76 @@ fn planner_changes(
         quantiles(&mut edits),
         rss("VmHWM:")
     );
+}
+
+/// The controller's [`egressgw_core::Publisher`] of the whole cluster,
+/// then `changes` selected Pods relabelled out of their policies' reach
+/// and back, deleted and added again, each timed, and the status after
+/// each; prints the times and the peak memory of the process.
+fn publisher_changes((nodes, policies, pods): (usize, usize, usize), changes: usize) {
+    use egressgw_benches::relabelled;
+    let whole = egressgw_benches::synthetic_cluster(nodes, policies, pods);
+    // What the controller did for each change before: plan_published.
+    let start = Instant::now();
+    drop(egressgw_core::plan_published(&whole));
+    let published = start.elapsed();
+    let start = Instant::now();
+    let mut publisher = egressgw_core::Publisher::new(whole);
+    let built = start.elapsed();
+    let selected: Vec<egressgw_core::model::Pod> = {
+        let gateways: Vec<&str> = publisher.gateways().map(|(g, _)| g).collect();
+        let all: Vec<&egressgw_core::model::Pod> =
+            gateways.iter().flat_map(|g| publisher.pods_of(g)).collect();
+        let step = (all.len() / changes.max(1)).max(1);
+        all.iter()
+            .step_by(step)
+            .take(changes)
+            .map(|p| (*p).clone())
+            .collect()
+    };
+    publisher.take_changed();
+    let mut times: [Vec<std::time::Duration>; 4] = Default::default();
+    let mut statuses = Vec::new();
+    for pod in &selected {
+        let steps: [&dyn Fn(&mut egressgw_core::Publisher); 4] = [
+            &|p| p.set_pod(relabelled(pod, true)),
+            &|p| p.set_pod(relabelled(pod, false)),
+            &|p| p.remove_pod(&pod.namespace, &pod.name),
+            &|p| p.set_pod(pod.clone()),
+        ];
+        for (step, times) in steps.iter().zip(&mut times) {
+            let start = Instant::now();
+            step(&mut publisher);
+            times.push(start.elapsed());
+            assert!(
+                !publisher.take_changed().is_empty(),
+                "a selected Pod changed"
+            );
+        }
+        let start = Instant::now();
+        let status = publisher.status();
+        statuses.push(start.elapsed());
+        drop(status);
+    }
+    let [away, back, delete, add] = &mut times;
+    println!(
+        "{nodes} nodes, {policies} policies, {pods} pods, controller's publisher: \
+         plan_published {published:.2?}, whole {built:.2?}; {} Pods changed: relabel {}, relabel back {}, delete {}, add {}; \
+         status {}; {:.0} MiB at the peak",
+        selected.len(),
+        quantiles(away),
+        quantiles(back),
+        quantiles(delete),
+        quantiles(add),
+        quantiles(&mut statuses),
+        rss("VmHWM:")
+    );
+}
+
+fn quantiles(times: &mut [std::time::Duration]) -> String {
+    times.sort();
+    let at = |q: f64| times[((times.len() - 1) as f64 * q).round() as usize];
+    format!("p50 {:.2?} p99 {:.2?}", at(0.5), at(0.99))
 }
 
 /// A `/proc/self/status` figure in MiB (`VmHWM:`: the peak resident set).

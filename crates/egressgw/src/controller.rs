@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use egressgw_api::endpoints::{self, EndpointPod, WatchedSlice};
+use egressgw_api::endpoints::{self, WatchedSlice};
 use egressgw_api::{
     EgressClusterPolicy, EgressEndpointSlice, EgressGateway, EgressPolicy, EgressTunnel,
     TunnelPhase,
@@ -40,6 +40,7 @@ use kube::{Api, Client, Resource, ResourceExt as _};
 use serde::Serialize;
 use tokio::sync::{Notify, watch};
 
+use crate::cluster::following::Publishing;
 use crate::cluster::health::{self, Health};
 use crate::cluster::lease::{self, Elector, Liveness};
 use crate::cluster::metrics::{ApiRequests, ControllerMetrics, REQUEST_TIMEOUT, Verb};
@@ -188,6 +189,9 @@ async fn controller(args: &ControllerArgs, config: Config) -> anyhow::Result<()>
         invalid_reported: HashMap::new(),
         unreachable_reported: BTreeMap::new(),
         allocations: None,
+        publishing: Publishing::default(),
+        published_version: None,
+        current_slices: BTreeMap::new(),
     };
     let mut last_run = Instant::now();
     let mut pending = true;
@@ -205,6 +209,7 @@ async fn controller(args: &ControllerArgs, config: Config) -> anyhow::Result<()>
                     // Only the leader speaks for the objects.
                     metrics.clear_objects();
                     control.allocations = None;
+                    control.current_slices.clear();
                 }
                 pending = true;
             }
@@ -291,6 +296,15 @@ struct Control {
     /// What the last plan allocated; `None` until this replica plans as
     /// the leader.
     allocations: Option<Allocations>,
+    /// The selection of Pods, and the gateways' Pods, kept between runs.
+    publishing: Publishing,
+    /// The cluster version and unavailable agents the publisher last
+    /// planned with.
+    published_version: Option<(u64, BTreeSet<String>)>,
+    /// Per gateway whose stored slices were found to hold its Pods: the
+    /// [`slices_fingerprint`] they had. Until its Pods or those slices
+    /// change, they are not compared again.
+    current_slices: BTreeMap<String, u64>,
 }
 
 impl Control {
@@ -323,18 +337,32 @@ impl Control {
         ok &= self
             .send(&writes::timeouts(&self.stored(), unavailable))
             .await;
-        let mut snapshot = self.stores.snapshot(self.config.clone());
-        for node in &mut snapshot.nodes {
-            if unavailable.contains(&node.name) {
-                node.ready = false;
-            }
-        }
         // The allocations, status and each gateway's Pods only: the nodes'
-        // dataplane states are each agent's to plan.
-        let published = egressgw_core::plan_published(&snapshot);
-        let (sent, pods) = self.publish(&published.gateway_pods).await;
+        // dataplane states are each agent's to plan. The Pods are taken one
+        // by one as they change; the other objects are read again only
+        // when one of them changed (counted before reading the stores).
+        let version = (self.stores.cluster_version(), unavailable.clone());
+        let cluster = (self.published_version.as_ref() != Some(&version)
+            || self.publishing.publisher().is_none())
+        .then(|| {
+            let mut cluster = self.stores.cluster_snapshot(self.config.clone());
+            for node in &mut cluster.nodes {
+                if unavailable.contains(&node.name) {
+                    node.ready = false;
+                }
+            }
+            cluster
+        });
+        let changed = self
+            .publishing
+            .update(cluster, self.stores.pods.state())
+            .take_changed();
+        self.published_version = Some(version);
+        let (sent, pods) = self.publish(&changed).await;
         ok &= sent;
-        let status = published.status;
+        let publisher = self.publishing.publisher().expect("updated above");
+        let status = publisher.status();
+        let snapshot = publisher.cluster().clone();
         self.count_allocations(&snapshot, &status);
         let tunnels: Vec<Option<bool>> = self
             .stores
@@ -385,17 +413,16 @@ impl Control {
         self.allocations = Some(now);
     }
 
-    /// Writes the slices that publish `gateway_pods`. Returns whether
-    /// every write succeeded, and the gateways whose slices now hold their
-    /// Pods, with their counts.
+    /// Writes the slices that publish each gateway's Pods, comparing only
+    /// the gateways whose Pods (`changed`) or stored slices changed since
+    /// they were last found current. Returns whether every write
+    /// succeeded, and the gateways whose slices now hold their Pods, with
+    /// their counts.
     async fn publish(
-        &self,
-        gateway_pods: &BTreeMap<String, Vec<&egressgw_core::model::Pod>>,
+        &mut self,
+        changed: &BTreeSet<String>,
     ) -> (bool, BTreeMap<String, egressgw_api::gateway::GatewayPods>) {
-        let wanted: BTreeMap<String, Vec<EndpointPod>> = gateway_pods
-            .iter()
-            .map(|(g, pods)| (g.clone(), pods.iter().map(|p| EndpointPod::of(p)).collect()))
-            .collect();
+        let publisher = self.publishing.publisher().expect("updated before");
         let gateways: BTreeMap<String, String> = self
             .stores
             .gateways
@@ -403,7 +430,35 @@ impl Control {
             .iter()
             .filter_map(|g| Some((g.name_any(), g.metadata.uid.clone()?)))
             .collect();
-        let mut planned = slices::plan(&self.endpoint_slices.state(), &gateways, &wanted);
+        let stored = self.endpoint_slices.state();
+        let fingerprints: BTreeMap<&str, u64> = gateways
+            .iter()
+            .map(|(name, uid)| (name.as_str(), slices_fingerprint(uid, name, &stored)))
+            .collect();
+        let counts: BTreeMap<&str, usize> = publisher.gateways().collect();
+        let compared = |gateway: &str| {
+            changed.contains(gateway)
+                || self.current_slices.get(gateway) != fingerprints.get(gateway)
+        };
+        let mut planned = slices::plan(&stored, &gateways, |gateway| {
+            if compared(gateway) {
+                let pods = publisher.pods_of(gateway);
+                slices::Wanted::Pods(pods.into_iter().map(|p| self.publishing.want(p)).collect())
+            } else {
+                slices::Wanted::Current(counts.get(gateway).copied().unwrap_or(0))
+            }
+        });
+        let compared: BTreeSet<String> = gateways.keys().filter(|g| compared(g)).cloned().collect();
+        let written: BTreeSet<&str> = planned.writes.iter().map(SliceWrite::gateway).collect();
+        let mut current: BTreeMap<String, u64> = self
+            .current_slices
+            .iter()
+            .filter(|(g, _)| gateways.contains_key(*g) && !compared.contains(*g))
+            .map(|(g, f)| (g.clone(), *f))
+            .collect();
+        for gateway in compared.iter().filter(|g| !written.contains(g.as_str())) {
+            current.insert(gateway.clone(), fingerprints[gateway.as_str()]);
+        }
         let mut ok = true;
         for write in &planned.writes {
             if let Err(e) = self.write_slice(write).await {
@@ -412,6 +467,7 @@ impl Control {
                 ok = false;
             }
         }
+        self.current_slices = current;
         (ok, planned.published)
     }
 
@@ -911,6 +967,29 @@ impl Control {
 }
 
 /// The policies using `ip`.
+/// What a gateway's stored slices are, in short: its uid, and the name
+/// and version of each slice of it. Equal fingerprints mean the same
+/// stored slices.
+fn slices_fingerprint(uid: &str, gateway: &str, slices: &[Arc<WatchedSlice>]) -> u64 {
+    let mut held: Vec<(String, &str)> = slices
+        .iter()
+        .filter(|s| s.spec.gateway == gateway)
+        .map(|s| {
+            let version = s.metadata.resource_version.as_deref().unwrap_or_default();
+            (s.name_any(), version)
+        })
+        .collect();
+    held.sort_unstable();
+    let mut bytes = uid.as_bytes().to_vec();
+    for (name, version) in held {
+        bytes.extend_from_slice(b"\0");
+        bytes.extend_from_slice(name.as_bytes());
+        bytes.extend_from_slice(b"\0");
+        bytes.extend_from_slice(version.as_bytes());
+    }
+    egressgw_core::stable_hash(&bytes)
+}
+
 fn users_of(status: &ClusterStatus, ip: IpAddr) -> Vec<PolicyRef> {
     status
         .gateways

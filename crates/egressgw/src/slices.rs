@@ -4,7 +4,9 @@
 //! ([`egressgw_core::plan_published`]).
 //!
 //! The stored slices are kept as [`WatchedSlice`]s: each Pod's name and a
-//! digest of its entry, compared with the digest of the entry wanted.
+//! digest of its entry, compared with the digest of the entry wanted. The
+//! caller says which gateways it knows to be current ([`Wanted::Current`]):
+//! their slices are not compared at all.
 //!
 //! A Pod stays in the slice that holds it while it is published (its
 //! entry is rewritten in place when its labels or addresses change); new
@@ -19,14 +21,12 @@ use std::sync::Arc;
 use egressgw_api::EgressEndpointSliceSpec;
 use egressgw_api::endpoints::{self, EndpointPod, MAX_PODS, WatchedSlice};
 use egressgw_api::gateway::GatewayPods;
+use egressgw_core::model::Pod;
 use kube::ResourceExt as _;
 
 /// The most bytes of entries a slice is given (an object must stay well
 /// under the API server's request limit whatever the Pods' labels).
 const MAX_BYTES: usize = 256 * 1024;
-
-/// A Pod's namespace and name.
-type Key = (String, String);
 
 /// One write.
 #[derive(Debug, Clone, PartialEq)]
@@ -65,6 +65,39 @@ impl std::fmt::Display for SliceWrite {
     }
 }
 
+/// A Pod wanted in its gateway's slices, with what its entry is compared
+/// and placed by.
+#[derive(Debug, Clone, Copy)]
+pub struct Want<'a> {
+    pub pod: &'a Pod,
+    /// [`EndpointPod::digest`] of its entry.
+    pub digest: u64,
+    /// [`EndpointPod::json_len`] of its entry.
+    pub len: usize,
+}
+
+impl<'a> Want<'a> {
+    /// `pod`, its entry digested and measured now.
+    pub fn new(pod: &'a Pod) -> Self {
+        let entry = EndpointPod::of(pod);
+        Self {
+            pod,
+            digest: entry.digest(),
+            len: entry.json_len(),
+        }
+    }
+}
+
+/// What one gateway's slices should hold.
+#[derive(Debug, Clone)]
+pub enum Wanted<'a> {
+    /// Its stored slices are known to hold its Pods, this many: nothing to
+    /// compare or write.
+    Current(usize),
+    /// These Pods (none for a gateway whose policies select nothing).
+    Pods(Vec<Want<'a>>),
+}
+
 /// What [`plan`] decided.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Planned {
@@ -74,12 +107,13 @@ pub struct Planned {
     pub published: BTreeMap<String, GatewayPods>,
 }
 
-/// The writes that make the stored `slices` hold `wanted`, each gateway's
-/// Pods by gateway name; `gateways` maps every existing gateway to its uid.
-pub fn plan(
+/// The writes that make the stored `slices` hold what `wanted` says of
+/// each gateway, by name; `gateways` maps every existing gateway to its
+/// uid.
+pub fn plan<'a>(
     slices: &[Arc<WatchedSlice>],
     gateways: &BTreeMap<String, String>,
-    wanted: &BTreeMap<String, Vec<EndpointPod>>,
+    wanted: impl Fn(&str) -> Wanted<'a>,
 ) -> Planned {
     let mut by_gateway: BTreeMap<&str, Vec<&WatchedSlice>> = BTreeMap::new();
     for slice in slices {
@@ -104,14 +138,19 @@ pub fn plan(
     let none = Vec::new();
     for (gateway, owner) in gateways {
         let stored = by_gateway.get(gateway.as_str()).unwrap_or(&none);
-        let pods = wanted.get(gateway).map_or(&[][..], Vec::as_slice);
-        let (writes, slices) = gateway_slices(gateway, owner, stored, pods, &mut taken);
-        planned.writes.extend(writes);
+        let (selected, slices) = match wanted(gateway) {
+            Wanted::Current(selected) => (selected, stored.len()),
+            Wanted::Pods(pods) => {
+                let (writes, slices) = gateway_slices(gateway, owner, stored, &pods, &mut taken);
+                planned.writes.extend(writes);
+                (pods.len(), slices)
+            }
+        };
         let count = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
         planned.published.insert(
             gateway.clone(),
             GatewayPods {
-                selected: count(pods.len()),
+                selected: count(selected),
                 slices: count(slices),
             },
         );
@@ -124,18 +163,18 @@ fn gateway_slices(
     gateway: &str,
     owner: &str,
     stored: &[&WatchedSlice],
-    pods: &[EndpointPod],
+    pods: &[Want<'_>],
     taken: &mut BTreeSet<String>,
 ) -> (Vec<SliceWrite>, usize) {
-    let wanted: BTreeMap<Key, &EndpointPod> = pods
+    let wanted: BTreeMap<(&str, &str), &Want<'_>> = pods
         .iter()
-        .map(|p| ((p.namespace.clone(), p.name.clone()), p))
+        .map(|p| ((p.pod.namespace.as_str(), p.pod.name.as_str()), p))
         .collect();
     let mut stored: Vec<&WatchedSlice> = stored.to_vec();
     stored.sort_by_key(|s| s.name_any());
     // Each stored slice keeps the wanted Pods it holds, as they are now.
-    let mut placed: BTreeSet<&Key> = BTreeSet::new();
-    let mut slices: Vec<(String, Vec<EndpointPod>, Option<&WatchedSlice>)> = stored
+    let mut placed: BTreeSet<(&str, &str)> = BTreeSet::new();
+    let mut slices: Vec<(String, Vec<&Want<'_>>, Option<&WatchedSlice>)> = stored
         .iter()
         .map(|slice| {
             let kept = slice
@@ -144,8 +183,8 @@ fn gateway_slices(
                 .iter()
                 .filter_map(|p| {
                     let (key, pod) =
-                        wanted.get_key_value(&(p.namespace.clone(), p.name.clone()))?;
-                    placed.insert(key).then(|| (*pod).clone())
+                        wanted.get_key_value(&(p.namespace.as_str(), p.name.as_str()))?;
+                    placed.insert(*key).then_some(*pod)
                 })
                 .collect();
             (slice.name_any(), kept, Some(*slice))
@@ -171,7 +210,7 @@ fn gateway_slices(
             };
             slices.push((name, Vec::new(), None));
         }
-        slices[target].1.push((*pod).clone());
+        slices[target].1.push(*pod);
     }
     let mut writes = Vec::new();
     let mut count = 0;
@@ -186,18 +225,14 @@ fn gateway_slices(
             continue;
         }
         count += 1;
-        pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
-        let spec = EgressEndpointSliceSpec {
-            gateway: gateway.to_owned(),
-            pods,
-        };
+        pods.sort_by(|a, b| (&a.pod.namespace, &a.pod.name).cmp(&(&b.pod.namespace, &b.pod.name)));
         let current = stored.is_some_and(|s| {
-            s.spec.gateway == spec.gateway
-                && s.spec.pods.len() == spec.pods.len()
-                && s.spec.pods.iter().zip(&spec.pods).all(|(held, pod)| {
-                    held.namespace == pod.namespace
-                        && held.name == pod.name
-                        && held.digest == pod.digest()
+            s.spec.gateway == gateway
+                && s.spec.pods.len() == pods.len()
+                && s.spec.pods.iter().zip(&pods).all(|(held, want)| {
+                    held.namespace == want.pod.namespace
+                        && held.name == want.pod.name
+                        && held.digest == want.digest
                 })
                 && s.labels().get(endpoints::GATEWAY_LABEL)
                     == Some(&endpoints::gateway_label(gateway))
@@ -207,7 +242,10 @@ fn gateway_slices(
             writes.push(SliceWrite::Apply {
                 name,
                 owner: owner.to_owned(),
-                spec,
+                spec: EgressEndpointSliceSpec {
+                    gateway: gateway.to_owned(),
+                    pods: pods.iter().map(|w| EndpointPod::of(w.pod)).collect(),
+                },
             });
         }
     }
@@ -216,12 +254,12 @@ fn gateway_slices(
 
 /// Whether `pod` may join a slice holding `pods`: one with room, in count
 /// and bytes; an empty slice takes any Pod.
-fn fits(pods: &[EndpointPod], pod: &EndpointPod) -> bool {
+fn fits(pods: &[&Want<'_>], pod: &Want<'_>) -> bool {
     if pods.is_empty() {
         return true;
     }
-    let bytes: usize = pods.iter().map(EndpointPod::json_len).sum();
-    pods.len() < MAX_PODS && bytes + pod.json_len() <= MAX_BYTES
+    let bytes: usize = pods.iter().map(|p| p.len).sum();
+    pods.len() < MAX_PODS && bytes + pod.len <= MAX_BYTES
 }
 
 #[cfg(test)]
@@ -233,17 +271,26 @@ mod tests {
 
     use super::*;
 
-    fn pod(ns: &str, name: &str, ip: &str) -> EndpointPod {
-        EndpointPod {
+    fn pod(ns: &str, name: &str, ip: &str) -> Pod {
+        Pod {
             namespace: ns.into(),
             name: name.into(),
-            node: "node-1".into(),
-            ips: vec![ip.into()],
+            node: Some("node-1".into()),
+            ips: vec![ip.parse().unwrap()],
             labels: [("app".to_owned(), "web".to_owned())].into(),
+            host_network: false,
         }
     }
 
-    fn pods(n: usize) -> Vec<EndpointPod> {
+    /// Every gateway of `wanted` compared with what is stored.
+    fn all<'a>(wanted: &'a BTreeMap<String, Vec<Pod>>) -> impl Fn(&str) -> Wanted<'a> + 'a {
+        move |gateway: &str| {
+            let pods = wanted.get(gateway).map_or(&[][..], Vec::as_slice);
+            Wanted::Pods(pods.iter().map(Want::new).collect())
+        }
+    }
+
+    fn pods(n: usize) -> Vec<Pod> {
         (0..n)
             .map(|i| {
                 pod(
@@ -310,7 +357,7 @@ mod tests {
     fn a_gateways_pods_fill_slices_of_a_hundred_and_a_second_plan_writes_nothing() {
         let gws = gateways(&["gw", "idle"]);
         let wanted = BTreeMap::from([("gw".to_owned(), pods(250))]);
-        let first = plan(&[], &gws, &wanted);
+        let first = plan(&[], &gws, all(&wanted));
         assert_eq!(first.writes.len(), 3);
         let slices = stored(Vec::new(), &first.writes);
         let sizes: Vec<usize> = slices.iter().map(|s| s.spec.pods.len()).collect();
@@ -324,7 +371,7 @@ mod tests {
         );
         // A gateway whose policies select nothing is published too, empty.
         assert_eq!(first.published["idle"], GatewayPods::default());
-        let again = plan(&slices, &gws, &wanted);
+        let again = plan(&slices, &gws, all(&wanted));
         assert!(again.writes.is_empty(), "{:?}", again.writes);
     }
 
@@ -332,11 +379,11 @@ mod tests {
     fn a_pod_added_or_deleted_rewrites_one_slice() {
         let gws = gateways(&["gw"]);
         let mut wanted = BTreeMap::from([("gw".to_owned(), pods(250))]);
-        let slices = stored(Vec::new(), &plan(&[], &gws, &wanted).writes);
+        let slices = stored(Vec::new(), &plan(&[], &gws, all(&wanted)).writes);
         let before = held(&slices);
         // One deleted from the first slice: only that slice is written.
         wanted.get_mut("gw").unwrap().remove(3);
-        let deleted = plan(&slices, &gws, &wanted);
+        let deleted = plan(&slices, &gws, all(&wanted));
         assert_eq!(deleted.writes.len(), 1, "{:?}", deleted.writes);
         let slices = stored(slices, &deleted.writes);
         // One added: it goes to the slice with room, the others stay.
@@ -344,7 +391,7 @@ mod tests {
             .get_mut("gw")
             .unwrap()
             .push(pod("team-b", "new", "10.245.0.1"));
-        let added = plan(&slices, &gws, &wanted);
+        let added = plan(&slices, &gws, all(&wanted));
         assert_eq!(added.writes.len(), 1, "{:?}", added.writes);
         let slices = stored(slices, &added.writes);
         let after = held(&slices);
@@ -356,7 +403,7 @@ mod tests {
         relabelled.get_mut("gw").unwrap()[150]
             .labels
             .insert("tier".into(), "front".into());
-        let moved = plan(&slices, &gws, &relabelled);
+        let moved = plan(&slices, &gws, all(&relabelled));
         assert_eq!(moved.writes.len(), 1);
         let slices = stored(slices, &moved.writes);
         assert_eq!(held(&slices), after);
@@ -366,10 +413,10 @@ mod tests {
     fn empty_slices_and_the_slices_of_a_deleted_gateway_go() {
         let gws = gateways(&["gw", "old"]);
         let wanted = BTreeMap::from([("gw".to_owned(), pods(150)), ("old".to_owned(), pods(10))]);
-        let slices = stored(Vec::new(), &plan(&[], &gws, &wanted).writes);
+        let slices = stored(Vec::new(), &plan(&[], &gws, all(&wanted)).writes);
         assert_eq!(slices.len(), 3);
         let fewer = BTreeMap::from([("gw".to_owned(), pods(150)[..80].to_vec())]);
-        let planned = plan(&slices, &gateways(&["gw"]), &fewer);
+        let planned = plan(&slices, &gateways(&["gw"]), all(&fewer));
         let slices = stored(slices, &planned.writes);
         assert_eq!(
             held(&slices).keys().cloned().collect::<Vec<_>>(),
@@ -385,23 +432,29 @@ mod tests {
     #[test]
     fn slices_follow_their_gateways_uid_and_names_stay_apart() {
         let wanted = BTreeMap::from([("gw".to_owned(), pods(10))]);
-        let slices = stored(Vec::new(), &plan(&[], &gateways(&["gw"]), &wanted).writes);
+        let slices = stored(
+            Vec::new(),
+            &plan(&[], &gateways(&["gw"]), all(&wanted)).writes,
+        );
         let mut again = gateways(&["gw"]);
         again.insert("gw".into(), "uid-gw-again".into());
-        let rewritten = plan(&slices, &again, &wanted);
+        let rewritten = plan(&slices, &again, all(&wanted));
         assert!(
             matches!(rewritten.writes.as_slice(), [SliceWrite::Apply { owner, .. }] if owner == "uid-gw-again"),
             "{:?}",
             rewritten.writes
         );
         // A slice named like gw's first, holding another gateway's Pods.
-        let mut other = stored(Vec::new(), &plan(&[], &gateways(&["gw"]), &wanted).writes);
+        let mut other = stored(
+            Vec::new(),
+            &plan(&[], &gateways(&["gw"]), all(&wanted)).writes,
+        );
         let json = serde_json::json!({
             "metadata": { "name": "gw-0" },
             "spec": { "gateway": "other", "pods": [] },
         });
         other[0] = Arc::new(serde_json::from_value(json).unwrap());
-        let planned = plan(&other, &gateways(&["gw", "other"]), &wanted);
+        let planned = plan(&other, &gateways(&["gw", "other"]), all(&wanted));
         let names: Vec<&str> = planned
             .writes
             .iter()
@@ -427,7 +480,7 @@ mod tests {
         let planned = plan(
             &[],
             &gateways(&["gw"]),
-            &BTreeMap::from([("gw".to_owned(), many)]),
+            all(&BTreeMap::from([("gw".to_owned(), many)])),
         );
         for write in &planned.writes {
             let SliceWrite::Apply { spec, .. } = write else {
@@ -437,5 +490,39 @@ mod tests {
             assert!(bytes <= MAX_BYTES, "{bytes}");
         }
         assert!(planned.writes.len() > 1);
+    }
+
+    /// A gateway the caller knows to be current is not compared: no write
+    /// even where its slices differ, and its status counts what it says.
+    #[test]
+    fn a_current_gateway_is_not_compared() {
+        let gws = gateways(&["gw", "other"]);
+        let wanted = BTreeMap::from([("gw".to_owned(), pods(150)), ("other".to_owned(), pods(5))]);
+        let slices = stored(Vec::new(), &plan(&[], &gws, all(&wanted)).writes);
+        let fewer = BTreeMap::from([("gw".to_owned(), pods(120)), ("other".to_owned(), pods(4))]);
+        let planned = plan(&slices, &gws, |gateway| match gateway {
+            "gw" => Wanted::Current(150),
+            _ => all(&fewer)(gateway),
+        });
+        assert!(
+            planned.writes.iter().all(|w| w.gateway() == "other"),
+            "{:?}",
+            planned.writes
+        );
+        assert_eq!(planned.writes.len(), 1);
+        assert_eq!(
+            planned.published["gw"],
+            GatewayPods {
+                selected: 150,
+                slices: 2
+            }
+        );
+        assert_eq!(
+            planned.published["other"],
+            GatewayPods {
+                selected: 4,
+                slices: 1
+            }
+        );
     }
 }

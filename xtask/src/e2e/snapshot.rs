@@ -61,10 +61,19 @@ fn normalise<'a>(part: &'a str, text: &'a str) -> impl Iterator<Item = String> +
         let line = line.trim_end();
         let skip = line.is_empty()
             || line.starts_with('#')
-            || (part == "fdb" && line.contains("dynamic"))
+            || (part == "fdb" && is_learned(line))
             || (part == "sysctl" && is_volatile_sysctl(line));
         (!skip).then(|| strip_counters(line))
     })
+}
+
+/// Whether an FDB line is a learned entry (traffic, aging out after a few
+/// minutes), not one configured: `bridge fdb show` prints a learned entry
+/// with no state (`aa:bb:cc:dd:ee:ff dev veth0 master br0`) or, when added
+/// so, `dynamic`; configured ones say `permanent` or `static`.
+fn is_learned(line: &str) -> bool {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    words.contains(&"dynamic") || !(words.contains(&"permanent") || words.contains(&"static"))
 }
 
 fn is_volatile_sysctl(line: &str) -> bool {
@@ -139,10 +148,17 @@ mod tests {
         let fdb: Vec<String> = normalise(
             "fdb",
             "aa:bb:cc:dd:ee:ff dev eth0 master br0\n33:33:00:00:00:01 dev eth0 self permanent\n\
-             11:22:33:44:55:66 dev eth0 dynamic\n",
+             11:22:33:44:55:66 dev eth0 dynamic\n\
+             02:00:00:00:00:02 dev vx0 dst 172.18.0.12 self static\n",
         )
         .collect();
-        assert_eq!(fdb.len(), 2);
+        assert_eq!(
+            fdb,
+            [
+                "33:33:00:00:00:01 dev eth0 self permanent",
+                "02:00:00:00:00:02 dev vx0 dst 172.18.0.12 self static"
+            ]
+        );
         let sysctl: Vec<String> = normalise(
             "sysctl",
             "net.netfilter.nf_conntrack_count = 4\nnet.ipv4.ip_forward = 1\n",

@@ -17,11 +17,12 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use crate::model::{Labels, Pod, Policy, Snapshot};
+use crate::model::{Pod, Policy, Snapshot};
 use crate::net::Family;
 use crate::state::{ClassifyEntry, Group, NodeState, ReplyRoute, SnatEntry};
 
-use super::classify::{self, Table, Tables};
+use super::classify::{Table, Tables};
+use super::matching::Matcher;
 use super::nodes::{self, Entry, Serving};
 use super::{Placement, Stages, stages};
 
@@ -89,13 +90,8 @@ struct FrameChanges {
 /// one Pod against the policies.
 #[derive(Debug)]
 struct Frame {
-    /// The policies, by index in the stages' order.
-    policies: Vec<Policy>,
-    /// Namespaced policies by namespace, ascending.
-    namespaced: HashMap<String, Vec<usize>>,
-    /// Cluster policies, ascending.
-    cluster_wide: Vec<usize>,
-    namespace_labels: HashMap<String, Labels>,
+    /// The policies, and Pods matched against them.
+    matcher: Matcher,
     tables: Tables,
     serving: Serving,
 }
@@ -120,24 +116,8 @@ impl Frame {
         );
         let tables = Tables::new(&works, &cluster_cidrs);
         let policies: Vec<Policy> = works.iter().map(|w| w.policy.clone()).collect();
-        let mut namespaced: HashMap<String, Vec<usize>> = HashMap::new();
-        let mut cluster_wide = Vec::new();
-        for (i, p) in policies.iter().enumerate() {
-            match &p.id.namespace {
-                Some(ns) => namespaced.entry(ns.clone()).or_default().push(i),
-                None => cluster_wide.push(i),
-            }
-        }
-        let namespace_labels = cluster
-            .namespaces
-            .iter()
-            .map(|n| (n.name.clone(), n.labels.clone()))
-            .collect();
         Frame {
-            policies,
-            namespaced,
-            cluster_wide,
-            namespace_labels,
+            matcher: Matcher::new(policies, &cluster.namespaces),
             tables,
             serving,
         }
@@ -148,12 +128,9 @@ impl Frame {
     /// policies are not the same ones in the same order, the in-cluster
     /// prefixes or the reply rule changed, or `node` came or went.
     fn changes_since(&self, old: &Frame, node: &str) -> Option<FrameChanges> {
-        let same_ids = self.policies.len() == old.policies.len()
-            && self
-                .policies
-                .iter()
-                .zip(&old.policies)
-                .all(|(a, b)| a.id == b.id);
+        let (policies, old_policies) = (&self.matcher.policies, &old.matcher.policies);
+        let same_ids = policies.len() == old_policies.len()
+            && policies.iter().zip(old_policies).all(|(a, b)| a.id == b.id);
         let same_node = self.serving.base.contains_key(node) == old.serving.base.contains_key(node);
         if !same_ids
             || !same_node
@@ -163,7 +140,7 @@ impl Frame {
             return None;
         }
         let mut changes = FrameChanges::default();
-        for (i, (new, was)) in self.policies.iter().zip(&old.policies).enumerate() {
+        for (i, (new, was)) in policies.iter().zip(old_policies).enumerate() {
             if new.pods != was.pods || new.namespace_selector != was.namespace_selector {
                 match &new.id.namespace {
                     Some(ns) => {
@@ -181,15 +158,9 @@ impl Frame {
         }
         // A relabelled namespace may be taken or left by a cluster policy's
         // namespace selector.
-        let relabelled = |a: &Frame, b: &Frame| {
-            a.namespace_labels
-                .iter()
-                .filter(|(ns, labels)| b.namespace_labels.get(*ns) != Some(*labels))
-                .map(|(ns, _)| ns.clone())
-                .collect::<Vec<_>>()
-        };
-        changes.reselect.extend(relabelled(self, old));
-        changes.reselect.extend(relabelled(old, self));
+        changes
+            .reselect
+            .extend(self.matcher.relabelled(&old.matcher));
         changes.nodes = self
             .serving
             .nodes_changed(&old.serving)
@@ -207,7 +178,7 @@ impl Frame {
         key: &Arc<PodKey>,
         planned: &mut Planned,
     ) {
-        let (tables, policies) = (&mut self.tables, &self.policies);
+        let (tables, policies) = (&mut self.tables, &self.matcher.policies);
         planned.tables.clear();
         if planned.selecting.is_empty() {
             return;
@@ -225,34 +196,6 @@ impl Frame {
             }
             planned.tables.push(table);
         }
-    }
-
-    /// The policies selecting `pod`, ascending: those of its namespace and
-    /// the cluster policies whose namespace selector takes it.
-    fn select(&self, pod: &Pod) -> Vec<usize> {
-        let no_labels = Labels::new();
-        let labels = self
-            .namespace_labels
-            .get(&pod.namespace)
-            .unwrap_or(&no_labels);
-        let own = self
-            .namespaced
-            .get(&pod.namespace)
-            .map_or(&[][..], Vec::as_slice);
-        let cluster = self.cluster_wide.iter().copied().filter(|i| {
-            self.policies[*i]
-                .namespace_selector
-                .as_ref()
-                .is_none_or(|s| s.matches(labels))
-        });
-        let mut selecting: Vec<usize> = own
-            .iter()
-            .copied()
-            .chain(cluster)
-            .filter(|i| classify::selects(&self.policies[*i].pods, pod))
-            .collect();
-        selecting.sort_unstable();
-        selecting
     }
 }
 
@@ -344,11 +287,7 @@ impl Planner {
             }
             unclaim(&mut self.claims, key, &pod.ips);
             if reselect {
-                planned.selecting = if classify::eligible(pod) {
-                    frame.select(pod)
-                } else {
-                    Vec::new()
-                };
+                planned.selecting = frame.matcher.select(pod);
             }
             frame.claim(&mut self.claims, key, planned);
             touched.extend(planned.pod.ips.iter().copied());
@@ -369,11 +308,7 @@ impl Planner {
     pub fn set_pod(&mut self, pod: Pod) {
         let key = Arc::new((pod.namespace.clone(), pod.name.clone()));
         let mut touched = self.forget(&key);
-        let selecting = if classify::eligible(&pod) {
-            self.frame.select(&pod)
-        } else {
-            Vec::new()
-        };
+        let selecting = self.frame.matcher.select(&pod);
         let mut planned = Planned {
             pod,
             selecting,
@@ -404,25 +339,16 @@ impl Planner {
 
     /// Everything planned again from the frame: selection, claims, state.
     fn rebuild(&mut self) {
-        let policies: Vec<&Policy> = self.frame.policies.iter().collect();
         // Selected with the whole plan's indexes, found again by address.
-        let selection = classify::select(
-            self.pods.values().map(|p| &p.pod),
-            &policies,
-            &self.cluster.namespaces,
-        );
-        let mut selected: FoldMap<*const Pod, Vec<usize>> = selection
-            .pods
-            .iter()
-            .map(|p| std::ptr::from_ref::<Pod>(p))
-            .zip(selection.selecting)
-            .collect();
-        drop(policies);
+        let (mut selected, _) = self
+            .frame
+            .matcher
+            .select_all(self.pods.values().map(|p| &p.pod), &self.cluster.namespaces);
         self.claims.clear();
         self.claims.reserve(self.pods.len());
         self.classify.clear();
         for (key, planned) in &mut self.pods {
-            let at = std::ptr::from_ref::<Pod>(&planned.pod);
+            let at: *const Pod = &planned.pod;
             planned.selecting = selected.remove(&at).unwrap_or_default();
             self.frame.claim(&mut self.claims, key, planned);
         }

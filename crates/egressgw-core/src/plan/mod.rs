@@ -18,13 +18,16 @@ mod classify;
 mod eips;
 mod gateways;
 mod incremental;
+mod matching;
 mod nodes;
 mod placement;
+mod publish;
 mod report;
 mod scope;
 mod tunnels;
 
 pub use incremental::Planner;
+pub use publish::Publisher;
 pub use scope::{PodScope, gateways_selecting, pod_scope, scoped};
 
 use std::collections::BTreeMap;

@@ -8,6 +8,7 @@ use ipnet::IpNet;
 use proptest::prelude::*;
 
 use super::incremental::Planner;
+use super::publish::Publisher;
 use super::*;
 use crate::model::{
     Age, Allocator, EgressIpSpec, Gateway, InvalidObject, Labels, Namespace, Node, Pod, PodMatch,
@@ -1717,6 +1718,8 @@ enum Step {
     /// A policy deleted and one like it created under another name: the
     /// policies are no longer the same ones.
     Recreated(usize),
+    /// A policy moved to another gateway (or the cluster default).
+    Gateway(usize, Option<usize>),
 }
 
 fn arb_step() -> impl Strategy<Value = Step> {
@@ -1732,12 +1735,41 @@ fn arb_step() -> impl Strategy<Value = Step> {
         1 => (0usize..6).prop_map(Step::Node),
         1 => (0usize..6).prop_map(Step::Tunnel),
         1 => (0usize..8).prop_map(Step::Recreated),
+        1 => (0usize..8, prop::option::of(0usize..3)).prop_map(|(p, g)| Step::Gateway(p, g)),
     ]
 }
 
-/// Applies `step` to `planner` as an agent would: a Pod's change by itself,
+/// A planner kept between plans: an agent's or the controller's.
+trait Follows {
+    fn snapshot(&self) -> Snapshot;
+    fn set_cluster(&mut self, cluster: Snapshot);
+    fn set_pod(&mut self, pod: Pod);
+    fn remove_pod(&mut self, namespace: &str, name: &str);
+}
+
+macro_rules! follows {
+    ($($kind:ty),*) => {$(
+        impl Follows for $kind {
+            fn snapshot(&self) -> Snapshot {
+                <$kind>::snapshot(self)
+            }
+            fn set_cluster(&mut self, cluster: Snapshot) {
+                <$kind>::set_cluster(self, cluster);
+            }
+            fn set_pod(&mut self, pod: Pod) {
+                <$kind>::set_pod(self, pod);
+            }
+            fn remove_pod(&mut self, namespace: &str, name: &str) {
+                <$kind>::remove_pod(self, namespace, name);
+            }
+        }
+    )*};
+}
+follows!(Planner, Publisher);
+
+/// Applies `step` to `planner` as a daemon would: a Pod's change by itself,
 /// anything else as a new cluster.
-fn apply_step(planner: &mut Planner, step: &Step) {
+fn apply_step(planner: &mut impl Follows, step: &Step) {
     let ns = |i: usize| ["a", "b"][i].to_owned();
     let mut cluster = planner.snapshot();
     let nodes = cluster.nodes.len();
@@ -1807,6 +1839,12 @@ fn apply_step(planner: &mut Planner, step: &Step) {
             }
             planner.set_cluster(cluster);
         }
+        Step::Gateway(p, g) => {
+            if let Some(policy) = cluster.policies.get_mut(p) {
+                policy.gateway = g.map(|g| format!("gw{g}"));
+            }
+            planner.set_cluster(cluster);
+        }
         Step::Tunnel(n) => {
             let name = format!("node-{}", n % nodes);
             for tunnel in cluster.tunnels.iter_mut().filter(|t| t.node == name) {
@@ -1838,6 +1876,49 @@ proptest! {
                 let whole = plan_node_published(&planner.snapshot(), node);
                 prop_assert_eq!(planner.state(), whole.as_ref(), "{} after step {}: {:?}", node, i, step);
             }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    /// Gateways selecting nodes of their own, Pods sharing addresses: the
+    /// controller's publisher, changed step by step, publishes what
+    /// `plan_published` does from the same objects.
+    #[test]
+    fn a_publisher_changed_step_by_step_publishes_what_the_whole_plan_does(
+        s in arb_snapshot(),
+        steps in prop::collection::vec(arb_step(), 1..40),
+    ) {
+        let mut s = s;
+        for (g, gateway) in s.gateways.iter_mut().enumerate() {
+            if g > 0 {
+                gateway.node_selector = LabelSelector::eq("gw", &g.to_string());
+            }
+        }
+        let mut publisher = Publisher::new(s.clone());
+        let mut before = plan_published(&s).gateway_pods.into_iter()
+            .map(|(g, pods)| (g, pods.into_iter().cloned().collect::<Vec<Pod>>()))
+            .collect::<BTreeMap<_, _>>();
+        prop_assert_eq!(&publisher.published(), &plan_published(&s));
+        publisher.take_changed();
+        for (i, step) in steps.iter().enumerate() {
+            apply_step(&mut publisher, step);
+            let objects = publisher.snapshot();
+            let whole = plan_published(&objects);
+            prop_assert_eq!(&publisher.published(), &whole, "after step {}: {:?}", i, step);
+            // Every gateway whose Pods changed says so.
+            let changed = publisher.take_changed();
+            let after: BTreeMap<String, Vec<Pod>> = whole.gateway_pods.into_iter()
+                .map(|(g, pods)| (g, pods.into_iter().cloned().collect()))
+                .collect();
+            for gateway in before.keys().chain(after.keys()) {
+                if before.get(gateway) != after.get(gateway) {
+                    prop_assert!(changed.contains(gateway), "{} changed unsaid after step {}: {:?}", gateway, i, step);
+                }
+            }
+            before = after;
         }
     }
 }

@@ -1,4 +1,5 @@
-//! An agent's [`Planner`], fed from the watch stores.
+//! An agent's [`Planner`] and the controller's [`Publisher`], fed from the
+//! watch stores.
 //!
 //! The reconcile loop reads the stores whole (level-based), but plans only
 //! what changed since its last read: a stored Pod is a new object each time
@@ -14,10 +15,27 @@ use std::sync::Arc;
 
 use egressgw_api::WatchedPod as Pod;
 use egressgw_core::state::NodeState;
-use egressgw_core::{Planner, PodScope, Snapshot};
+use egressgw_core::{Planner, PodScope, Publisher, Snapshot};
+
+use crate::slices::Want;
 
 /// A Pod's namespace and name.
 type PodKey = (String, String);
+
+/// A plan kept between reconciles that takes Pods one by one.
+trait TakesPods {
+    fn set_pod(&mut self, pod: egressgw_core::model::Pod);
+    fn remove_pod(&mut self, namespace: &str, name: &str);
+}
+
+impl TakesPods for Planner {
+    fn set_pod(&mut self, pod: egressgw_core::model::Pod) {
+        Planner::set_pod(self, pod);
+    }
+    fn remove_pod(&mut self, namespace: &str, name: &str) {
+        Planner::remove_pod(self, namespace, name);
+    }
+}
 
 /// The planner of one node and what it planned from.
 #[derive(Debug)]
@@ -110,7 +128,7 @@ impl Following {
 /// Feeds the planner the Pods of `pods` stored anew since `seen`, and the
 /// Pods gone since; returns how many.
 fn follow_pods(
-    planner: &mut Planner,
+    planner: &mut impl TakesPods,
     seen: &mut HashMap<usize, (Arc<Pod>, PodKey)>,
     pods: Vec<Arc<Pod>>,
 ) -> usize {
@@ -160,6 +178,115 @@ fn follow_pods(
     }
     *seen = next;
     count
+}
+
+/// The controller's [`Publisher`] and what it published from.
+#[derive(Debug, Default)]
+pub struct Publishing {
+    publisher: Option<Publisher>,
+    /// The stored Pods published, as [`Following`] keeps them.
+    seen: HashMap<usize, (Arc<Pod>, PodKey)>,
+    /// Per namespace and name: each Pod's slice entry, digested and
+    /// measured once when the Pod changes.
+    entries: Entries,
+}
+
+/// Slice entries' digests and sizes, by namespace, then name.
+#[derive(Debug, Default)]
+struct Entries(HashMap<String, HashMap<String, (u64, usize)>>);
+
+/// The publisher fed through [`Entries`].
+struct Digesting<'a>(&'a mut Publisher, &'a mut Entries);
+
+impl Entries {
+    fn insert(&mut self, pod: &egressgw_core::model::Pod) {
+        let want = Want::new(pod);
+        self.0
+            .entry(pod.namespace.clone())
+            .or_default()
+            .insert(pod.name.clone(), (want.digest, want.len));
+    }
+
+    fn remove(&mut self, namespace: &str, name: &str) {
+        if let Some(names) = self.0.get_mut(namespace) {
+            names.remove(name);
+            if names.is_empty() {
+                self.0.remove(namespace);
+            }
+        }
+    }
+}
+
+impl TakesPods for Digesting<'_> {
+    fn set_pod(&mut self, pod: egressgw_core::model::Pod) {
+        self.1.insert(&pod);
+        self.0.set_pod(pod);
+    }
+    fn remove_pod(&mut self, namespace: &str, name: &str) {
+        self.1.remove(namespace, name);
+        self.0.remove_pod(namespace, name);
+    }
+}
+
+impl Publishing {
+    /// Brings the publisher up to `cluster` (every object but the Pods;
+    /// `None`: the same as at the last update) and `pods`, every stored
+    /// Pod. The first update needs a cluster.
+    pub fn update(&mut self, cluster: Option<Snapshot>, pods: Vec<Arc<Pod>>) -> &mut Publisher {
+        let publisher = match (self.publisher.take(), cluster) {
+            (Some(mut publisher), Some(cluster)) => {
+                publisher.set_cluster(canonical(cluster));
+                publisher
+            }
+            (Some(publisher), None) => publisher,
+            (None, cluster) => {
+                // The first time, every Pod at once.
+                let mut cluster = canonical(cluster.unwrap_or_default());
+                cluster.pods = pods
+                    .iter()
+                    .filter_map(|p| egressgw_api::snapshot::watched_pod(p))
+                    .collect();
+                self.entries = Entries::default();
+                for pod in &cluster.pods {
+                    self.entries.insert(pod);
+                }
+                self.seen = pods
+                    .into_iter()
+                    .map(|p| (address(&p), (Arc::clone(&p), key(&p))))
+                    .collect();
+                return self.publisher.insert(Publisher::new(cluster));
+            }
+        };
+        let publisher = self.publisher.insert(publisher);
+        follow_pods(
+            &mut Digesting(publisher, &mut self.entries),
+            &mut self.seen,
+            pods,
+        );
+        publisher
+    }
+
+    /// The publisher as last updated.
+    pub fn publisher(&self) -> Option<&Publisher> {
+        self.publisher.as_ref()
+    }
+
+    /// `pod` (one of the publisher's) as its gateways' slices want it.
+    pub fn want<'a>(&self, pod: &'a egressgw_core::model::Pod) -> Want<'a> {
+        match self
+            .entries
+            .0
+            .get(&pod.namespace)
+            .and_then(|n| n.get(&pod.name))
+        {
+            Some((digest, len)) => Want {
+                pod,
+                digest: *digest,
+                len: *len,
+            },
+            None => Want::new(pod),
+        }
+    }
 }
 
 fn address(pod: &Arc<Pod>) -> usize {
@@ -328,5 +455,55 @@ spec:
         following.update(cluster.clone(), PodScope::Node, pods.clone());
         let replanned = following.update(cluster, PodScope::Cluster, pods);
         assert_eq!(replanned, Replanned::Whole);
+    }
+
+    /// The controller's publisher takes the Pods stored anew, says which
+    /// gateways' Pods changed, and publishes what the whole plan does.
+    #[test]
+    fn the_controllers_publisher_takes_the_pods_stored_anew() {
+        fn update(
+            publishing: &mut Publishing,
+            cluster: Option<Snapshot>,
+            pods: &[Arc<Pod>],
+        ) -> Vec<String> {
+            let changed = publishing.update(cluster, pods.to_vec()).take_changed();
+            let publisher = publishing.publisher().unwrap();
+            let mut whole = publisher.cluster().clone();
+            whole.pods = pods
+                .iter()
+                .filter_map(|p| egressgw_api::snapshot::watched_pod(p))
+                .collect();
+            assert_eq!(publisher.published(), egressgw_core::plan_published(&whole));
+            for pod in publisher.pods_of("gw1") {
+                let want = publishing.want(pod);
+                let fresh = Want::new(pod);
+                assert_eq!((want.digest, want.len), (fresh.digest, fresh.len));
+            }
+            changed.into_iter().collect()
+        }
+        let cluster = cluster();
+        let mut publishing = Publishing::default();
+        let mut pods = vec![
+            pod("web-1", "web", "n2", "10.244.2.5"),
+            pod("db-1", "db", "n2", "10.244.2.6"),
+        ];
+        assert_eq!(
+            update(&mut publishing, Some(cluster.clone()), &pods),
+            ["gw1"]
+        );
+        assert!(update(&mut publishing, None, &pods).is_empty());
+        // A Pod no policy selects changed: no gateway's Pods changed.
+        pods[1] = pod("db-1", "db", "n1", "10.244.1.6");
+        assert!(update(&mut publishing, None, &pods).is_empty());
+        // One selected, one relabelled out of reach.
+        pods[0] = pod("web-1", "db", "n2", "10.244.2.5");
+        pods[1] = pod("db-1", "web", "n1", "10.244.1.6");
+        assert_eq!(update(&mut publishing, None, &pods), ["gw1"]);
+        // The policy's status written back changes no selection.
+        let mut written = cluster.clone();
+        written.policies[0].previous_node = Some("n2".into());
+        assert!(update(&mut publishing, Some(written), &pods).is_empty());
+        pods.clear();
+        assert_eq!(update(&mut publishing, None, &pods), ["gw1"]);
     }
 }

@@ -1,0 +1,122 @@
+//! Matching one Pod against the policies, as a planner kept between plans
+//! does for each Pod that changes ([`super::Planner`], [`super::Publisher`]).
+
+use std::collections::HashMap;
+
+use crate::model::{Labels, Namespace, Pod, Policy};
+
+use super::classify;
+
+/// The policies in the stages' order, indexed by the namespaces they look
+/// at.
+#[derive(Debug)]
+pub(super) struct Matcher {
+    /// The policies, by index in the stages' order.
+    pub policies: Vec<Policy>,
+    /// Namespaced policies by namespace, ascending.
+    namespaced: HashMap<String, Vec<usize>>,
+    /// Cluster policies, ascending.
+    cluster_wide: Vec<usize>,
+    namespace_labels: HashMap<String, Labels>,
+}
+
+impl Matcher {
+    pub fn new(policies: Vec<Policy>, namespaces: &[Namespace]) -> Self {
+        let mut namespaced: HashMap<String, Vec<usize>> = HashMap::new();
+        let mut cluster_wide = Vec::new();
+        for (i, p) in policies.iter().enumerate() {
+            match &p.id.namespace {
+                Some(ns) => namespaced.entry(ns.clone()).or_default().push(i),
+                None => cluster_wide.push(i),
+            }
+        }
+        let namespace_labels = namespaces
+            .iter()
+            .map(|n| (n.name.clone(), n.labels.clone()))
+            .collect();
+        Self {
+            policies,
+            namespaced,
+            cluster_wide,
+            namespace_labels,
+        }
+    }
+
+    /// Whether both select the same Pods for the same policies: the same
+    /// policies in the same order, with the same selectors, and the
+    /// namespaces labelled alike.
+    pub fn same_selection(&self, other: &Matcher) -> bool {
+        self.policies.len() == other.policies.len()
+            && self.policies.iter().zip(&other.policies).all(|(a, b)| {
+                a.id == b.id && a.pods == b.pods && a.namespace_selector == b.namespace_selector
+            })
+            && self.namespace_labels == other.namespace_labels
+    }
+
+    /// The namespaces labelled otherwise in `other`, or in one of the two
+    /// only.
+    pub fn relabelled(&self, other: &Matcher) -> Vec<String> {
+        let one_way = |a: &Matcher, b: &Matcher| {
+            a.namespace_labels
+                .iter()
+                .filter(|(ns, labels)| b.namespace_labels.get(*ns) != Some(*labels))
+                .map(|(ns, _)| ns.clone())
+                .collect::<Vec<_>>()
+        };
+        let mut out = one_way(self, other);
+        out.extend(one_way(other, self));
+        out
+    }
+
+    /// The policies selecting `pod`, ascending: those of its namespace and
+    /// the cluster policies whose namespace selector takes it; none for a
+    /// Pod that cannot be classified.
+    pub fn select(&self, pod: &Pod) -> Vec<usize> {
+        if !classify::eligible(pod) {
+            return Vec::new();
+        }
+        let no_labels = Labels::new();
+        let labels = self
+            .namespace_labels
+            .get(&pod.namespace)
+            .unwrap_or(&no_labels);
+        let own = self
+            .namespaced
+            .get(&pod.namespace)
+            .map_or(&[][..], Vec::as_slice);
+        let cluster = self.cluster_wide.iter().copied().filter(|i| {
+            self.policies[*i]
+                .namespace_selector
+                .as_ref()
+                .is_none_or(|s| s.matches(labels))
+        });
+        let mut selecting: Vec<usize> = own
+            .iter()
+            .copied()
+            .chain(cluster)
+            .filter(|i| classify::selects(&self.policies[*i].pods, pod))
+            .collect();
+        selecting.sort_unstable();
+        selecting
+    }
+
+    /// Which policies select each of `pods`, by the address of the Pod,
+    /// with the whole plan's indexes (faster than one by one for many
+    /// Pods); a Pod not in the result is selected by none. Also each
+    /// policy's count.
+    pub fn select_all<'a>(
+        &self,
+        pods: impl IntoIterator<Item = &'a Pod>,
+        namespaces: &[Namespace],
+    ) -> (HashMap<*const Pod, Vec<usize>>, Vec<usize>) {
+        let policies: Vec<&Policy> = self.policies.iter().collect();
+        let selection = classify::select(pods, &policies, namespaces);
+        let selected = selection
+            .pods
+            .iter()
+            .map(|p| std::ptr::from_ref::<Pod>(p))
+            .zip(selection.selecting)
+            .collect();
+        (selected, selection.counts)
+    }
+}

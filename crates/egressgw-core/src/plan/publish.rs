@@ -1,0 +1,416 @@
+//! The controller's side of planning, kept between reconciles: how many
+//! Pods each policy selects (for the status) and which Pods each gateway's
+//! nodes need ([`super::plan_published`]), updated Pod by Pod.
+//!
+//! [`Publisher`] keeps which policies select each Pod, the selected Pods
+//! holding each address, and each gateway's Pods. A Pod added, changed or
+//! deleted is matched against the policies of its namespace and the
+//! cluster policies alone; the Pods sharing an address with it, before
+//! and after, are published again as one group. Another object changed
+//! runs the cluster-wide stages again, and selects every Pod again only
+//! when a policy's selection, the policies themselves, a namespace's
+//! labels or a policy's gateway changed.
+//!
+//! The result is always what [`super::plan_published`] gives for the same
+//! objects: a property test checks it after random changes.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use crate::model::{Pod, Snapshot};
+use crate::status::ClusterStatus;
+
+use super::classify::Classified;
+use super::matching::Matcher;
+use super::{Placement, Published, Stages, report, stages};
+
+/// A Pod's namespace and name.
+type PodKey = (String, String);
+
+type FoldMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+type FoldSet<K> = HashSet<K, foldhash::fast::RandomState>;
+
+/// The Pods each policy selects and each gateway's nodes need, kept up to
+/// date change by change.
+#[derive(Debug)]
+pub struct Publisher {
+    /// Every object but the Pods (its `pods` stay empty).
+    cluster: Snapshot,
+    matcher: Matcher,
+    /// Per policy (by the matcher's index): the gateway it uses.
+    gateway_of: Vec<Option<Arc<str>>>,
+    /// Per policy: how many Pods it selects.
+    counts: Vec<usize>,
+    pods: FoldMap<Arc<PodKey>, Held>,
+    /// Per address: the selected Pods holding it, ascending.
+    holders: FoldMap<IpAddr, Vec<Arc<PodKey>>>,
+    /// Per gateway: its Pods.
+    gateways: BTreeMap<String, FoldSet<Arc<PodKey>>>,
+    /// The gateways whose Pods changed since [`Publisher::take_changed`].
+    changed: BTreeSet<String>,
+}
+
+/// A Pod and what was decided of it.
+#[derive(Debug)]
+struct Held {
+    pod: Pod,
+    /// The policies selecting it, ascending.
+    selecting: Vec<usize>,
+    /// The gateways it is published for, ascending.
+    published: Vec<Arc<str>>,
+}
+
+impl Publisher {
+    /// Plans `snapshot`, as [`super::plan_published`] does.
+    pub fn new(mut snapshot: Snapshot) -> Self {
+        let pods = std::mem::take(&mut snapshot.pods);
+        let (matcher, gateway_of) = matcher(&snapshot);
+        let mut publisher = Self {
+            cluster: snapshot,
+            matcher,
+            gateway_of,
+            counts: Vec::new(),
+            pods: FoldMap::with_capacity_and_hasher(pods.len(), Default::default()),
+            holders: FoldMap::default(),
+            gateways: BTreeMap::new(),
+            changed: BTreeSet::new(),
+        };
+        for pod in pods {
+            // Of two Pods of one name, the first stays, as in a whole plan.
+            let key = Arc::new((pod.namespace.clone(), pod.name.clone()));
+            publisher.pods.entry(key).or_insert(Held {
+                pod,
+                selecting: Vec::new(),
+                published: Vec::new(),
+            });
+        }
+        publisher.reselect();
+        publisher
+    }
+
+    /// Every object but the Pods (its `pods` are empty).
+    pub fn cluster(&self) -> &Snapshot {
+        &self.cluster
+    }
+
+    /// The objects planned: the cluster and the Pods.
+    pub fn snapshot(&self) -> Snapshot {
+        let mut snapshot = self.cluster.clone();
+        snapshot.pods = self.pods.values().map(|h| h.pod.clone()).collect();
+        snapshot
+    }
+
+    /// Replaces every object but the Pods (the Pods of `cluster` are not
+    /// read). Every Pod is selected again when the policies, their
+    /// selectors or gateways, or the namespaces' labels changed.
+    pub fn set_cluster(&mut self, mut cluster: Snapshot) {
+        cluster.pods = Vec::new();
+        let (matcher, gateway_of) = matcher(&cluster);
+        let same = matcher.same_selection(&self.matcher) && gateway_of == self.gateway_of;
+        self.cluster = cluster;
+        self.matcher = matcher;
+        self.gateway_of = gateway_of;
+        if !same {
+            self.reselect();
+        }
+    }
+
+    /// Adds `pod`, or replaces the Pod of its namespace and name.
+    pub fn set_pod(&mut self, pod: Pod) {
+        let key = Arc::new((pod.namespace.clone(), pod.name.clone()));
+        let mut group = self.forget(&key);
+        let selecting = self.matcher.select(&pod);
+        for i in &selecting {
+            self.counts[*i] += 1;
+        }
+        if !selecting.is_empty() {
+            for ip in &pod.ips {
+                let holders = self.holders.entry(*ip).or_default();
+                if let Err(at) = holders.binary_search(&key) {
+                    holders.insert(at, Arc::clone(&key));
+                }
+            }
+        }
+        self.pods.insert(
+            Arc::clone(&key),
+            Held {
+                pod,
+                selecting,
+                published: Vec::new(),
+            },
+        );
+        group.push(key);
+        self.settle(group);
+    }
+
+    /// Deletes the Pod `namespace`/`name`, if there is one.
+    pub fn remove_pod(&mut self, namespace: &str, name: &str) {
+        let key = (namespace.to_owned(), name.to_owned());
+        let group = self.forget(&key);
+        self.settle(group);
+    }
+
+    /// The allocations and status, as [`super::plan_status`] gives them.
+    pub fn status(&self) -> ClusterStatus {
+        let Stages {
+            gateways,
+            tunnels,
+            policies,
+            placed,
+            ..
+        } = stages(&self.cluster, Placement::Own);
+        // The stages order the policies as when the matcher was made.
+        let pod_counts = if policies.len() == self.matcher.policies.len()
+            && policies
+                .iter()
+                .zip(&self.matcher.policies)
+                .all(|(w, p)| w.policy.id == p.id)
+        {
+            self.counts.clone()
+        } else {
+            let counts: HashMap<_, _> = self
+                .matcher
+                .policies
+                .iter()
+                .map(|p| &p.id)
+                .zip(&self.counts)
+                .collect();
+            policies
+                .iter()
+                .map(|w| counts.get(&w.policy.id).map_or(0, |n| **n))
+                .collect()
+        };
+        let classified = Classified {
+            sources: Vec::new(),
+            pod_counts,
+        };
+        report::status(
+            &self.cluster,
+            &gateways,
+            &tunnels,
+            &policies,
+            &placed,
+            &classified,
+        )
+    }
+
+    /// The gateways with Pods, by name, and how many each has.
+    pub fn gateways(&self) -> impl Iterator<Item = (&str, usize)> {
+        self.gateways
+            .iter()
+            .map(|(g, pods)| (g.as_str(), pods.len()))
+    }
+
+    /// The Pods of `gateway`, sorted by namespace and name.
+    pub fn pods_of(&self, gateway: &str) -> Vec<&Pod> {
+        let mut keys: Vec<&Arc<PodKey>> =
+            self.gateways.get(gateway).into_iter().flatten().collect();
+        keys.sort_unstable();
+        keys.into_iter().map(|key| &self.pods[key].pod).collect()
+    }
+
+    /// [`Publisher::status`] and every gateway's Pods: what
+    /// [`super::plan_published`] gives.
+    pub fn published(&self) -> Published<'_> {
+        Published {
+            status: self.status(),
+            gateway_pods: self
+                .gateways
+                .keys()
+                .map(|g| (g.clone(), self.pods_of(g)))
+                .collect(),
+        }
+    }
+
+    /// The gateways whose Pods changed (came, went, or changed their
+    /// labels, addresses or node) since the last call.
+    pub fn take_changed(&mut self) -> BTreeSet<String> {
+        std::mem::take(&mut self.changed)
+    }
+
+    /// Takes the Pod `key` out: its counts, its addresses, its gateways.
+    /// Returns the Pods that shared an address with it, which may now be
+    /// published otherwise.
+    fn forget(&mut self, key: &PodKey) -> Vec<Arc<PodKey>> {
+        if !self.pods.contains_key(key) {
+            return Vec::new();
+        }
+        let mut group = self.group(key);
+        let (key, old) = self.pods.remove_entry(key).expect("checked above");
+        for i in &old.selecting {
+            self.counts[*i] -= 1;
+        }
+        for ip in &old.pod.ips {
+            if let Some(holders) = self.holders.get_mut(ip) {
+                holders.retain(|k| *k != key);
+                if holders.is_empty() {
+                    self.holders.remove(ip);
+                }
+            }
+        }
+        for gateway in old.published {
+            self.unpublish(&gateway, &key);
+        }
+        group.retain(|k| *k != key);
+        group
+    }
+
+    /// The selected Pods sharing an address with the Pod `key`, however
+    /// far the sharing goes, and `key` itself.
+    fn group(&self, key: &PodKey) -> Vec<Arc<PodKey>> {
+        let Some((first, held)) = self.pods.get_key_value(key) else {
+            return Vec::new();
+        };
+        // Almost always: an address of its own.
+        let alone = held.selecting.is_empty()
+            || held
+                .pod
+                .ips
+                .iter()
+                .all(|ip| self.holders.get(ip).is_none_or(|h| h.len() <= 1));
+        if alone {
+            return vec![Arc::clone(first)];
+        }
+        let mut seen: BTreeSet<Arc<PodKey>> = BTreeSet::from([Arc::clone(first)]);
+        let mut next = vec![Arc::clone(first)];
+        while let Some(at) = next.pop() {
+            let held = &self.pods[&at];
+            if held.selecting.is_empty() {
+                continue;
+            }
+            for ip in &held.pod.ips {
+                for other in self.holders.get(ip).into_iter().flatten() {
+                    if seen.insert(Arc::clone(other)) {
+                        next.push(Arc::clone(other));
+                    }
+                }
+            }
+        }
+        seen.into_iter().collect()
+    }
+
+    /// The gateways of every policy selecting one of `group`, ascending.
+    fn wanted(&self, group: &[Arc<PodKey>]) -> Vec<Arc<str>> {
+        let mut wanted: Vec<&Arc<str>> = group
+            .iter()
+            .flat_map(|k| &self.pods[k].selecting)
+            .filter_map(|i| self.gateway_of[*i].as_ref())
+            .collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        wanted.into_iter().cloned().collect()
+    }
+
+    /// Publishes each of `keys`, and those sharing an address with it, for
+    /// the gateways of every policy selecting one of them.
+    fn settle(&mut self, keys: Vec<Arc<PodKey>>) {
+        let mut done: BTreeSet<Arc<PodKey>> = BTreeSet::new();
+        for key in keys {
+            if done.contains(&key) {
+                continue;
+            }
+            let group = self.group(&key);
+            let wanted = self.wanted(&group);
+            for member in group {
+                let held = self.pods.get_mut(&member).expect("a member");
+                if held.published == wanted {
+                    done.insert(member);
+                    continue;
+                }
+                let old = std::mem::replace(&mut held.published, wanted.clone());
+                for gateway in old.iter().filter(|g| !wanted.contains(g)) {
+                    self.unpublish(gateway, &member);
+                }
+                for gateway in wanted.iter().filter(|g| !old.contains(g)) {
+                    self.gateways
+                        .entry(gateway.to_string())
+                        .or_default()
+                        .insert(Arc::clone(&member));
+                    self.mark(gateway);
+                }
+                done.insert(member);
+            }
+        }
+    }
+
+    /// Notes that `gateway`'s Pods changed.
+    fn mark(&mut self, gateway: &str) {
+        if !self.changed.contains(gateway) {
+            self.changed.insert(gateway.to_owned());
+        }
+    }
+
+    fn unpublish(&mut self, gateway: &str, key: &PodKey) {
+        if let Some(pods) = self.gateways.get_mut(gateway) {
+            pods.remove(key);
+            if pods.is_empty() {
+                self.gateways.remove(gateway);
+            }
+        }
+        self.mark(gateway);
+    }
+
+    /// Selects every Pod again, and publishes each.
+    fn reselect(&mut self) {
+        let (mut selected, counts) = self
+            .matcher
+            .select_all(self.pods.values().map(|h| &h.pod), &self.cluster.namespaces);
+        self.counts = counts;
+        self.holders.clear();
+        for (key, held) in &mut self.pods {
+            let at: *const Pod = &held.pod;
+            held.selecting = selected.remove(&at).unwrap_or_default();
+            if !held.selecting.is_empty() {
+                for ip in &held.pod.ips {
+                    self.holders.entry(*ip).or_default().push(Arc::clone(key));
+                }
+            }
+        }
+        for holders in self.holders.values_mut() {
+            holders.sort_unstable();
+        }
+        // Every Pod's gateways anew, in bulk; then what changed is noted.
+        let mut gateways: BTreeMap<String, FoldSet<Arc<PodKey>>> = BTreeMap::new();
+        let mut done: FoldSet<Arc<PodKey>> = FoldSet::default();
+        let keys: Vec<Arc<PodKey>> = self.pods.keys().cloned().collect();
+        for key in keys {
+            if done.contains(&key) {
+                continue;
+            }
+            let group = self.group(&key);
+            let wanted = self.wanted(&group);
+            let shared = group.len() > 1;
+            for member in group {
+                for gateway in &wanted {
+                    match gateways.get_mut(&**gateway) {
+                        Some(pods) => pods.insert(Arc::clone(&member)),
+                        None => gateways
+                            .entry(gateway.to_string())
+                            .or_default()
+                            .insert(Arc::clone(&member)),
+                    };
+                }
+                self.pods.get_mut(&member).expect("a member").published = wanted.clone();
+                if shared {
+                    done.insert(member);
+                }
+            }
+        }
+        let old = std::mem::replace(&mut self.gateways, gateways);
+        for name in old.keys().chain(self.gateways.keys()) {
+            if old.get(name) != self.gateways.get(name) && !self.changed.contains(name) {
+                self.changed.insert(name.clone());
+            }
+        }
+    }
+}
+
+/// The policies of `cluster` as its stages order them, and the gateway
+/// each uses.
+fn matcher(cluster: &Snapshot) -> (Matcher, Vec<Option<Arc<str>>>) {
+    let Stages { policies, .. } = stages(cluster, Placement::Own);
+    let gateway_of = policies.iter().map(|w| w.gateway.map(Arc::from)).collect();
+    let policies = policies.iter().map(|w| w.policy.clone()).collect();
+    (Matcher::new(policies, &cluster.namespaces), gateway_of)
+}
