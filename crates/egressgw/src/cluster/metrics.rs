@@ -124,68 +124,68 @@ impl AgentMetrics {
         }
         registry.register(
             "egressgw_reconcile_duration_seconds",
-            "Time a reconcile of this node's kernel state took (read back, plan, apply).",
+            "Time a reconcile of this node's kernel state took (read back, plan, apply)",
             metrics.reconcile_seconds.clone(),
         );
         registry.register(
             "egressgw_reconciles",
             "Reconciles of this node's kernel state, by result (ok: every operation \
-             applied; failed: at least one failed).",
+             applied; failed: at least one failed)",
             metrics.reconciles.clone(),
         );
         registry.register(
             "egressgw_reconcile_operations",
             "Kernel operations reconciles carried out, by kind (link, address, neighbour, \
              fdb, route, rule, sysctl, offload, eip, table, chain, set, element, program, \
-             map, conntrack, read) and result (applied, failed).",
+             map, conntrack, read) and result (applied, failed)",
             metrics.ops.clone(),
         );
         registry.register(
             "egressgw_reconcile_last_success_timestamp_seconds",
-            "When the last reconcile that applied every operation ended (Unix time).",
+            "When the last reconcile that applied every operation ended (Unix time)",
             metrics.last_success.clone(),
         );
         registry.register(
             "egressgw_eips_held",
-            "Egress IPs this node holds: SNATs to and announces on its network.",
+            "Egress IPs this node holds: SNATs to and announces on its network",
             metrics.eips.clone(),
         );
         registry.register(
             "egressgw_peer_up",
             "1 while the peer node answers this node's probes through the tunnel, 0 once \
              it counts as dead, by peer node; only peers this node probes (gateway \
-             candidates of its traffic, holders of its EIPs).",
+             candidates of its traffic, holders of its EIPs)",
             metrics.peer_up.clone(),
         );
         registry.register(
             "egressgw_peer_last_answer_age_seconds",
             "Time since the peer node last answered a probe through the tunnel, by peer \
-             node (absent until it first answers).",
+             node (absent until it first answers)",
             metrics.peer_last_answer.clone(),
         );
         registry.register(
             "egressgw_peer_round_trip_seconds",
             "Round trip of the last probe the peer node answered through the tunnel, by \
-             peer node (absent until it first answers).",
+             peer node (absent until it first answers)",
             metrics.peer_round_trip.clone(),
         );
         registry.register(
             "egressgw_eip_takeovers",
             "EIPs this node took, by reason (planned: the plan makes it the EIP's active \
-             node; failover: every candidate before it stopped answering through the tunnel).",
+             node; failover: every candidate before it stopped answering through the tunnel)",
             metrics.takeovers.clone(),
         );
         registry.register(
             "egressgw_eip_releases",
             "EIPs this node gave up, by reason (planned: the plan took it off the EIP; \
-             quorum_lost: it reaches fewer than half of the nodes).",
+             quorum_lost: it reaches fewer than half of the nodes)",
             metrics.releases.clone(),
         );
         registry.register(
             "egressgw_failover_detection_seconds",
             "For traffic of this node's selected pods, time from the last answer of the \
              node carrying it to the moment this node sent it elsewhere (or found no live \
-             candidate), once that node stopped answering.",
+             candidate), once that node stopped answering",
             metrics.detection_seconds.clone(),
         );
         registry.register(
@@ -193,14 +193,14 @@ impl AgentMetrics {
             "For each failover this node carried out (its selected traffic sent from a node \
              that stopped answering to a live one, an EIP taken over from such a node): time \
              from that node's last answer to the end of the reconcile that put the new path \
-             in the kernel.",
+             in the kernel",
             metrics.recovery_seconds.clone(),
         );
         registry.register(
             "egressgw_gateway_unreachable",
             "1 while an EgressGateway this node sends selected traffic to has an EIP (or \
              useNodeIP policy) with no candidate node answering through the tunnel, 0 \
-             otherwise, by gateway; only gateways this node sends traffic to.",
+             otherwise, by gateway; only gateways this node sends traffic to",
             metrics.gateway_unreachable.clone(),
         );
         registry.register(
@@ -208,7 +208,7 @@ impl AgentMetrics {
             "Pods this agent watches and plans from, by scope (node: the Pods on this node, \
              while no EgressGateway selects it; gateways: those and the Pods the controller \
              publishes for the EgressGateways selecting it; cluster: every Pod, while one \
-             selects it and no controller publishes them); the other scopes are 0.",
+             selects it and no controller publishes them); the other scopes are 0",
             metrics.watched_pods.clone(),
         );
         registry.register_collector(Box::new(Arc::clone(&metrics.traffic)));
@@ -411,14 +411,14 @@ impl ApiRequests {
             "egressgw_api_requests",
             "Requests this daemon sent to the API server (writes, and the reads they \
              depend on; not its watches), by verb (get, create, update, patch) and result \
-             (ok, error).",
+             (ok, error)",
             api.requests.clone(),
         );
         registry.register(
             "egressgw_api_errors",
             "Requests to the API server that failed, by verb and code: the HTTP status \
              the API server answered, or timeout, transport (no answer: connection, TLS, \
-             authentication), decode (an answer that does not parse), other.",
+             authentication), decode (an answer that does not parse), other",
             api.errors.clone(),
         );
         api
@@ -574,25 +574,25 @@ impl ControllerMetrics {
         }
         registry.register(
             "egressgw_controller_leader",
-            "1 while this replica holds the leader Lease and allocates, 0 while it waits.",
+            "1 while this replica holds the leader Lease and allocates, 0 while it waits",
             metrics.leader.clone(),
         );
         registry.register(
             "egressgw_policy_ready",
             "1 while the policy's Ready condition holds (its traffic leaves with its EIP), \
              0 otherwise, by namespace (empty for an EgressClusterPolicy) and name; \
-             exported by the leading controller.",
+             exported by the leading controller",
             metrics.policy_ready.clone(),
         );
         registry.register(
             "egressgw_gateway_ready_nodes",
             "Selected nodes of the EgressGateway that can carry traffic; exported by \
-             the leading controller.",
+             the leading controller",
             metrics.gateway_ready_nodes.clone(),
         );
         registry.register(
             "egressgw_eip_moves",
-            "EIPs that moved from one gateway node to another, by EgressGateway.",
+            "EIPs that moved from one gateway node to another, by EgressGateway",
             metrics.eip_moves.clone(),
         );
         registry.register(
@@ -601,13 +601,13 @@ impl ControllerMetrics {
              a node's tunnel address, MAC or mark; gateway_node: the node an EIP is active \
              on) and result (ok: a new allocation; exhausted: nothing left to allocate; \
              conflict: the address asked for is another's or in use), each failure counted \
-             once when a plan first finds it.",
+             once when a plan first finds it",
             metrics.allocations.clone(),
         );
         registry.register(
             "egressgw_objects",
             "egressgw's objects by kind and Ready condition (true, false, unknown; for an \
-             EgressTunnel, whether its phase is Ready); exported by the leading controller.",
+             EgressTunnel, whether its phase is Ready); exported by the leading controller",
             metrics.objects.clone(),
         );
         metrics
@@ -720,6 +720,30 @@ mod tests {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, registry).unwrap();
         out
+    }
+
+    /// The registry ends each help text with a period itself; a text that
+    /// has its own shows "..".
+    #[test]
+    fn every_help_text_ends_with_one_period() {
+        let mut agent_registry = Registry::default();
+        let agent = AgentMetrics::register(&mut agent_registry);
+        agent.set_traffic(BTreeMap::from([(
+            PolicyRef::cluster("p".to_owned()),
+            PolicyCount {
+                gateway: "gw".into(),
+                packets: 1,
+                bytes: 2,
+            },
+        )]));
+        let mut controller_registry = Registry::default();
+        ControllerMetrics::register(&mut controller_registry);
+        let text = text(&agent_registry) + &text(&controller_registry);
+        let helps: Vec<&str> = text.lines().filter(|l| l.starts_with("# HELP")).collect();
+        assert!(helps.len() > 10, "{} help lines in:\n{text}", helps.len());
+        for help in helps {
+            assert!(help.ends_with('.') && !help.ends_with(".."), "{help}");
+        }
     }
 
     #[test]
