@@ -175,7 +175,7 @@ fn planner_changes(
     own: egressgw_core::Snapshot,
     changes: usize,
 ) {
-    use egressgw_benches::{pods_reaching, relabelled};
+    use egressgw_benches::pods_reaching;
     let watched = own.pods.len();
     // The Pods to change, chosen before: the planner takes the objects.
     let state = egressgw_core::plan_node_published(&own, node).expect("the node is planned");
@@ -186,17 +186,7 @@ fn planner_changes(
     let whole = start.elapsed();
     let mut times: [Vec<std::time::Duration>; 4] = Default::default();
     for pod in &changing {
-        let steps: [&dyn Fn(&mut egressgw_core::Planner); 4] = [
-            &|p| p.set_pod(relabelled(pod, true)),
-            &|p| p.set_pod(relabelled(pod, false)),
-            &|p| p.remove_pod(&pod.namespace, &pod.name),
-            &|p| p.set_pod(pod.clone()),
-        ];
-        for (step, times) in steps.iter().zip(&mut times) {
-            let start = Instant::now();
-            step(&mut planner);
-            times.push(start.elapsed());
-        }
+        four_changes(&mut planner, pod, &mut times, |_| {});
     }
     // Policies edited one at a time: a destination added and taken back.
     let mut edits = Vec::new();
@@ -238,7 +228,6 @@ fn planner_changes(
 /// and back, deleted and added again, each timed, and the status after
 /// each; prints the times and the peak memory of the process.
 fn publisher_changes((nodes, policies, pods): (usize, usize, usize), changes: usize) {
-    use egressgw_benches::relabelled;
     let whole = egressgw_benches::synthetic_cluster(nodes, policies, pods);
     // What the controller did for each change before: plan_published.
     let start = Instant::now();
@@ -262,21 +251,9 @@ fn publisher_changes((nodes, policies, pods): (usize, usize, usize), changes: us
     let mut times: [Vec<std::time::Duration>; 4] = Default::default();
     let mut statuses = Vec::new();
     for pod in &selected {
-        let steps: [&dyn Fn(&mut egressgw_core::Publisher); 4] = [
-            &|p| p.set_pod(relabelled(pod, true)),
-            &|p| p.set_pod(relabelled(pod, false)),
-            &|p| p.remove_pod(&pod.namespace, &pod.name),
-            &|p| p.set_pod(pod.clone()),
-        ];
-        for (step, times) in steps.iter().zip(&mut times) {
-            let start = Instant::now();
-            step(&mut publisher);
-            times.push(start.elapsed());
-            assert!(
-                !publisher.take_changed().is_empty(),
-                "a selected Pod changed"
-            );
-        }
+        four_changes(&mut publisher, pod, &mut times, |p| {
+            assert!(!p.take_changed().is_empty(), "a selected Pod changed");
+        });
         let start = Instant::now();
         let status = publisher.status();
         statuses.push(start.elapsed());
@@ -295,6 +272,54 @@ fn publisher_changes((nodes, policies, pods): (usize, usize, usize), changes: us
         quantiles(&mut statuses),
         rss("VmHWM:")
     );
+}
+
+/// A planner kept between changes: an agent's or the controller's.
+trait TakesPods {
+    fn set_pod(&mut self, pod: egressgw_core::model::Pod);
+    fn remove_pod(&mut self, namespace: &str, name: &str);
+}
+
+impl TakesPods for egressgw_core::Planner {
+    fn set_pod(&mut self, pod: egressgw_core::model::Pod) {
+        egressgw_core::Planner::set_pod(self, pod);
+    }
+    fn remove_pod(&mut self, namespace: &str, name: &str) {
+        egressgw_core::Planner::remove_pod(self, namespace, name);
+    }
+}
+
+impl TakesPods for egressgw_core::Publisher {
+    fn set_pod(&mut self, pod: egressgw_core::model::Pod) {
+        egressgw_core::Publisher::set_pod(self, pod);
+    }
+    fn remove_pod(&mut self, namespace: &str, name: &str) {
+        egressgw_core::Publisher::remove_pod(self, namespace, name);
+    }
+}
+
+/// `pod` relabelled out of its policies' reach, back, deleted and added
+/// again in `planner`, each change timed into `times` and followed by
+/// `after` (not timed).
+fn four_changes<P: TakesPods>(
+    planner: &mut P,
+    pod: &egressgw_core::model::Pod,
+    times: &mut [Vec<std::time::Duration>; 4],
+    mut after: impl FnMut(&mut P),
+) {
+    use egressgw_benches::relabelled;
+    let steps: [&dyn Fn(&mut P); 4] = [
+        &|p| p.set_pod(relabelled(pod, true)),
+        &|p| p.set_pod(relabelled(pod, false)),
+        &|p| p.remove_pod(&pod.namespace, &pod.name),
+        &|p| p.set_pod(pod.clone()),
+    ];
+    for (step, times) in steps.iter().zip(times) {
+        let start = Instant::now();
+        step(planner);
+        times.push(start.elapsed());
+        after(planner);
+    }
 }
 
 fn quantiles(times: &mut [std::time::Duration]) -> String {
