@@ -30,6 +30,7 @@ use egressgw_api::{
 use egressgw_core::Snapshot;
 use egressgw_core::model::{Config, Mac, PolicyRef};
 use egressgw_core::status::{ClusterStatus, ConditionType, Reason};
+use futures_util::{StreamExt as _, stream};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::Timestamp;
@@ -65,6 +66,11 @@ const WATCH_RENEW: Duration = Duration::from_secs(15);
 const LIVENESS_TICK: Duration = Duration::from_millis(200);
 /// Full replan at least this often.
 const RESYNC: Duration = Duration::from_secs(60);
+/// How long one run goes on starting writes: past it, the rest waits for
+/// the next run, so that a backlog of statuses (thousands of policies
+/// created at once) never keeps the controller from seeing, and placing
+/// first, what changed meanwhile.
+const WRITE_BUDGET: Duration = Duration::from_secs(2);
 
 #[derive(Debug, clap::Args)]
 pub struct ControllerArgs {
@@ -85,6 +91,11 @@ pub struct ControllerArgs {
     /// renewing blocks the others.
     #[arg(long, value_name = "SECONDS", default_value_t = 15)]
     pub leader_lease_duration: u64,
+    /// How many writes (statuses, tunnels) may be in flight to the API
+    /// server at once.
+    #[arg(long, value_name = "N", default_value_t = 16,
+          value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub writes_in_flight: u16,
 }
 
 pub fn run(args: &ControllerArgs) -> anyhow::Result<()> {
@@ -182,6 +193,7 @@ async fn controller(args: &ControllerArgs, config: Config) -> anyhow::Result<()>
         liveness: Liveness::default(),
         started: Instant::now(),
         agent_timeout: Duration::from_secs_f64(args.agent_timeout),
+        writes_in_flight: usize::from(args.writes_in_flight),
         recorder,
         health,
         metrics: metrics.clone(),
@@ -283,6 +295,8 @@ struct Control {
     liveness: Liveness,
     started: Instant,
     agent_timeout: Duration,
+    /// `--writes-in-flight`.
+    writes_in_flight: usize,
     recorder: Recorder,
     health: Arc<Health>,
     metrics: ControllerMetrics,
@@ -334,8 +348,9 @@ impl Control {
     async fn reconcile(&mut self, unavailable: &BTreeSet<String>) -> bool {
         let started = Instant::now();
         let mut ok = true;
+        let stored = self.stored();
         ok &= self
-            .send(&writes::timeouts(&self.stored(), unavailable))
+            .send(writes::timeouts(&stored, unavailable), &stored)
             .await;
         // The allocations, status and each gateway's Pods only: the nodes'
         // dataplane states are each agent's to plan. The Pods are taken one
@@ -374,9 +389,8 @@ impl Control {
         self.metrics.set_objects(&status, &tunnels);
         let mut stored = self.stored();
         stored.published = pods;
-        ok &= self
-            .send(&writes::plan(&stored, &status, Timestamp::now()))
-            .await;
+        let planned = writes::plan(&stored, &status, Timestamp::now());
+        ok &= self.send(planned, &stored).await;
         self.report_moves(&snapshot, &status).await;
         self.report_invalid(&snapshot).await;
         self.report_unreachable(&status).await;
@@ -566,67 +580,100 @@ impl Control {
         stored
     }
 
-    /// Sends `writes` in order and reports each; a tunnel that could not
-    /// be created gets no status. Returns false when one failed.
-    async fn send(&self, writes: &[Write]) -> bool {
-        let mut ok = true;
-        let mut not_created = BTreeSet::new();
-        for write in writes {
-            let sent = match write {
-                Write::HeartbeatTimeout { node } => self.mark_timeout(node).await,
-                Write::CreateTunnel { node, owner } => {
-                    let created = self.create_tunnel(node, owner.as_deref()).await;
-                    if created.is_err() {
-                        not_created.insert(node.as_str());
-                    }
-                    created
-                }
-                Write::TunnelStatus { node, .. } if not_created.contains(node.as_str()) => {
-                    continue;
-                }
-                Write::TunnelStatus { node, status } => self.write_tunnel(node, status).await,
-                Write::PolicyStatus { policy, status } => match &policy.namespace {
-                    Some(ns) => {
-                        apply_status::<EgressPolicy, _>(
-                            &self.client,
-                            self.metrics.api(),
-                            Some(ns),
-                            &policy.name,
-                            None,
-                            status,
-                        )
-                        .await
-                    }
-                    None => {
-                        apply_status::<EgressClusterPolicy, _>(
-                            &self.client,
-                            self.metrics.api(),
-                            None,
-                            &policy.name,
-                            None,
-                            status,
-                        )
-                        .await
-                    }
-                },
-                Write::GatewayStatus { gateway, status } => {
-                    apply_status::<EgressGateway, _>(
+    /// Sends `writes`, ordered as [`writes::Waves`] orders them, up to
+    /// `--writes-in-flight` at a time, and reports each failure. It starts
+    /// no write after [`WRITE_BUDGET`]: what is left is planned again,
+    /// most urgent first, by the next run, which also sees what changed
+    /// meanwhile. Returns false when a write failed or was left.
+    async fn send(&self, writes: Vec<Write>, stored: &Stored) -> bool {
+        let waves = writes::Waves::new(writes, stored);
+        let total = waves.len();
+        let deadline = Instant::now() + WRITE_BUDGET;
+        let open = move || Instant::now() < deadline;
+        let lanes: Vec<(usize, bool)> = stream::iter(waves.tunnels)
+            .take_while(|_| std::future::ready(open()))
+            .map(|lane| self.send_lane(lane))
+            .buffer_unordered(self.writes_in_flight)
+            .collect()
+            .await;
+        let statuses: Vec<bool> = stream::iter(waves.statuses)
+            .take_while(|_| std::future::ready(open()))
+            .map(|write| async move { self.send_one(&write).await })
+            .buffer_unordered(self.writes_in_flight)
+            .collect()
+            .await;
+        let tried = lanes.iter().map(|(n, _)| n).sum::<usize>() + statuses.len();
+        if tried < total {
+            tracing::info!(
+                sent = tried,
+                left = total - tried,
+                "writes left for the next run, most urgent first"
+            );
+        }
+        tried == total && lanes.iter().all(|(_, ok)| *ok) && statuses.iter().all(|ok| *ok)
+    }
+
+    /// Sends one tunnel's writes in order, stopping at the first failure
+    /// (a tunnel that could not be created gets no status). Returns how
+    /// many were sent or skipped, and whether all succeeded.
+    async fn send_lane(&self, lane: Vec<Write>) -> (usize, bool) {
+        for write in &lane {
+            if !self.send_one(write).await {
+                return (lane.len(), false);
+            }
+        }
+        (lane.len(), true)
+    }
+
+    /// Sends one write; logs and returns false when it fails.
+    async fn send_one(&self, write: &Write) -> bool {
+        let sent = match write {
+            Write::HeartbeatTimeout { node } => self.mark_timeout(node).await,
+            Write::CreateTunnel { node, owner } => self.create_tunnel(node, owner.as_deref()).await,
+            Write::TunnelStatus { node, status } => self.write_tunnel(node, status).await,
+            Write::PolicyStatus { policy, status } => match &policy.namespace {
+                Some(ns) => {
+                    apply_status::<EgressPolicy, _>(
                         &self.client,
                         self.metrics.api(),
-                        None,
-                        gateway,
+                        Some(ns),
+                        &policy.name,
                         None,
                         status,
                     )
                     .await
                 }
-            };
-            if let Err(e) = sent {
+                None => {
+                    apply_status::<EgressClusterPolicy, _>(
+                        &self.client,
+                        self.metrics.api(),
+                        None,
+                        &policy.name,
+                        None,
+                        status,
+                    )
+                    .await
+                }
+            },
+            Write::GatewayStatus { gateway, status } => {
+                apply_status::<EgressGateway, _>(
+                    &self.client,
+                    self.metrics.api(),
+                    None,
+                    gateway,
+                    None,
+                    status,
+                )
+                .await
+            }
+        };
+        match sent {
+            Ok(()) => true,
+            Err(e) => {
                 tracing::warn!(write = %write, error = format!("{e:#}"), "cannot write");
-                ok = false;
+                false
             }
         }
-        ok
     }
 
     /// Marks the tunnel of `node`, whose agent stopped renewing its Lease,

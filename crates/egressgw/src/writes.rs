@@ -7,6 +7,11 @@
 //! Nothing is written that would not change the object: a status equal to
 //! the stored one, a tunnel allocation already there, a tunnel already
 //! marked. A plan whose writes were all carried out plans none.
+//!
+//! [`Waves`] orders them for sending: each node's tunnel writes in one
+//! lane, then every status, those that place traffic first ([`Urgency`]),
+//! so that while thousands of statuses are due, a new policy's first
+//! status is not queued behind count updates of policies already placed.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -16,6 +21,7 @@ use egressgw_api::tunnel::TunnelEndpoint;
 use egressgw_api::{EgressGatewayStatus, EgressPolicyStatus, EgressTunnelStatus, TunnelPhase};
 use egressgw_core::model::PolicyRef;
 use egressgw_core::status::ClusterStatus;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 
 /// What the watch caches hold, as far as the decisions need it.
@@ -82,6 +88,111 @@ impl std::fmt::Display for Write {
                 write!(f, "the status of EgressGateway {gateway}")
             }
         }
+    }
+}
+
+/// How soon a write matters; the most urgent go first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Urgency {
+    /// Where traffic goes: a tunnel (its creation, allocation or
+    /// timeout), an object's first status, a policy's EIPs or node, a
+    /// gateway's nodes and their EIPs, or its published Pods.
+    Placement,
+    /// Whether a condition holds, or why (what users and alerts read).
+    Conditions,
+    /// Counts and messages only.
+    Details,
+}
+
+impl Write {
+    /// How soon this write matters, given what is stored now.
+    pub fn urgency(&self, stored: &Stored) -> Urgency {
+        match self {
+            Write::HeartbeatTimeout { .. }
+            | Write::CreateTunnel { .. }
+            | Write::TunnelStatus { .. } => Urgency::Placement,
+            Write::PolicyStatus { policy, status } => {
+                match stored.policies.get(policy).and_then(|o| o.status.as_ref()) {
+                    None => Urgency::Placement,
+                    Some(old) if old.eip != status.eip || old.node != status.node => {
+                        Urgency::Placement
+                    }
+                    Some(old) => conditions_urgency(&old.conditions, &status.conditions),
+                }
+            }
+            Write::GatewayStatus { gateway, status } => {
+                match stored.gateways.get(gateway).and_then(|o| o.status.as_ref()) {
+                    None => Urgency::Placement,
+                    Some(old) if old.node_list != status.node_list || old.pods != status.pods => {
+                        Urgency::Placement
+                    }
+                    Some(old) => conditions_urgency(&old.conditions, &status.conditions),
+                }
+            }
+        }
+    }
+
+    /// Whether this write is part of a tunnel's lane (see [`Waves`]).
+    fn tunnel(&self) -> Option<&str> {
+        match self {
+            Write::HeartbeatTimeout { node }
+            | Write::CreateTunnel { node, .. }
+            | Write::TunnelStatus { node, .. } => Some(node),
+            Write::PolicyStatus { .. } | Write::GatewayStatus { .. } => None,
+        }
+    }
+}
+
+/// [`Urgency::Conditions`] when a condition appeared, went, or changed its
+/// status or reason; [`Urgency::Details`] otherwise.
+fn conditions_urgency(old: &[Condition], new: &[Condition]) -> Urgency {
+    let same = old.len() == new.len()
+        && old
+            .iter()
+            .zip(new)
+            .all(|(a, b)| a.type_ == b.type_ && a.status == b.status && a.reason == b.reason);
+    if same {
+        Urgency::Details
+    } else {
+        Urgency::Conditions
+    }
+}
+
+/// Writes in the order they are sent: first the tunnels, then the
+/// statuses. Writes in different lanes touch different objects and may go
+/// at the same time.
+#[derive(Debug, Default, PartialEq)]
+pub struct Waves {
+    /// One lane per node, in plan order: a tunnel is created before its
+    /// status is written, and a lane stops at its first failure.
+    pub tunnels: Vec<Vec<Write>>,
+    /// One write per object, most urgent first, in plan order within the
+    /// same urgency.
+    pub statuses: Vec<Write>,
+}
+
+impl Waves {
+    /// Orders `writes` (each object written at most once among the
+    /// statuses, as [`plan`] plans them).
+    pub fn new(writes: Vec<Write>, stored: &Stored) -> Self {
+        let mut lanes: BTreeMap<String, Vec<Write>> = BTreeMap::new();
+        let mut statuses = Vec::new();
+        for write in writes {
+            match write.tunnel() {
+                Some(node) => lanes.entry(node.to_owned()).or_default().push(write),
+                None => statuses.push(write),
+            }
+        }
+        statuses.sort_by_cached_key(|w| w.urgency(stored));
+        Waves {
+            tunnels: lanes.into_values().collect(),
+            statuses,
+        }
+    }
+
+    /// How many writes there are in all.
+    pub fn len(&self) -> usize {
+        self.tunnels.iter().map(Vec::len).sum::<usize>() + self.statuses.len()
     }
 }
 
@@ -402,6 +513,69 @@ mod tests {
         let marks = timeouts(&stored, &silent);
         let stored = carried_out(stored, &marks);
         assert_eq!(timeouts(&stored, &silent), []);
+    }
+
+    /// While statuses are due, a policy's first status and an EIP moved go
+    /// before what only counts, whatever the plan's order; each node's
+    /// tunnel is created before its status is written, in one lane.
+    #[test]
+    fn placements_are_sent_before_conditions_and_conditions_before_counts() {
+        let fresh_writes = plan(&fresh(), &cluster(true), now());
+        let waves = Waves::new(fresh_writes.clone(), &fresh());
+        assert_eq!(waves.len(), fresh_writes.len());
+        assert_eq!(
+            waves.tunnels,
+            [
+                vec![fresh_writes[0].clone()],
+                vec![fresh_writes[1].clone(), fresh_writes[2].clone()],
+            ]
+        );
+        let mut stored = carried_out(fresh(), &fresh_writes);
+        let policy = |name: &str| PolicyRef::namespaced("team-a", name);
+        // "api" has no status yet, "web" only counts one Pod more, "db"
+        // (placed but not ready before) becomes ready, "cache" moves from
+        // node-2.
+        let mut status = cluster(true);
+        let web = status.policies[0].clone();
+        status.policies[0].pods = 2;
+        status.policies[0].conditions[0].message = "2 pod(s) leave through node node-1".into();
+        for name in ["db", "cache", "api"] {
+            let mut p = web.clone();
+            p.policy = policy(name);
+            status.policies.push(p);
+        }
+        let mut earlier = cluster(true);
+        earlier.policies[0].policy = policy("db");
+        earlier.policies[0].conditions = vec![ready(false)];
+        let mut moved = cluster(true);
+        moved.policies[0].policy = policy("cache");
+        moved.policies[0].node = Some("node-2".to_owned());
+        for (name, before) in [("db", &earlier), ("cache", &moved)] {
+            stored.policies.insert(policy(name), Object::default());
+            let writes = plan(&stored, before, now());
+            stored = carried_out(stored, &writes);
+            assert!(stored.policies[&policy(name)].status.is_some());
+        }
+        stored.policies.insert(policy("api"), Object::default());
+        let waves = Waves::new(plan(&stored, &status, later()), &stored);
+        assert_eq!(waves.tunnels, Vec::<Vec<Write>>::new());
+        let order: Vec<(String, Urgency)> = waves
+            .statuses
+            .iter()
+            .map(|w| match w {
+                Write::PolicyStatus { policy, .. } => (policy.to_string(), w.urgency(&stored)),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            order,
+            [
+                ("team-a/cache".to_owned(), Urgency::Placement),
+                ("team-a/api".to_owned(), Urgency::Placement),
+                ("team-a/db".to_owned(), Urgency::Conditions),
+                ("team-a/web".to_owned(), Urgency::Details),
+            ]
+        );
     }
 
     #[test]
