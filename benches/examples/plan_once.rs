@@ -15,7 +15,9 @@
 //! built and N of its Pods changed one by one, each timed. With
 //! `PLAN_ONCE_CONTROLLER=N`, the controller's `egressgw_core::Publisher`
 //! is built from every Pod, N selected Pods are changed one by one, each
-//! timed with the status that follows, and the peak memory printed.
+//! timed with the status that follows, then ten policies edited three
+//! ways (a destination, the Pod selector, a copy added and deleted), each
+//! timed with its status, and the peak memory printed.
 
 use std::collections::HashSet;
 use std::time::Instant;
@@ -259,11 +261,12 @@ fn publisher_changes((nodes, policies, pods): (usize, usize, usize), changes: us
         statuses.push(start.elapsed());
         drop(status);
     }
+    let edits = policy_edits(&mut publisher);
     let [away, back, delete, add] = &mut times;
     println!(
         "{nodes} nodes, {policies} policies, {pods} pods, controller's publisher: \
          plan_published {published:.2?}, whole {built:.2?}; {} Pods changed: relabel {}, relabel back {}, delete {}, add {}; \
-         status {}; {:.0} MiB at the peak",
+         status {}; {edits}; {:.0} MiB at the peak",
         selected.len(),
         quantiles(away),
         quantiles(back),
@@ -272,6 +275,53 @@ fn publisher_changes((nodes, policies, pods): (usize, usize, usize), changes: us
         quantiles(&mut statuses),
         rss("VmHWM:")
     );
+}
+
+/// Ten namespaced policies of `publisher`, each edited and edited back
+/// three ways, each edit timed with the status after it: a destination
+/// added (nothing selected otherwise), its Pod selector pointed at no Pod,
+/// and a copy of it added under another name, then deleted.
+fn policy_edits(publisher: &mut egressgw_core::Publisher) -> String {
+    use egressgw_core::model::PodMatch;
+    use egressgw_core::selector::LabelSelector;
+    let count = publisher.cluster().policies.len();
+    let chosen: Vec<usize> = (0..count)
+        .step_by((count / 10).max(1))
+        .filter(|i| publisher.cluster().policies[*i].id.namespace.is_some())
+        .take(10)
+        .collect();
+    let mut times: [Vec<std::time::Duration>; 3] = Default::default();
+    for &k in &chosen {
+        let original = publisher.cluster().clone();
+        let mut destination = original.clone();
+        destination.policies[k]
+            .dest_subnets
+            .push("192.0.2.0/24".parse().expect("a prefix"));
+        let mut selector = original.clone();
+        selector.policies[k].pods = PodMatch::Selector(LabelSelector::eq("app", "no-such-app"));
+        let mut added = original.clone();
+        let mut copy = added.policies[k].clone();
+        copy.id.name.push_str("-copy");
+        copy.age.uid.push_str("-copy");
+        added.policies.push(copy);
+        for (edited, times) in [destination, selector, added].into_iter().zip(&mut times) {
+            for cluster in [edited, original.clone()] {
+                let start = Instant::now();
+                publisher.set_cluster(cluster);
+                drop(publisher.status());
+                times.push(start.elapsed());
+            }
+        }
+    }
+    let [destination, selector, added] = &mut times;
+    format!(
+        "{} policy edits with the status after each: a destination {}, the Pod selector {}, \
+         a policy added or deleted {}",
+        destination.len() + selector.len() + added.len(),
+        quantiles(destination),
+        quantiles(selector),
+        quantiles(added)
+    )
 }
 
 /// A planner kept between changes: an agent's or the controller's.

@@ -68,6 +68,20 @@ impl Matcher {
         out
     }
 
+    /// Whether policy `i` may select Pods of `namespace`: a namespaced
+    /// policy those of its own, a cluster policy those of the namespaces
+    /// its namespace selector takes (as they are labelled here).
+    pub fn takes_namespace(&self, i: usize, namespace: &str) -> bool {
+        let policy = &self.policies[i];
+        match &policy.id.namespace {
+            Some(own) => own == namespace,
+            None => policy.namespace_selector.as_ref().is_none_or(|s| {
+                let no_labels = Labels::new();
+                s.matches(self.namespace_labels.get(namespace).unwrap_or(&no_labels))
+            }),
+        }
+    }
+
     /// The policies selecting `pod`, ascending: those of its namespace and
     /// the cluster policies whose namespace selector takes it; none for a
     /// Pod that cannot be classified.

@@ -7,9 +7,11 @@
 //! deleted is matched against the policies of its namespace and the
 //! cluster policies alone; the Pods sharing an address with it, before
 //! and after, are published again as one group. Another object changed
-//! runs the cluster-wide stages again, and selects every Pod again only
-//! when a policy's selection, the policies themselves, a namespace's
-//! labels or a policy's gateway changed.
+//! runs the cluster-wide stages again, once, for the status too (which
+//! then only takes the policies' counts). A policy added, deleted, or
+//! changed in its selectors or gateway, or a namespace relabelled, selects
+//! again the Pods of the namespaces it may select in, before or after;
+//! every Pod, in bulk, when that is most of them.
 //!
 //! The result is always what [`super::plan_published`] gives for the same
 //! objects: a property test checks it after random changes.
@@ -18,7 +20,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use crate::model::{Pod, Snapshot};
+use crate::model::{Pod, PolicyRef, Snapshot};
 use crate::status::ClusterStatus;
 
 use super::classify::Classified;
@@ -40,6 +42,11 @@ pub struct Publisher {
     matcher: Matcher,
     /// Per policy (by the matcher's index): the gateway it uses.
     gateway_of: Vec<Option<Arc<str>>>,
+    /// The status of `cluster` with no Pods; [`Publisher::status`] puts
+    /// the counts in.
+    status: ClusterStatus,
+    /// Per policy: where `status` has it.
+    position: Vec<Option<usize>>,
     /// Per policy: how many Pods it selects.
     counts: Vec<usize>,
     pods: FoldMap<Arc<PodKey>, Held>,
@@ -47,9 +54,18 @@ pub struct Publisher {
     holders: FoldMap<IpAddr, Vec<Arc<PodKey>>>,
     /// Per gateway: its Pods.
     gateways: BTreeMap<String, FoldSet<Arc<PodKey>>>,
+    /// Per namespace: its Pods.
+    namespaces: FoldMap<String, FoldSet<Arc<PodKey>>>,
     /// The gateways whose Pods changed since [`Publisher::take_changed`].
     changed: BTreeSet<String>,
+    /// Every Pod is selected again in bulk when more than this share (in
+    /// percent) of them is to be selected again.
+    bulk_above: usize,
 }
+
+/// [`Publisher::bulk_above`] by default: one by one, selecting a Pod again
+/// costs about twice what it does in bulk.
+const BULK_ABOVE: usize = 50;
 
 /// A Pod and what was decided of it.
 #[derive(Debug)]
@@ -65,25 +81,45 @@ impl Publisher {
     /// Plans `snapshot`, as [`super::plan_published`] does.
     pub fn new(mut snapshot: Snapshot) -> Self {
         let pods = std::mem::take(&mut snapshot.pods);
-        let (matcher, gateway_of) = matcher(&snapshot);
+        let Planned {
+            matcher,
+            gateway_of,
+            status,
+            position,
+        } = planned(&snapshot);
         let mut publisher = Self {
             cluster: snapshot,
             matcher,
             gateway_of,
+            status,
+            position,
             counts: Vec::new(),
             pods: FoldMap::with_capacity_and_hasher(pods.len(), Default::default()),
             holders: FoldMap::default(),
             gateways: BTreeMap::new(),
+            namespaces: FoldMap::default(),
             changed: BTreeSet::new(),
+            bulk_above: BULK_ABOVE,
         };
         for pod in pods {
             // Of two Pods of one name, the first stays, as in a whole plan.
             let key = Arc::new((pod.namespace.clone(), pod.name.clone()));
-            publisher.pods.entry(key).or_insert(Held {
-                pod,
-                selecting: Vec::new(),
-                published: Vec::new(),
-            });
+            if publisher.pods.contains_key(&key) {
+                continue;
+            }
+            publisher
+                .namespaces
+                .entry(pod.namespace.clone())
+                .or_default()
+                .insert(Arc::clone(&key));
+            publisher.pods.insert(
+                key,
+                Held {
+                    pod,
+                    selecting: Vec::new(),
+                    published: Vec::new(),
+                },
+            );
         }
         publisher.reselect();
         publisher
@@ -102,18 +138,37 @@ impl Publisher {
     }
 
     /// Replaces every object but the Pods (the Pods of `cluster` are not
-    /// read). Every Pod is selected again when the policies, their
-    /// selectors or gateways, or the namespaces' labels changed.
+    /// read). The Pods of the namespaces a changed policy may select in
+    /// (before or after), and of relabelled namespaces, are selected
+    /// again.
     pub fn set_cluster(&mut self, mut cluster: Snapshot) {
         cluster.pods = Vec::new();
-        let (matcher, gateway_of) = matcher(&cluster);
-        let same = matcher.same_selection(&self.matcher) && gateway_of == self.gateway_of;
+        let planned = planned(&cluster);
         self.cluster = cluster;
-        self.matcher = matcher;
-        self.gateway_of = gateway_of;
-        if !same {
-            self.reselect();
+        let same =
+            planned.matcher.same_selection(&self.matcher) && planned.gateway_of == self.gateway_of;
+        if same {
+            self.take(planned);
+            return;
         }
+        let namespaces = self.touched(&planned);
+        let pods: usize = namespaces
+            .iter()
+            .filter_map(|ns| self.namespaces.get(ns))
+            .map(FoldSet::len)
+            .sum();
+        if pods * 100 > self.pods.len() * self.bulk_above {
+            self.take(planned);
+            self.reselect();
+        } else {
+            self.reselect_in(&namespaces, planned);
+        }
+    }
+
+    /// Selects Pods again one by one, never in bulk (to test that way).
+    #[cfg(test)]
+    pub(super) fn never_in_bulk(&mut self) {
+        self.bulk_above = usize::MAX / 100;
     }
 
     /// Adds `pod`, or replaces the Pod of its namespace and name.
@@ -132,6 +187,10 @@ impl Publisher {
                 }
             }
         }
+        self.namespaces
+            .entry(pod.namespace.clone())
+            .or_default()
+            .insert(Arc::clone(&key));
         self.pods.insert(
             Arc::clone(&key),
             Held {
@@ -153,46 +212,13 @@ impl Publisher {
 
     /// The allocations and status, as [`super::plan_status`] gives them.
     pub fn status(&self) -> ClusterStatus {
-        let Stages {
-            gateways,
-            tunnels,
-            policies,
-            placed,
-            ..
-        } = stages(&self.cluster, Placement::Own);
-        // The stages order the policies as when the matcher was made.
-        let pod_counts = if policies.len() == self.matcher.policies.len()
-            && policies
-                .iter()
-                .zip(&self.matcher.policies)
-                .all(|(w, p)| w.policy.id == p.id)
-        {
-            self.counts.clone()
-        } else {
-            let counts: HashMap<_, _> = self
-                .matcher
-                .policies
-                .iter()
-                .map(|p| &p.id)
-                .zip(&self.counts)
-                .collect();
-            policies
-                .iter()
-                .map(|w| counts.get(&w.policy.id).map_or(0, |n| **n))
-                .collect()
-        };
-        let classified = Classified {
-            sources: Vec::new(),
-            pod_counts,
-        };
-        report::status(
-            &self.cluster,
-            &gateways,
-            &tunnels,
-            &policies,
-            &placed,
-            &classified,
-        )
+        let mut status = self.status.clone();
+        for (at, pods) in self.position.iter().zip(&self.counts) {
+            if let Some(at) = at {
+                report::recount(&mut status.policies[*at], *pods);
+            }
+        }
+        status
     }
 
     /// The gateways with Pods, by name, and how many each has.
@@ -238,6 +264,12 @@ impl Publisher {
         }
         let mut group = self.group(key);
         let (key, old) = self.pods.remove_entry(key).expect("checked above");
+        if let Some(pods) = self.namespaces.get_mut(&old.pod.namespace) {
+            pods.remove(&key);
+            if pods.is_empty() {
+                self.namespaces.remove(&old.pod.namespace);
+            }
+        }
         for i in &old.selecting {
             self.counts[*i] -= 1;
         }
@@ -351,6 +383,139 @@ impl Publisher {
         self.mark(gateway);
     }
 
+    /// Keeps what the stages decided of the cluster.
+    fn take(&mut self, planned: Planned) {
+        self.matcher = planned.matcher;
+        self.gateway_of = planned.gateway_of;
+        self.status = planned.status;
+        self.position = planned.position;
+    }
+
+    /// The namespaces with Pods that a policy added, deleted, or changed
+    /// in its selectors or gateway may select in, before or after; and
+    /// those relabelled.
+    fn touched(&self, planned: &Planned) -> BTreeSet<String> {
+        let (old, new) = (&self.matcher, &planned.matcher);
+        let index = |m: &Matcher| -> HashMap<PolicyRef, usize> {
+            m.policies
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (p.id.clone(), i))
+                .collect()
+        };
+        let new_at = index(new);
+        let old_at = index(old);
+        let mut changed: Vec<(&Matcher, usize)> = Vec::new();
+        for (i, p) in old.policies.iter().enumerate() {
+            match new_at.get(&p.id) {
+                None => changed.push((old, i)),
+                Some(&j) => {
+                    let q = &new.policies[j];
+                    if p.pods != q.pods
+                        || p.namespace_selector != q.namespace_selector
+                        || self.gateway_of[i] != planned.gateway_of[j]
+                    {
+                        changed.push((old, i));
+                        changed.push((new, j));
+                    }
+                }
+            }
+        }
+        for (j, q) in new.policies.iter().enumerate() {
+            if !old_at.contains_key(&q.id) {
+                changed.push((new, j));
+            }
+        }
+        let mut touched: BTreeSet<String> = old.relabelled(new).into_iter().collect();
+        for ns in self.namespaces.keys() {
+            if !touched.contains(ns) && changed.iter().any(|(m, i)| m.takes_namespace(*i, ns)) {
+                touched.insert(ns.clone());
+            }
+        }
+        touched
+    }
+
+    /// Takes `planned`, selecting again the Pods of `namespaces` (which
+    /// hold every Pod a policy that changed selects or selected), and
+    /// publishing again them and the Pods sharing an address with them.
+    fn reselect_in(&mut self, namespaces: &BTreeSet<String>, planned: Planned) {
+        let keys: Vec<Arc<PodKey>> = namespaces
+            .iter()
+            .filter_map(|ns| self.namespaces.get(ns))
+            .flatten()
+            .cloned()
+            .collect();
+        let mut settle: BTreeSet<Arc<PodKey>> = BTreeSet::new();
+        for key in &keys {
+            settle.extend(self.group(key));
+        }
+        for key in &keys {
+            let held = self.pods.get_mut(key).expect("indexed by namespace");
+            let selecting = std::mem::take(&mut held.selecting);
+            for i in &selecting {
+                self.counts[*i] -= 1;
+            }
+            if !selecting.is_empty() {
+                for ip in &held.pod.ips {
+                    if let Some(holders) = self.holders.get_mut(ip) {
+                        holders.retain(|k| k != key);
+                        if holders.is_empty() {
+                            self.holders.remove(ip);
+                        }
+                    }
+                }
+            }
+        }
+        // The others are selected by policies that did not change: only
+        // their indexes may move.
+        let new_at: HashMap<&PolicyRef, usize> = planned
+            .matcher
+            .policies
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (&p.id, i))
+            .collect();
+        let moved: Vec<Option<usize>> = self
+            .matcher
+            .policies
+            .iter()
+            .map(|p| new_at.get(&p.id).copied())
+            .collect();
+        let mut counts = vec![0; planned.matcher.policies.len()];
+        for (i, n) in self.counts.iter().enumerate() {
+            if let Some(j) = moved[i] {
+                counts[j] += n;
+            }
+        }
+        if moved.iter().enumerate().any(|(i, j)| *j != Some(i)) {
+            for held in self.pods.values_mut() {
+                held.selecting = held.selecting.iter().filter_map(|i| moved[*i]).collect();
+                held.selecting.sort_unstable();
+            }
+        }
+        self.counts = counts;
+        self.take(planned);
+        for key in &keys {
+            let held = self.pods.get_mut(key).expect("indexed by namespace");
+            held.selecting = self.matcher.select(&held.pod);
+            for i in &held.selecting {
+                self.counts[*i] += 1;
+            }
+            if !held.selecting.is_empty() {
+                for ip in &held.pod.ips {
+                    let holders = self.holders.entry(*ip).or_default();
+                    if let Err(at) = holders.binary_search(key) {
+                        holders.insert(at, Arc::clone(key));
+                    }
+                }
+            }
+        }
+        for key in &keys {
+            settle.extend(self.group(key));
+        }
+        self.settle(settle.into_iter().collect());
+    }
+
     /// Selects every Pod again, and publishes each.
     fn reselect(&mut self) {
         let (mut selected, counts) = self
@@ -406,11 +571,56 @@ impl Publisher {
     }
 }
 
-/// The policies of `cluster` as its stages order them, and the gateway
-/// each uses.
-fn matcher(cluster: &Snapshot) -> (Matcher, Vec<Option<Arc<str>>>) {
-    let Stages { policies, .. } = stages(cluster, Placement::Own);
+/// What the cluster-wide stages decide of a cluster, as a publisher keeps
+/// it.
+struct Planned {
+    /// The policies as the stages order them.
+    matcher: Matcher,
+    /// The gateway each uses.
+    gateway_of: Vec<Option<Arc<str>>>,
+    /// The status with no Pods.
+    status: ClusterStatus,
+    /// Where `status` has each policy.
+    position: Vec<Option<usize>>,
+}
+
+/// Runs the cluster-wide stages on `cluster` (whose Pods are not read).
+fn planned(cluster: &Snapshot) -> Planned {
+    let Stages {
+        gateways,
+        tunnels,
+        policies,
+        placed,
+        ..
+    } = stages(cluster, Placement::Own);
+    let classified = Classified {
+        sources: Vec::new(),
+        pod_counts: vec![0; policies.len()],
+    };
+    let status = report::status(
+        cluster,
+        &gateways,
+        &tunnels,
+        &policies,
+        &placed,
+        &classified,
+    );
+    let at: HashMap<&PolicyRef, usize> = status
+        .policies
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (&p.policy, i))
+        .collect();
+    let position = policies
+        .iter()
+        .map(|w| at.get(&w.policy.id).copied())
+        .collect();
     let gateway_of = policies.iter().map(|w| w.gateway.map(Arc::from)).collect();
-    let policies = policies.iter().map(|w| w.policy.clone()).collect();
-    (Matcher::new(policies, &cluster.namespaces), gateway_of)
+    let selecting = policies.iter().map(|w| w.policy.clone()).collect();
+    Planned {
+        matcher: Matcher::new(selecting, &cluster.namespaces),
+        gateway_of,
+        status,
+        position,
+    }
 }

@@ -172,9 +172,9 @@ fn policy_status(
                     ConditionType::Ready,
                     true,
                     Reason::Active,
-                    format!(
-                        "{pods} pod(s) leave through node {} {how}",
-                        nodes.join(" and ")
+                    active(
+                        pods,
+                        &format!("leave through node {} {how}", nodes.join(" and ")),
                     ),
                 )
             };
@@ -204,6 +204,29 @@ fn policy_status(
         node,
         pods,
         conditions,
+    }
+}
+
+/// The message of an active policy's `Ready` condition.
+fn active(pods: usize, rest: &str) -> String {
+    format!("{pods} pod(s) {rest}")
+}
+
+/// `status`, as [`status`] gives it, with `pods` selected Pods instead:
+/// the count and the message that states it (the rest of a policy's
+/// status does not depend on its Pods).
+pub(super) fn recount(status: &mut PolicyStatus, pods: usize) {
+    if status.pods == pods {
+        return;
+    }
+    status.pods = pods;
+    for c in &mut status.conditions {
+        if c.type_ == ConditionType::Ready
+            && c.reason == Reason::Active
+            && let Some((_, rest)) = c.message.split_once(" pod(s) ")
+        {
+            c.message = active(pods, rest);
+        }
     }
 }
 

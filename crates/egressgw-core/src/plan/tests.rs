@@ -1898,6 +1898,8 @@ proptest! {
             }
         }
         let mut publisher = Publisher::new(s.clone());
+        let mut one_by_one = Publisher::new(s.clone());
+        one_by_one.never_in_bulk();
         let mut before = plan_published(&s).gateway_pods.into_iter()
             .map(|(g, pods)| (g, pods.into_iter().cloned().collect::<Vec<Pod>>()))
             .collect::<BTreeMap<_, _>>();
@@ -1905,9 +1907,12 @@ proptest! {
         publisher.take_changed();
         for (i, step) in steps.iter().enumerate() {
             apply_step(&mut publisher, step);
+            apply_step(&mut one_by_one, step);
             let objects = publisher.snapshot();
             let whole = plan_published(&objects);
             prop_assert_eq!(&publisher.published(), &whole, "after step {}: {:?}", i, step);
+            prop_assert_eq!(&one_by_one.published(), &whole, "one by one, after step {}: {:?}", i, step);
+            let changed_one_by_one = one_by_one.take_changed();
             // Every gateway whose Pods changed says so.
             let changed = publisher.take_changed();
             let after: BTreeMap<String, Vec<Pod>> = whole.gateway_pods.into_iter()
@@ -1916,6 +1921,7 @@ proptest! {
             for gateway in before.keys().chain(after.keys()) {
                 if before.get(gateway) != after.get(gateway) {
                     prop_assert!(changed.contains(gateway), "{} changed unsaid after step {}: {:?}", gateway, i, step);
+                    prop_assert!(changed_one_by_one.contains(gateway), "{} changed unsaid one by one after step {}: {:?}", gateway, i, step);
                 }
             }
             before = after;
