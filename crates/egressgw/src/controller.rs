@@ -49,7 +49,7 @@ use crate::cluster::watch::{Stores, watch as watch_kind};
 use crate::cluster::{self, ClusterArgs};
 use crate::load_config;
 use crate::slices::{self, SliceWrite};
-use crate::writes::{self, Stored, Write};
+use crate::writes::{self, Stored, Urgency, Write};
 
 /// Field manager of the controller's writes.
 const MANAGER: &str = "egressgw-controller";
@@ -220,6 +220,7 @@ async fn controller(args: &ControllerArgs, config: Config) -> anyhow::Result<()>
                 if !now_leading {
                     // Only the leader speaks for the objects.
                     metrics.clear_objects();
+                    metrics.set_writes_pending(&BTreeMap::new());
                     control.allocations = None;
                     control.current_slices.clear();
                 }
@@ -349,8 +350,9 @@ impl Control {
         let started = Instant::now();
         let mut ok = true;
         let stored = self.stored();
+        let mut left = BTreeMap::new();
         ok &= self
-            .send(writes::timeouts(&stored, unavailable), &stored)
+            .send(writes::timeouts(&stored, unavailable), &stored, &mut left)
             .await;
         // The allocations, status and each gateway's Pods only: the nodes'
         // dataplane states are each agent's to plan. The Pods are taken one
@@ -390,7 +392,8 @@ impl Control {
         let mut stored = self.stored();
         stored.published = pods;
         let planned = writes::plan(&stored, &status, Timestamp::now());
-        ok &= self.send(planned, &stored).await;
+        ok &= self.send(planned, &stored, &mut left).await;
+        self.metrics.set_writes_pending(&left);
         self.report_moves(&snapshot, &status).await;
         self.report_invalid(&snapshot).await;
         self.report_unreachable(&status).await;
@@ -584,45 +587,58 @@ impl Control {
     /// `--writes-in-flight` at a time, and reports each failure. It starts
     /// no write after [`WRITE_BUDGET`]: what is left is planned again,
     /// most urgent first, by the next run, which also sees what changed
-    /// meanwhile. Returns false when a write failed or was left.
-    async fn send(&self, writes: Vec<Write>, stored: &Stored) -> bool {
+    /// meanwhile; `left` counts it by urgency. Returns false when a write
+    /// failed or was left.
+    async fn send(
+        &self,
+        writes: Vec<Write>,
+        stored: &Stored,
+        left: &mut BTreeMap<Urgency, i64>,
+    ) -> bool {
         let waves = writes::Waves::new(writes, stored);
-        let total = waves.len();
         let deadline = Instant::now() + WRITE_BUDGET;
         let open = move || Instant::now() < deadline;
-        let lanes: Vec<(usize, bool)> = stream::iter(waves.tunnels)
+        let lanes: Vec<bool> = stream::iter(waves.tunnels.iter())
             .take_while(|_| std::future::ready(open()))
             .map(|lane| self.send_lane(lane))
             .buffer_unordered(self.writes_in_flight)
             .collect()
             .await;
-        let statuses: Vec<bool> = stream::iter(waves.statuses)
+        let statuses: Vec<bool> = stream::iter(waves.statuses.iter())
             .take_while(|_| std::future::ready(open()))
-            .map(|write| async move { self.send_one(&write).await })
+            .map(|write| self.send_one(write))
             .buffer_unordered(self.writes_in_flight)
             .collect()
             .await;
-        let tried = lanes.iter().map(|(n, _)| n).sum::<usize>() + statuses.len();
-        if tried < total {
+        // Writes are started in order: those not started are the last.
+        let untried = waves.tunnels[lanes.len()..]
+            .iter()
+            .flatten()
+            .chain(&waves.statuses[statuses.len()..]);
+        let mut untouched = 0;
+        for write in untried {
+            *left.entry(write.urgency(stored)).or_default() += 1;
+            untouched += 1;
+        }
+        if untouched > 0 {
             tracing::info!(
-                sent = tried,
-                left = total - tried,
+                left = untouched,
                 "writes left for the next run, most urgent first"
             );
         }
-        tried == total && lanes.iter().all(|(_, ok)| *ok) && statuses.iter().all(|ok| *ok)
+        untouched == 0 && lanes.iter().chain(&statuses).all(|ok| *ok)
     }
 
     /// Sends one tunnel's writes in order, stopping at the first failure
-    /// (a tunnel that could not be created gets no status). Returns how
-    /// many were sent or skipped, and whether all succeeded.
-    async fn send_lane(&self, lane: Vec<Write>) -> (usize, bool) {
-        for write in &lane {
+    /// (a tunnel that could not be created gets no status). Returns
+    /// whether all succeeded.
+    async fn send_lane(&self, lane: &[Write]) -> bool {
+        for write in lane {
             if !self.send_one(write).await {
-                return (lane.len(), false);
+                return false;
             }
         }
-        (lane.len(), true)
+        true
     }
 
     /// Sends one write; logs and returns false when it fails.

@@ -104,6 +104,19 @@ pub enum Urgency {
     Details,
 }
 
+impl Urgency {
+    pub const ALL: [Urgency; 3] = [Urgency::Placement, Urgency::Conditions, Urgency::Details];
+
+    /// The metrics' label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Urgency::Placement => "placement",
+            Urgency::Conditions => "conditions",
+            Urgency::Details => "details",
+        }
+    }
+}
+
 impl Write {
     /// How soon this write matters, given what is stored now.
     pub fn urgency(&self, stored: &Stored) -> Urgency {
@@ -188,11 +201,6 @@ impl Waves {
             tunnels: lanes.into_values().collect(),
             statuses,
         }
-    }
-
-    /// How many writes there are in all.
-    pub fn len(&self) -> usize {
-        self.tunnels.iter().map(Vec::len).sum::<usize>() + self.statuses.len()
     }
 }
 
@@ -522,7 +530,10 @@ mod tests {
     fn placements_are_sent_before_conditions_and_conditions_before_counts() {
         let fresh_writes = plan(&fresh(), &cluster(true), now());
         let waves = Waves::new(fresh_writes.clone(), &fresh());
-        assert_eq!(waves.len(), fresh_writes.len());
+        assert_eq!(
+            waves.tunnels.iter().map(Vec::len).sum::<usize>() + waves.statuses.len(),
+            fresh_writes.len()
+        );
         assert_eq!(
             waves.tunnels,
             [

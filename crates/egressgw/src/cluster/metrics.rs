@@ -25,6 +25,7 @@ use prometheus_client::registry::Registry;
 
 use crate::controller::{Allocation, AllocationResult};
 use crate::failover::{Outcome, Release, Takeover};
+use crate::writes::Urgency;
 
 /// A label set of one label.
 type Label = [(&'static str, &'static str); 1];
@@ -547,6 +548,7 @@ pub struct ControllerMetrics {
     eip_moves: Family<Vec<(&'static str, String)>, Counter>,
     allocations: Family<Labels2, Counter>,
     objects: Family<Labels2, Gauge>,
+    writes_pending: Family<Vec<(&'static str, &'static str)>, Gauge>,
     api: ApiRequests,
 }
 
@@ -560,6 +562,7 @@ impl ControllerMetrics {
             eip_moves: Family::default(),
             allocations: Family::default(),
             objects: Family::default(),
+            writes_pending: Family::default(),
             api: ApiRequests::register(registry),
         };
         // Failures are rare events: each series starts at 0, so that the
@@ -610,7 +613,24 @@ impl ControllerMetrics {
              EgressTunnel, whether its phase is Ready); exported by the leading controller",
             metrics.objects.clone(),
         );
+        registry.register(
+            "egressgw_controller_writes_pending",
+            "Writes the leader's last run left for the next one (each run starts writes \
+             for 2 s at most, most urgent first), by urgency (placement: a tunnel, an \
+             object's first status, a moved EIP or node; conditions: a condition that \
+             changed; details: counts and messages only)",
+            metrics.writes_pending.clone(),
+        );
         metrics
+    }
+
+    /// How many writes of each urgency the last run left for the next.
+    pub fn set_writes_pending(&self, left: &BTreeMap<Urgency, i64>) {
+        for urgency in Urgency::ALL {
+            self.writes_pending
+                .get_or_create(&vec![("urgency", urgency.as_str())])
+                .set(left.get(&urgency).copied().unwrap_or(0));
+        }
     }
 
     /// Counts the controller's requests to the API server.
