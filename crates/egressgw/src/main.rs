@@ -22,13 +22,6 @@ use egressgw_core::state::NodeState;
 
 use egressgw_api::config::FileConfig;
 
-/// mimalloc, for the daemons' resident memory: it gives freed pages back
-/// to the system on its own, where glibc's allocator kept a third or more
-/// of a daemon's heap after its watch caches filled and churned (freed,
-/// but held until `malloc_trim`).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// Egress gateway for Kubernetes: fixed source IPs for pod traffic leaving the cluster.
 #[derive(Debug, Parser)]
 #[command(name = "egressgw", version, about, long_about = None)]
