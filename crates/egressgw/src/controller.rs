@@ -389,7 +389,9 @@ impl Control {
             .map(|t| t.phase().map(|p| p == TunnelPhase::Ready))
             .collect();
         self.metrics.set_objects(&status, &tunnels);
-        let mut stored = self.stored();
+        // What the stores held at the run's start: the writes sent since
+        // come back through the watches later, not in this run.
+        let mut stored = stored;
         stored.published = pods;
         let planned = writes::plan(&stored, &status, Timestamp::now());
         ok &= self.send(planned, &stored, &mut left).await;

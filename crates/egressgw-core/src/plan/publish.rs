@@ -151,7 +151,8 @@ impl Publisher {
             self.take(planned);
             return;
         }
-        let namespaces = self.touched(&planned);
+        let moved = moved(&self.matcher, &planned.matcher);
+        let namespaces = self.touched(&planned, &moved);
         let pods: usize = namespaces
             .iter()
             .filter_map(|ns| self.namespaces.get(ns))
@@ -161,7 +162,7 @@ impl Publisher {
             self.take(planned);
             self.reselect();
         } else {
-            self.reselect_in(&namespaces, planned);
+            self.reselect_in(&namespaces, planned, &moved);
         }
     }
 
@@ -393,23 +394,16 @@ impl Publisher {
 
     /// The namespaces with Pods that a policy added, deleted, or changed
     /// in its selectors or gateway may select in, before or after; and
-    /// those relabelled.
-    fn touched(&self, planned: &Planned) -> BTreeSet<String> {
+    /// those relabelled. `moved`: see [`moved`].
+    fn touched(&self, planned: &Planned, moved: &[Option<usize>]) -> BTreeSet<String> {
         let (old, new) = (&self.matcher, &planned.matcher);
-        let index = |m: &Matcher| -> HashMap<PolicyRef, usize> {
-            m.policies
-                .iter()
-                .enumerate()
-                .map(|(i, p)| (p.id.clone(), i))
-                .collect()
-        };
-        let new_at = index(new);
-        let old_at = index(old);
         let mut changed: Vec<(&Matcher, usize)> = Vec::new();
+        let mut kept = vec![false; new.policies.len()];
         for (i, p) in old.policies.iter().enumerate() {
-            match new_at.get(&p.id) {
+            match moved[i] {
                 None => changed.push((old, i)),
-                Some(&j) => {
+                Some(j) => {
+                    kept[j] = true;
                     let q = &new.policies[j];
                     if p.pods != q.pods
                         || p.namespace_selector != q.namespace_selector
@@ -421,11 +415,7 @@ impl Publisher {
                 }
             }
         }
-        for (j, q) in new.policies.iter().enumerate() {
-            if !old_at.contains_key(&q.id) {
-                changed.push((new, j));
-            }
-        }
+        changed.extend((0..kept.len()).filter(|j| !kept[*j]).map(|j| (new, j)));
         let mut touched: BTreeSet<String> = old.relabelled(new).into_iter().collect();
         for ns in self.namespaces.keys() {
             if !touched.contains(ns) && changed.iter().any(|(m, i)| m.takes_namespace(*i, ns)) {
@@ -438,7 +428,13 @@ impl Publisher {
     /// Takes `planned`, selecting again the Pods of `namespaces` (which
     /// hold every Pod a policy that changed selects or selected), and
     /// publishing again them and the Pods sharing an address with them.
-    fn reselect_in(&mut self, namespaces: &BTreeSet<String>, planned: Planned) {
+    /// `moved`: see [`moved`].
+    fn reselect_in(
+        &mut self,
+        namespaces: &BTreeSet<String>,
+        planned: Planned,
+        moved: &[Option<usize>],
+    ) {
         let keys: Vec<Arc<PodKey>> = namespaces
             .iter()
             .filter_map(|ns| self.namespaces.get(ns))
@@ -468,19 +464,6 @@ impl Publisher {
         }
         // The others are selected by policies that did not change: only
         // their indexes may move.
-        let new_at: HashMap<&PolicyRef, usize> = planned
-            .matcher
-            .policies
-            .iter()
-            .enumerate()
-            .map(|(i, p)| (&p.id, i))
-            .collect();
-        let moved: Vec<Option<usize>> = self
-            .matcher
-            .policies
-            .iter()
-            .map(|p| new_at.get(&p.id).copied())
-            .collect();
         let mut counts = vec![0; planned.matcher.policies.len()];
         for (i, n) in self.counts.iter().enumerate() {
             if let Some(j) = moved[i] {
@@ -569,6 +552,21 @@ impl Publisher {
             }
         }
     }
+}
+
+/// Per policy of `old`: its index among the policies of `new` (by id),
+/// `None` for one deleted.
+fn moved(old: &Matcher, new: &Matcher) -> Vec<Option<usize>> {
+    let at: HashMap<&PolicyRef, usize> = new
+        .policies
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (&p.id, i))
+        .collect();
+    old.policies
+        .iter()
+        .map(|p| at.get(&p.id).copied())
+        .collect()
 }
 
 /// What the cluster-wide stages decide of a cluster, as a publisher keeps

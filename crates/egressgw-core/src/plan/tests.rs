@@ -1720,6 +1720,9 @@ enum Step {
     Recreated(usize),
     /// A policy moved to another gateway (or the cluster default).
     Gateway(usize, Option<usize>),
+    /// A policy like another created under a new name, a namespaced one in
+    /// the given namespace: a policy that was not there.
+    Copied(usize, usize),
 }
 
 fn arb_step() -> impl Strategy<Value = Step> {
@@ -1736,6 +1739,7 @@ fn arb_step() -> impl Strategy<Value = Step> {
         1 => (0usize..6).prop_map(Step::Tunnel),
         1 => (0usize..8).prop_map(Step::Recreated),
         1 => (0usize..8, prop::option::of(0usize..3)).prop_map(|(p, g)| Step::Gateway(p, g)),
+        1 => (0usize..8, 0usize..2).prop_map(|(p, n)| Step::Copied(p, n)),
     ]
 }
 
@@ -1842,6 +1846,19 @@ fn apply_step(planner: &mut impl Follows, step: &Step) {
         Step::Gateway(p, g) => {
             if let Some(policy) = cluster.policies.get_mut(p) {
                 policy.gateway = g.map(|g| format!("gw{g}"));
+            }
+            planner.set_cluster(cluster);
+        }
+        Step::Copied(p, n) => {
+            if let Some(policy) = cluster.policies.get(p) {
+                let mut copy = policy.clone();
+                let k = cluster.policies.len();
+                copy.id.name = format!("{}-copy{k}", copy.id.name);
+                copy.age.uid = format!("{}-copy{k}", copy.age.uid);
+                if copy.id.namespace.is_some() {
+                    copy.id.namespace = Some(ns(n));
+                }
+                cluster.policies.push(copy);
             }
             planner.set_cluster(cluster);
         }
