@@ -204,6 +204,8 @@ async fn controller(args: &ControllerArgs, config: Config) -> anyhow::Result<()>
         publishing: Publishing::default(),
         published_version: None,
         current_slices: BTreeMap::new(),
+        written: HashMap::new(),
+        due: None,
     };
     let mut last_run = Instant::now();
     let mut pending = true;
@@ -223,6 +225,8 @@ async fn controller(args: &ControllerArgs, config: Config) -> anyhow::Result<()>
                     metrics.set_writes_pending(&BTreeMap::new());
                     control.allocations = None;
                     control.current_slices.clear();
+                    control.written.clear();
+                    control.due = None;
                 }
                 pending = true;
             }
@@ -240,7 +244,9 @@ async fn controller(args: &ControllerArgs, config: Config) -> anyhow::Result<()>
             continue;
         }
         let unavailable = control.unavailable_agents();
-        if unavailable != control.unavailable {
+        if unavailable != control.unavailable
+            || control.due.is_some_and(|due| due <= Instant::now())
+        {
             pending = true;
         }
         if pending || last_run.elapsed() > RESYNC {
@@ -320,6 +326,11 @@ struct Control {
     /// [`slices_fingerprint`] they had. Until its Pods or those slices
     /// change, they are not compared again.
     current_slices: BTreeMap<String, u64>,
+    /// When each object's status was last written by this replica, for
+    /// the last [`writes::DETAILS_EVERY`].
+    written: HashMap<String, Instant>,
+    /// When the first status update held back by the last run is due.
+    due: Option<Instant>,
 }
 
 impl Control {
@@ -393,7 +404,15 @@ impl Control {
         // come back through the watches later, not in this run.
         let mut stored = stored;
         stored.published = pods;
-        let planned = writes::plan(&stored, &status, Timestamp::now());
+        let mut planned = writes::plan(&stored, &status, Timestamp::now());
+        let now = Instant::now();
+        self.written
+            .retain(|_, at| now.saturating_duration_since(*at) < writes::DETAILS_EVERY);
+        let held = writes::hold_details(&mut planned, &stored, &self.written, now);
+        self.due = held.due;
+        if held.writes > 0 {
+            *left.entry(Urgency::Details).or_default() += held.writes as i64;
+        }
         ok &= self.send(planned, &stored, &mut left).await;
         self.metrics.set_writes_pending(&left);
         self.report_moves(&snapshot, &status).await;
@@ -589,10 +608,11 @@ impl Control {
     /// `--writes-in-flight` at a time, and reports each failure. It starts
     /// no write after [`WRITE_BUDGET`]: what is left is planned again,
     /// most urgent first, by the next run, which also sees what changed
-    /// meanwhile; `left` counts it by urgency. Returns false when a write
-    /// failed or was left.
+    /// meanwhile; `left` counts it by urgency. Each status written is
+    /// remembered in `written`. Returns false when a write failed or was
+    /// left.
     async fn send(
-        &self,
+        &mut self,
         writes: Vec<Write>,
         stored: &Stored,
         left: &mut BTreeMap<Urgency, i64>,
@@ -606,12 +626,19 @@ impl Control {
             .buffer_unordered(self.writes_in_flight)
             .collect()
             .await;
+        // In order, so that each result is its write's.
         let statuses: Vec<bool> = stream::iter(waves.statuses.iter())
             .take_while(|_| std::future::ready(open()))
             .map(|write| self.send_one(write))
-            .buffer_unordered(self.writes_in_flight)
+            .buffered(self.writes_in_flight)
             .collect()
             .await;
+        let now = Instant::now();
+        for (write, _) in waves.statuses.iter().zip(&statuses).filter(|(_, ok)| **ok) {
+            if let Some(object) = write.status_object() {
+                self.written.insert(object, now);
+            }
+        }
         // Writes are started in order: those not started are the last.
         let untried = waves.tunnels[lanes.len()..]
             .iter()

@@ -12,8 +12,14 @@
 //! lane, then every status, those that place traffic first ([`Urgency`]),
 //! so that while thousands of statuses are due, a new policy's first
 //! status is not queued behind count updates of policies already placed.
+//!
+//! [`hold_details`] keeps back a status whose counts alone changed while
+//! the object was written less than [`DETAILS_EVERY`] ago: while Pods
+//! load, a policy's count changes every run, and each write is a watch
+//! event for every watcher of policies.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::{Duration, Instant};
 
 use egressgw_api::gateway::GatewayPods;
 use egressgw_api::status::{gateway_status, policy_status, tunnel_status};
@@ -145,6 +151,21 @@ impl Write {
         }
     }
 
+    /// The object a status write is for (`kind/namespace/name`), `None`
+    /// for a tunnel's writes.
+    pub fn status_object(&self) -> Option<String> {
+        match self {
+            Write::PolicyStatus { policy, .. } => Some(match &policy.namespace {
+                Some(ns) => format!("{}/{ns}/{}", policy.kind(), policy.name),
+                None => format!("{}/{}", policy.kind(), policy.name),
+            }),
+            Write::GatewayStatus { gateway, .. } => Some(format!("EgressGateway/{gateway}")),
+            Write::HeartbeatTimeout { .. }
+            | Write::CreateTunnel { .. }
+            | Write::TunnelStatus { .. } => None,
+        }
+    }
+
     /// Whether this write is part of a tunnel's lane (see [`Waves`]).
     fn tunnel(&self) -> Option<&str> {
         match self {
@@ -202,6 +223,46 @@ impl Waves {
             statuses,
         }
     }
+}
+
+/// How often at most a status is written when only its counts and
+/// messages change ([`Urgency::Details`]).
+pub const DETAILS_EVERY: Duration = Duration::from_secs(5);
+
+/// The writes held back by [`hold_details`], and when the first of them is
+/// due.
+#[derive(Debug, Default, PartialEq)]
+pub struct Held {
+    pub writes: usize,
+    pub due: Option<Instant>,
+}
+
+/// Takes out of `writes` the status writes that change only counts or
+/// messages of an object written less than [`DETAILS_EVERY`] before `now`
+/// (`written`: when each object's status was last written). A write that
+/// places traffic or changes a condition is never held, nor is anything
+/// of an object this controller has not written. What is held is planned
+/// again by a later run, with whatever changed meanwhile.
+pub fn hold_details(
+    writes: &mut Vec<Write>,
+    stored: &Stored,
+    written: &HashMap<String, Instant>,
+    now: Instant,
+) -> Held {
+    let mut held = Held::default();
+    writes.retain(|write| {
+        let Some(last) = write.status_object().and_then(|o| written.get(&o).copied()) else {
+            return true;
+        };
+        let due = last + DETAILS_EVERY;
+        if due <= now || write.urgency(stored) != Urgency::Details {
+            return true;
+        }
+        held.writes += 1;
+        held.due = Some(held.due.map_or(due, |d| d.min(due)));
+        false
+    });
+    held
 }
 
 /// The tunnels to mark `HeartbeatTimeout`: those of `unavailable` agents
@@ -587,6 +648,65 @@ mod tests {
                 ("team-a/web".to_owned(), Urgency::Details),
             ]
         );
+    }
+
+    /// While Pods load, a policy's count changes every run: once its
+    /// status is written, a count update waits until [`DETAILS_EVERY`]
+    /// has passed; a changed condition, and an object this controller has
+    /// not written, go at once.
+    #[test]
+    fn count_updates_of_a_status_just_written_wait() {
+        let first = plan(&fresh(), &cluster(true), now());
+        let stored = carried_out(fresh(), &first);
+        let start = Instant::now();
+        let written: HashMap<String, Instant> = first
+            .iter()
+            .filter_map(Write::status_object)
+            .map(|o| (o, start))
+            .collect();
+        assert_eq!(
+            written.keys().collect::<BTreeSet<_>>(),
+            BTreeSet::from([
+                &"EgressGateway/egw".to_owned(),
+                &"EgressPolicy/team-a/web".to_owned()
+            ])
+        );
+        let mut status = cluster(true);
+        status.policies[0].pods = 2;
+        status.policies[0].conditions[0].message = "2 pod(s) leave through node node-1".into();
+        let counted = plan(&stored, &status, later());
+        assert_eq!(counted.len(), 1, "{counted:?}");
+        assert_eq!(counted[0].urgency(&stored), Urgency::Details);
+
+        let second = Duration::from_secs(1);
+        let mut writes = counted.clone();
+        let held = hold_details(&mut writes, &stored, &written, start + second);
+        assert_eq!(writes, []);
+        assert_eq!(
+            held,
+            Held {
+                writes: 1,
+                due: Some(start + DETAILS_EVERY)
+            }
+        );
+        let mut writes = counted.clone();
+        let held = hold_details(&mut writes, &stored, &written, start + DETAILS_EVERY);
+        assert_eq!((writes, held), (counted.clone(), Held::default()));
+
+        let mut writes = counted.clone();
+        let held = hold_details(&mut writes, &stored, &HashMap::new(), start + second);
+        assert_eq!((writes, held), (counted, Held::default()));
+
+        let failed = plan(&stored, &cluster(false), later());
+        assert!(
+            failed
+                .iter()
+                .any(|w| matches!(w, Write::PolicyStatus { .. })),
+            "{failed:?}"
+        );
+        let mut writes = failed.clone();
+        let held = hold_details(&mut writes, &stored, &written, start + second);
+        assert_eq!((writes, held), (failed, Held::default()));
     }
 
     #[test]
