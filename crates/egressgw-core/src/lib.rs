@@ -17,7 +17,7 @@ pub mod status;
 
 pub use model::Snapshot;
 pub use plan::{
-    Plan, Planner, PodScope, Published, Publisher, gateways_selecting, plan, plan_node,
+    Plan, Planner, PodChange, PodScope, Published, Publisher, gateways_selecting, plan, plan_node,
     plan_node_published, plan_published, plan_status, pod_scope, remember,
 };
 

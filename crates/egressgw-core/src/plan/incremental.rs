@@ -306,26 +306,47 @@ impl Planner {
 
     /// Adds `pod`, or replaces the Pod of its namespace and name.
     pub fn set_pod(&mut self, pod: Pod) {
-        let key = Arc::new((pod.namespace.clone(), pod.name.clone()));
-        let mut touched = self.forget(&key);
-        let selecting = self.frame.matcher.select(&pod);
-        let mut planned = Planned {
-            pod,
-            selecting,
-            tables: Vec::new(),
-        };
-        self.frame.claim(&mut self.claims, &key, &mut planned);
-        touched.extend(planned.pod.ips.iter().copied());
-        self.pods.insert(key, planned);
-        self.refresh(touched);
+        self.change_pods([PodChange::Set(pod)]);
     }
 
     /// Deletes the Pod `namespace`/`name`, if there is one.
     pub fn remove_pod(&mut self, namespace: &str, name: &str) {
-        let key = (namespace.to_owned(), name.to_owned());
-        let touched = self.forget(&key);
-        self.pods.remove(&key);
-        self.refresh(touched);
+        self.change_pods([PodChange::Removed {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        }]);
+    }
+
+    /// Carries out `changes` in order, then plans the addresses they
+    /// touched once: the node's state is finished (its entries sorted)
+    /// once per batch, not once per Pod.
+    pub fn change_pods(&mut self, changes: impl IntoIterator<Item = PodChange>) {
+        let mut touched = Vec::new();
+        for change in changes {
+            match change {
+                PodChange::Set(pod) => {
+                    let key = Arc::new((pod.namespace.clone(), pod.name.clone()));
+                    touched.extend(self.forget(&key));
+                    let selecting = self.frame.matcher.select(&pod);
+                    let mut planned = Planned {
+                        pod,
+                        selecting,
+                        tables: Vec::new(),
+                    };
+                    self.frame.claim(&mut self.claims, &key, &mut planned);
+                    touched.extend(planned.pod.ips.iter().copied());
+                    self.pods.insert(key, planned);
+                }
+                PodChange::Removed { namespace, name } => {
+                    let key = (namespace, name);
+                    touched.extend(self.forget(&key));
+                    self.pods.remove(&key);
+                }
+            }
+        }
+        if !touched.is_empty() {
+            self.refresh(touched);
+        }
     }
 
     /// Takes back the claims of the Pod `key`; its addresses.
@@ -414,6 +435,15 @@ impl Planner {
         }
         adding.finish(state);
     }
+}
+
+/// A change to one Pod, for [`Planner::change_pods`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum PodChange {
+    /// A Pod added, or replacing the Pod of its namespace and name.
+    Set(Pod),
+    /// The Pod of this namespace and name deleted.
+    Removed { namespace: String, name: String },
 }
 
 /// Entries of classified addresses on their way into a node's state.

@@ -26,7 +26,7 @@ mod report;
 mod scope;
 mod tunnels;
 
-pub use incremental::Planner;
+pub use incremental::{Planner, PodChange};
 pub use publish::Publisher;
 pub use scope::{PodScope, gateways_selecting, pod_scope, scoped};
 

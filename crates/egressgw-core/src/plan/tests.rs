@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use proptest::prelude::*;
 
-use super::incremental::Planner;
+use super::incremental::{Planner, PodChange};
 use super::publish::Publisher;
 use super::*;
 use crate::model::{
@@ -1773,14 +1773,17 @@ follows!(Planner, Publisher);
 
 /// Applies `step` to `planner` as a daemon would: a Pod's change by itself,
 /// anything else as a new cluster.
-fn apply_step(planner: &mut impl Follows, step: &Step) {
-    let ns = |i: usize| ["a", "b"][i].to_owned();
-    let mut cluster = planner.snapshot();
-    let nodes = cluster.nodes.len();
-    match *step {
+fn ns(i: usize) -> String {
+    ["a", "b"][i].to_owned()
+}
+
+/// The change of a Pod step, in a cluster of `nodes` nodes; `None` for
+/// the steps of other objects.
+fn pod_change(step: &Step, nodes: usize) -> Option<PodChange> {
+    Some(match *step {
         Step::Pod(n, name, app, node, ip, host) => {
             let node = node % nodes;
-            planner.set_pod(Pod {
+            PodChange::Set(Pod {
                 namespace: ns(n),
                 name: format!("pod-{name}"),
                 labels: labels(&[("app", &format!("app{app}"))]),
@@ -1788,10 +1791,13 @@ fn apply_step(planner: &mut impl Follows, step: &Step) {
                 ips: vec![IpAddr::from([10, 244, node as u8, 10 + ip])],
                 node: Some(format!("node-{node}")),
                 host_network: host && ip % 5 == 0,
-            });
+            })
         }
-        Step::PodGone(n, name) => planner.remove_pod(&ns(n), &format!("pod-{name}")),
-        Step::Pending(n, name, scheduled) => planner.set_pod(Pod {
+        Step::PodGone(n, name) => PodChange::Removed {
+            namespace: ns(n),
+            name: format!("pod-{name}"),
+        },
+        Step::Pending(n, name, scheduled) => PodChange::Set(Pod {
             namespace: ns(n),
             name: format!("pod-{name}"),
             labels: labels(&[("app", "app0")]),
@@ -1799,6 +1805,22 @@ fn apply_step(planner: &mut impl Follows, step: &Step) {
             node: scheduled.then(|| "node-0".to_owned()),
             host_network: false,
         }),
+        _ => return None,
+    })
+}
+
+fn apply_step(planner: &mut impl Follows, step: &Step) {
+    let mut cluster = planner.snapshot();
+    let nodes = cluster.nodes.len();
+    if let Some(change) = pod_change(step, nodes) {
+        match change {
+            PodChange::Set(pod) => planner.set_pod(pod),
+            PodChange::Removed { namespace, name } => planner.remove_pod(&namespace, &name),
+        }
+        return;
+    }
+    match *step {
+        Step::Pod(..) | Step::PodGone(..) | Step::Pending(..) => unreachable!("a Pod's change"),
         Step::Namespace(n, team) => {
             if let Some(namespace) = cluster.namespaces.get_mut(n) {
                 namespace.labels = labels(&[("team", ["a", "b"][team])]);
@@ -1887,12 +1909,32 @@ proptest! {
         remember(&mut s, &status);
         let nodes: Vec<String> = s.nodes.iter().map(|n| n.name.clone()).collect();
         let mut planners: Vec<Planner> = nodes.iter().map(|n| Planner::new(s.clone(), n)).collect();
+        // The same steps, with the Pods' changes between two other steps
+        // taken in one batch.
+        let mut batched: Vec<Planner> = nodes.iter().map(|n| Planner::new(s.clone(), n)).collect();
+        let mut batch = Vec::new();
         for (i, step) in steps.iter().enumerate() {
             for (planner, node) in planners.iter_mut().zip(&nodes) {
                 apply_step(planner, step);
                 let whole = plan_node_published(&planner.snapshot(), node);
                 prop_assert_eq!(planner.state(), whole.as_ref(), "{} after step {}: {:?}", node, i, step);
             }
+            let of_pods = pod_change(step, nodes.len());
+            let last = i + 1 == steps.len();
+            if let Some(change) = of_pods.clone() {
+                batch.push(change);
+                if !last {
+                    continue;
+                }
+            }
+            for ((planner, one_by_one), node) in batched.iter_mut().zip(&planners).zip(&nodes) {
+                planner.change_pods(batch.clone());
+                if of_pods.is_none() {
+                    apply_step(planner, step);
+                }
+                prop_assert_eq!(planner.state(), one_by_one.state(), "{} batched, after step {}: {:?}", node, i, step);
+            }
+            batch.clear();
         }
     }
 }

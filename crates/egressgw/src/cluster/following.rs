@@ -5,7 +5,7 @@
 //! what changed since its last read: a stored Pod is a new object each time
 //! the API server sends a new version of it, so a Pod whose stored object
 //! is the one planned last time is skipped, and only new, changed and
-//! deleted Pods go to the planner one by one. A change to the other
+//! deleted Pods go to the planner, in one batch. A change to the other
 //! objects runs the cluster-wide stages again and plans again the Pods
 //! they reach ([`Planner::set_cluster`]); another set of Pods watched plans
 //! the node whole.
@@ -15,25 +15,22 @@ use std::sync::Arc;
 
 use egressgw_api::WatchedPod as Pod;
 use egressgw_core::state::NodeState;
-use egressgw_core::{Planner, PodScope, Publisher, Snapshot};
+use egressgw_core::{Planner, PodChange, PodScope, Publisher, Snapshot};
 
 use crate::slices::Want;
 
 /// A Pod's namespace and name.
 type PodKey = (String, String);
 
-/// A plan kept between reconciles that takes Pods one by one.
+/// A plan kept between reconciles that takes changed Pods.
 trait TakesPods {
-    fn set_pod(&mut self, pod: egressgw_core::model::Pod);
-    fn remove_pod(&mut self, namespace: &str, name: &str);
+    /// Takes `changes`, in order.
+    fn change_pods(&mut self, changes: Vec<PodChange>);
 }
 
 impl TakesPods for Planner {
-    fn set_pod(&mut self, pod: egressgw_core::model::Pod) {
-        Planner::set_pod(self, pod);
-    }
-    fn remove_pod(&mut self, namespace: &str, name: &str) {
-        Planner::remove_pod(self, namespace, name);
+    fn change_pods(&mut self, changes: Vec<PodChange>) {
+        Planner::change_pods(self, changes);
     }
 }
 
@@ -54,9 +51,9 @@ pub struct Following {
 pub enum Replanned {
     /// The node as a whole, from a new planner.
     Whole,
-    /// Another object than a Pod changed (and this many Pods, one by one).
+    /// Another object than a Pod changed (and this many Pods).
     Cluster(usize),
-    /// This many Pods, one by one (0: nothing changed).
+    /// This many Pods changed, planned together (0: nothing changed).
     Pods(usize),
 }
 
@@ -152,31 +149,36 @@ fn follow_pods(
     } else {
         next.values().map(|(p, k)| (k, p)).collect()
     };
-    let mut count = 0;
+    let removed = |(namespace, name): PodKey| PodChange::Removed { namespace, name };
+    let mut changes = Vec::new();
     for (_, (_, gone)) in seen.drain() {
         if replaced.contains(&gone) {
             continue;
         }
-        count += 1;
-        match kept
-            .get(&gone)
-            .and_then(|p| egressgw_api::snapshot::watched_pod(p))
-        {
-            Some(planned) => planner.set_pod(planned),
-            None => planner.remove_pod(&gone.0, &gone.1),
-        }
+        changes.push(
+            match kept
+                .get(&gone)
+                .and_then(|p| egressgw_api::snapshot::watched_pod(p))
+            {
+                Some(planned) => PodChange::Set(planned),
+                None => removed(gone),
+            },
+        );
     }
     for pod in changed {
         let k = key(&pod);
-        match egressgw_api::snapshot::watched_pod(&pod) {
-            Some(planned) => planner.set_pod(planned),
+        changes.push(match egressgw_api::snapshot::watched_pod(&pod) {
+            Some(planned) => PodChange::Set(planned),
             // Finished or being deleted: it sends nothing any more.
-            None => planner.remove_pod(&k.0, &k.1),
-        }
-        count += 1;
+            None => removed(k.clone()),
+        });
         next.insert(address(&pod), (pod, k));
     }
     *seen = next;
+    let count = changes.len();
+    if count > 0 {
+        planner.change_pods(changes);
+    }
     count
 }
 
@@ -218,13 +220,19 @@ impl Entries {
 }
 
 impl TakesPods for Digesting<'_> {
-    fn set_pod(&mut self, pod: egressgw_core::model::Pod) {
-        self.1.insert(&pod);
-        self.0.set_pod(pod);
-    }
-    fn remove_pod(&mut self, namespace: &str, name: &str) {
-        self.1.remove(namespace, name);
-        self.0.remove_pod(namespace, name);
+    fn change_pods(&mut self, changes: Vec<PodChange>) {
+        for change in changes {
+            match change {
+                PodChange::Set(pod) => {
+                    self.1.insert(&pod);
+                    self.0.set_pod(pod);
+                }
+                PodChange::Removed { namespace, name } => {
+                    self.1.remove(&namespace, &name);
+                    self.0.remove_pod(&namespace, &name);
+                }
+            }
+        }
     }
 }
 
