@@ -29,7 +29,7 @@ pub trait Firewall {
 
 /// How long the real backend trusts what it knows of the table's
 /// elements without reading them back ([`Nft`]).
-pub const READ_BACK_EVERY: Duration = Duration::from_secs(30);
+pub const READ_BACK_EVERY: Duration = Duration::from_secs(60);
 
 /// The real backend: runs the `nft` binary in the caller's network
 /// namespace.
@@ -44,7 +44,7 @@ pub const READ_BACK_EVERY: Duration = Duration::from_secs(30);
 /// again, a chain or a rule edited), and at least every
 /// [`READ_BACK_EVERY`], and after any transaction that failed, it reads
 /// everything back. An element deleted by hand in a table otherwise left
-/// alone is put back by the first reconcile after [`READ_BACK_EVERY`].
+/// alone is put back within [`READ_BACK_EVERY`].
 #[derive(Debug, Clone)]
 pub struct Nft {
     binary: String,
