@@ -27,35 +27,11 @@ pub trait Firewall {
     fn counters(&self) -> Result<BTreeMap<String, Counter>>;
 }
 
-/// How long the real backend trusts what it knows of the table's
-/// elements without reading them back ([`Nft`]).
-pub const READ_BACK_EVERY: Duration = Duration::from_secs(60);
-
 /// The real backend: runs the `nft` binary in the caller's network
 /// namespace.
-///
-/// Reading the table back whole costs what its elements do: at 17 000
-/// SNAT entries, `nft -j list table` takes a quarter of a second and prints
-/// 1.5 MB of JSON. So the backend keeps what it read last, changed by the
-/// transactions it carried out since, and each [`Firewall::observe`] reads
-/// only the table's outline (`nft -t`: its sets, chains and rules and its
-/// counter objects, no elements). When the outline is what it knows, the
-/// elements are taken as known; otherwise (the table deleted or made
-/// again, a chain or a rule edited), and at least every
-/// [`READ_BACK_EVERY`], and after any transaction that failed, it reads
-/// everything back. An element deleted by hand in a table otherwise left
-/// alone is put back within [`READ_BACK_EVERY`].
 #[derive(Debug, Clone)]
 pub struct Nft {
     binary: String,
-    known: Option<Known>,
-}
-
-/// The table as last read back whole, with what was applied since.
-#[derive(Debug, Clone)]
-struct Known {
-    table: Option<Observed>,
-    read: Instant,
 }
 
 impl Default for Nft {
@@ -74,41 +50,6 @@ impl Nft {
     pub fn with_binary(path: impl Into<String>) -> Self {
         Self {
             binary: path.into(),
-            known: None,
-        }
-    }
-
-    /// Reads the table, its elements too unless `terse`.
-    fn read(&self, terse: bool) -> Result<Option<Observed>> {
-        let what = format!("list table {FAMILY} {TABLE}");
-        let args: &[&str] = if terse {
-            &["-t", "-j", "list", "table", FAMILY, TABLE]
-        } else {
-            &["-j", "list", "table", FAMILY, TABLE]
-        };
-        match self.run(&what, args, "") {
-            Ok(json) => parse_table(&json).map(Some),
-            Err(e) if is_missing(&e) => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Forgets what it knows of the table: the next
-    /// [`Firewall::observe`] reads it back whole.
-    pub fn forget(&mut self) {
-        self.known = None;
-    }
-
-    /// Carries `ops`, applied in the kernel, out on what is known.
-    fn applied(&mut self, ops: &[FwOp]) {
-        if let Some(known) = &mut self.known {
-            for op in ops {
-                if let Err(e) = carry_out(&mut known.table, op) {
-                    tracing::debug!(op = %op, error = e, "the table is read back whole next");
-                    self.known = None;
-                    return;
-                }
-            }
         }
     }
 
@@ -180,20 +121,12 @@ impl Firewall for Nft {
     }
 
     fn observe(&mut self) -> Result<Option<Observed>> {
-        if let Some(known) = &self.known
-            && known.read.elapsed() < READ_BACK_EVERY
-        {
-            let outline = self.read(true)?;
-            if same_outline(outline.as_ref(), known.table.as_ref()) {
-                return Ok(known.table.clone());
-            }
+        let what = format!("list table {FAMILY} {TABLE}");
+        match self.run(&what, &["-j", "list", "table", FAMILY, TABLE], "") {
+            Ok(json) => parse_table(&json).map(Some),
+            Err(e) if is_missing(&e) => Ok(None),
+            Err(e) => Err(e),
         }
-        let table = self.read(false)?;
-        self.known = Some(Known {
-            table: table.clone(),
-            read: Instant::now(),
-        });
-        Ok(table)
     }
 
     fn apply(&mut self, ops: &[FwOp]) -> Report {
@@ -206,10 +139,8 @@ impl Firewall for Nft {
                 for op in ops {
                     report.done(op);
                 }
-                self.applied(ops);
             }
             Err(e) => {
-                self.known = None;
                 report.warn(format!(
                     "nftables transaction of {} ops failed, applying them one by one: {e}",
                     ops.len()
@@ -234,24 +165,12 @@ impl Firewall for Nft {
     }
 
     fn remove(&mut self) -> Result<bool> {
-        self.known = None;
         let what = format!("delete table {FAMILY} {TABLE}");
         match self.run(&what, &["delete", "table", FAMILY, TABLE], "") {
             Ok(_) => Ok(true),
             Err(e) if is_missing(&e) => Ok(false),
             Err(e) => Err(e),
         }
-    }
-}
-
-/// Whether two readings of the table agree on its outline: whether it
-/// exists, its sets, chains, rules and counter objects (not the sets'
-/// elements).
-fn same_outline(a: Option<&Observed>, b: Option<&Observed>) -> bool {
-    match (a, b) {
-        (None, None) => true,
-        (Some(a), Some(b)) => a.sets == b.sets && a.chains == b.chains && a.counters == b.counters,
-        _ => false,
     }
 }
 
@@ -331,8 +250,12 @@ pub(super) fn str_field(v: &Value, key: &str) -> String {
 
 pub(super) fn parse_set(set: &Value, obs: &mut Observed) {
     let name = str_field(set, "name");
-    let elems = set.get("elem").and_then(Value::as_array);
-    for elem in elems.into_iter().flatten() {
+    let elems = set
+        .get("elem")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    for elem in &elems {
         // A map element is `[key, value]`; an element with options is
         // wrapped in `{"elem": {"val": ...}}`.
         let (key, value) = match elem.as_array().map(Vec::as_slice) {

@@ -43,7 +43,6 @@ use std::fmt;
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use egressgw_common::Counter;
 use egressgw_core::model::{Config, PolicyRef};
