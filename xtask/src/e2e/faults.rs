@@ -337,10 +337,14 @@ pub fn a_rebooted_eip_holder_comes_back_and_nothing_leaves_with_another_source(
 /// the controller keeps it there.
 pub fn agents_hold_eips_where_the_controller_published_them(run: &mut Run) -> anyhow::Result<()> {
     const GATEWAY: &str = "e2e-published";
+    // Frozen before the gateway exists, so that no controller publishes
+    // its Pods: a policy made while none runs has its Pods in no slice,
+    // and a gateway node reading slices drops their traffic by design.
+    // Unpublished, the gateway nodes' agents read every Pod.
+    run.freeze_controllers(true)?;
     let eip = setup_gateway(run, GATEWAY)?;
     let (_, second) = run.two_gateway_nodes()?;
     let second = &second;
-    run.freeze_controllers(true)?;
     run.apply(&policy(
         TEAM_A,
         "web",
