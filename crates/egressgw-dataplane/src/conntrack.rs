@@ -35,7 +35,7 @@ use crate::nft::ElemKey;
 const NFNL_SUBSYS_CTNETLINK: u16 = 1;
 const IPCTNL_MSG_CT_GET: u16 = 1;
 const IPCTNL_MSG_CT_DELETE: u16 = 2;
-const AF_UNSPEC: u8 = 0;
+pub(crate) const AF_UNSPEC: u8 = 0;
 const CTA_TUPLE_ORIG: u16 = 1;
 const CTA_STATUS: u16 = 3;
 const CTA_ID: u16 = 12;
@@ -51,7 +51,7 @@ const IPS_SEEN_REPLY: u32 = 1 << 1;
 /// Netlink header length.
 const NLMSG_HDR: usize = 16;
 /// `struct nfgenmsg` length.
-const NFGENMSG: usize = 4;
+pub(crate) const NFGENMSG: usize = 4;
 
 /// One conntrack entry, as much of it as deciding and deleting need.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -166,11 +166,23 @@ fn delete_message(entry: &Entry, seq: u32) -> Vec<u8> {
 
 /// A ctnetlink request: header, `nfgenmsg`, attributes.
 fn message(kind: u16, flags: u16, family: u8, seq: u32, attrs: &[u8]) -> Vec<u8> {
+    nfnl_message(NFNL_SUBSYS_CTNETLINK, kind, flags, family, seq, attrs)
+}
+
+/// An nfnetlink request of `subsystem`: header, `nfgenmsg`, attributes.
+pub(crate) fn nfnl_message(
+    subsystem: u16,
+    kind: u16,
+    flags: u16,
+    family: u8,
+    seq: u32,
+    attrs: &[u8],
+) -> Vec<u8> {
     let len = NLMSG_HDR + NFGENMSG + attrs.len();
     let mut out = vec![0; len];
     let mut header = NetlinkBuffer::new(&mut out);
     header.set_length(u32::try_from(len).unwrap_or(u32::MAX));
-    header.set_message_type((NFNL_SUBSYS_CTNETLINK << 8) | kind);
+    header.set_message_type((subsystem << 8) | kind);
     header.set_flags(flags);
     header.set_sequence_number(seq);
     // nfgenmsg: family, version 0, resource id 0.
@@ -181,8 +193,8 @@ fn message(kind: u16, flags: u16, family: u8, seq: u32, attrs: &[u8]) -> Vec<u8>
 
 /// One netlink message of a buffer.
 pub(crate) struct Msg<'a> {
-    kind: u16,
-    seq: u32,
+    pub(crate) kind: u16,
+    pub(crate) seq: u32,
     pub(crate) payload: &'a [u8],
 }
 
@@ -203,7 +215,7 @@ pub(crate) fn messages(buf: &[u8]) -> Vec<Msg<'_>> {
 }
 
 /// The (positive) errno of an `NLMSG_ERROR` payload; 0 is an acknowledgement.
-fn error_code(payload: &[u8]) -> i32 {
+pub(crate) fn error_code(payload: &[u8]) -> i32 {
     payload.get(..4).map_or(nix::libc::EIO, |b| {
         -i32::from_ne_bytes([b[0], b[1], b[2], b[3]])
     })
@@ -215,7 +227,7 @@ const fn align(len: usize) -> usize {
 
 /// The attributes of `buf`: (type without flags, payload, the whole
 /// attribute as it came); stops at the first malformed one.
-fn attrs(buf: &[u8]) -> Vec<(u16, &[u8], &[u8])> {
+pub(crate) fn attrs(buf: &[u8]) -> Vec<(u16, &[u8], &[u8])> {
     NlasIterator::new(buf)
         .map_while(Result::ok)
         .map(|nla| {
@@ -285,7 +297,7 @@ fn addresses(tuple_ip: &[u8]) -> (Option<IpAddr>, Option<IpAddr>) {
     (src, dst)
 }
 
-fn be_u32(value: &[u8]) -> Option<u32> {
+pub(crate) fn be_u32(value: &[u8]) -> Option<u32> {
     Some(u32::from_be_bytes(value.get(..4)?.try_into().ok()?))
 }
 

@@ -43,6 +43,7 @@ use std::fmt;
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use egressgw_common::Counter;
 use egressgw_core::model::{Config, PolicyRef};
@@ -70,6 +71,7 @@ const PRIO_MARK: i32 = 110;
 
 mod backend;
 mod fake;
+mod generation;
 mod plan;
 mod spec;
 #[cfg(test)]
@@ -77,5 +79,6 @@ mod tests;
 
 pub use backend::*;
 pub use fake::*;
+pub use generation::generation;
 pub use plan::*;
 pub use spec::*;

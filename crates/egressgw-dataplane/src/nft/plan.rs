@@ -320,3 +320,88 @@ pub(super) fn split<K, V>(
         }
     }
 }
+
+/// Carries `op` out on `table` (`None`: absent) as the kernel does, failing
+/// as it fails on the mistakes a planner can make (adding what exists,
+/// deleting what does not, deleting a chain that elements jump to or a
+/// counter that elements name, touching a missing table).
+pub(super) fn carry_out(table: &mut Option<Observed>, op: &FwOp) -> Result<(), String> {
+    if let FwOp::CreateTable { sets, chains } = op {
+        if table.is_some() {
+            return Err("File exists".into());
+        }
+        *table = Some(Observed {
+            sets: sets.iter().map(|s| s.name.to_owned()).collect(),
+            chains: chains.iter().map(|c| (c.name.clone(), c.state())).collect(),
+            ..Observed::default()
+        });
+        return Ok(());
+    }
+    let t = table.as_mut().ok_or("No such file or directory")?;
+    let exists = |present: bool, change: ElemChange| match (present, change) {
+        (true, ElemChange::Add) => Err("File exists"),
+        (false, ElemChange::Delete) => Err("No such file or directory"),
+        _ => Ok(()),
+    };
+    match op {
+        FwOp::CreateTable { .. } => {}
+        FwOp::AddSet(s) => {
+            t.sets.insert(s.name.to_owned());
+        }
+        FwOp::AddChain(c) | FwOp::ReplaceChain(c) => {
+            t.chains.insert(c.name.clone(), c.state());
+        }
+        FwOp::DeleteChain(name) => {
+            if t.classify.values().any(|v| v.chain() == *name) {
+                return Err("Device or resource busy".into());
+            }
+            t.chains.remove(name).ok_or("No such file or directory")?;
+        }
+        FwOp::Cluster(change, r) => {
+            exists(t.cluster.contains(r), *change)?;
+            match change {
+                ElemChange::Add => t.cluster.insert(*r),
+                ElemChange::Delete => t.cluster.remove(r),
+            };
+        }
+        FwOp::Classify(change, k, v) => {
+            exists(t.classify.contains_key(k), *change)?;
+            if *change == ElemChange::Add && !t.chains.contains_key(&v.chain()) {
+                return Err("No such file or directory".into());
+            }
+            match change {
+                ElemChange::Add => t.classify.insert(*k, v.clone()),
+                ElemChange::Delete => t.classify.remove(k),
+            };
+        }
+        FwOp::Nat(change, k, v) => {
+            exists(t.nat.contains_key(k), *change)?;
+            match change {
+                ElemChange::Add => t.nat.insert(*k, *v),
+                ElemChange::Delete => t.nat.remove(k),
+            };
+        }
+        FwOp::AddCounter(name) => {
+            exists(t.counters.contains(name), ElemChange::Add)?;
+            t.counters.insert(name.clone());
+        }
+        FwOp::DeleteCounter(name) => {
+            if t.count.values().any(|c| c == name) {
+                return Err("Device or resource busy".into());
+            }
+            exists(t.counters.contains(name), ElemChange::Delete)?;
+            t.counters.remove(name);
+        }
+        FwOp::Count(change, k, counter) => {
+            exists(t.count.contains_key(k), *change)?;
+            if *change == ElemChange::Add && !t.counters.contains(counter) {
+                return Err("No such file or directory".into());
+            }
+            match change {
+                ElemChange::Add => t.count.insert(*k, counter.clone()),
+                ElemChange::Delete => t.count.remove(k),
+            };
+        }
+    }
+    Ok(())
+}

@@ -426,8 +426,10 @@ fn observed_elements_read_back_from_prefixes_ranges_and_addresses() {
 
 // Privileged tests: each runs in a network namespace of its own.
 
-fn observe_real(nft: &mut Nft) -> Observed {
-    nft.observe().unwrap().expect("table exists")
+/// The table as the kernel holds it, read back whole (by a backend that
+/// knows nothing of it yet).
+fn observe_real(_nft: &mut Nft) -> Observed {
+    Nft::new().observe().unwrap().expect("table exists")
 }
 
 /// Asserts that the kernel holds exactly `spec`.
@@ -628,5 +630,60 @@ fn the_table_loads_beside_an_iptables_legacy_masquerade() {
         assert_holds(&mut nft, &spec());
         assert!(sh("nft list ruleset").contains("table inet egressgw"));
         assert!(sh("iptables-legacy -t nat -S POSTROUTING").contains("-j MASQUERADE"));
+    });
+}
+
+/// The backend takes the table as known while the ruleset's generation is
+/// the one its own last transaction left: each observation must be what a
+/// full read back gives, an observation with nothing changed reads
+/// nothing, and whatever someone changes by hand (a chain flushed, a map
+/// flushed, an element deleted, the table deleted, another table added) is
+/// seen at the next observation.
+#[test]
+fn what_the_backend_knows_of_the_table_is_what_the_kernel_holds() {
+    if !root_or_skip("what_the_backend_knows_of_the_table_is_what_the_kernel_holds") {
+        return;
+    }
+    in_new_netns(|| {
+        let mut nft = Nft::new();
+        assert_eq!(nft.observe().unwrap(), None);
+        let mut state = state();
+        state.snat[0].to = SnatTo::Eip(ip("192.0.2.11"));
+        state.classify.retain(|e| !e.src.is_ipv6());
+        state.classify[0].action = tunnel(0x0300_0000);
+        let changed = FirewallSpec::new(&state, &Config::default());
+        for desired in [&spec(), &changed, &spec()] {
+            let known = nft.observe().unwrap();
+            assert_eq!(known, Nft::new().observe().unwrap());
+            let report = nft.apply(&plan(desired, known.as_ref()));
+            assert!(report.is_ok(), "{report:?}");
+            assert_holds(&mut nft, desired);
+            let reads = nft.reads();
+            assert_eq!(plan(desired, nft.observe().unwrap().as_ref()), []);
+            assert_eq!(nft.reads(), reads, "nothing changed, nothing read");
+        }
+
+        let key = *spec().classify.keys().find(|k| k.src.is_ipv4()).unwrap();
+        let by_hand = [
+            "nft flush chain inet egressgw postrouting_mark".to_owned(),
+            "nft flush map inet egressgw snat4".to_owned(),
+            format!("nft delete element inet egressgw classify4 {{ {key} }}"),
+            "nft add table ip other".to_owned(),
+            "nft delete table inet egressgw".to_owned(),
+        ];
+        for change in &by_hand {
+            sh(change);
+            let observed = nft.observe().unwrap();
+            assert_eq!(observed, Nft::new().observe().unwrap(), "after {change}");
+            let ops = plan(&spec(), observed.as_ref());
+            assert_eq!(
+                ops.is_empty(),
+                change.contains("ip other"),
+                "after {change}: {:?}",
+                shown(&ops)
+            );
+            assert!(nft.apply(&ops).is_ok());
+            assert_holds(&mut nft, &spec());
+        }
     });
 }
