@@ -383,8 +383,9 @@ struct Agent {
     metrics: AgentMetrics,
     liveness: Arc<Liveness>,
     memory: Memory,
-    /// The last plan of this node and the node's underlay address then.
-    planned: Option<(NodeState, Option<IpAddr>)>,
+    /// The last plan of this node (each reconcile shares it, uncopied) and
+    /// the node's underlay address then.
+    planned: Option<(Arc<NodeState>, Option<IpAddr>)>,
     /// The planner of this node, fed from the stores.
     following: Following,
     /// The stores' [`Stores::cluster_version`] the plan was made from:
@@ -607,7 +608,7 @@ impl Agent {
             return false;
         };
         self.liveness.follow(state);
-        self.planned = Some((state.clone(), underlay));
+        self.planned = Some((Arc::new(state.clone()), underlay));
         true
     }
 
