@@ -18,6 +18,13 @@
 //!   costs it), and one selected Pod relabelled out of its policies'
 //!   reach or back in it, with the status that follows.
 //!
+//! - `agent-worker/policy-edit`, `agent-gateway/policy-edit`,
+//!   `controller/policy-edit`: one of ten policies across the list given a
+//!   destination, or its old destinations back, as the policy's change
+//!   (`change_policies`), in that planner or publisher (the controller's
+//!   with the status after it); the changed policy is made outside the
+//!   measurement.
+//!
 //! Snapshots are built once per size, outside the measurement, and the
 //! plan's drop is not timed.
 
@@ -28,7 +35,8 @@ use criterion::{BatchSize, Criterion, SamplingMode, Throughput, criterion_group,
 use egressgw_benches::{agent_node, next_snapshot, pods_reaching, relabelled, synthetic_cluster};
 use egressgw_core::plan::scoped;
 use egressgw_core::{
-    Planner, Publisher, Snapshot, plan, plan_node, plan_published, plan_status, pod_scope,
+    Planner, PolicyChange, Publisher, Snapshot, plan, plan_node, plan_published, plan_status,
+    pod_scope,
 };
 
 /// `(nodes, policies, pods)`.
@@ -104,6 +112,37 @@ fn bench_controller(group: &mut SizeGroup<'_>, steady: &Snapshot) {
             publisher.status()
         });
     });
+    let edits = policy_edits(publisher.cluster());
+    let mut turn = 0usize;
+    group.bench_function("controller/policy-edit", |b| {
+        b.iter_batched(
+            || {
+                let change = edits[turn % edits.len()].clone();
+                turn += 1;
+                change
+            },
+            |change| {
+                publisher.change_policies([change]);
+                publisher.status()
+            },
+            BatchSize::SmallInput,
+        );
+    });
+}
+
+/// Ten policies across the list, each given a destination and then its
+/// old destinations back: twenty changes, to be taken in turn.
+fn policy_edits(cluster: &Snapshot) -> Vec<PolicyChange> {
+    let count = cluster.policies.len();
+    (0..10)
+        .flat_map(|k| {
+            let old = cluster.policies[k * count / 10].clone();
+            let mut new = old.clone();
+            new.dest_subnets
+                .push("192.0.2.0/24".parse().expect("a prefix"));
+            [PolicyChange::Set(new), PolicyChange::Set(old)]
+        })
+        .collect()
 }
 
 /// An agent's planner of `node` from the Pods it watches: built whole,
@@ -130,6 +169,19 @@ fn bench_agent(group: &mut SizeGroup<'_>, steady: &Snapshot, kind: &str, node: &
             planner.set_pod(relabelled(pod, away));
             turn += 1;
         });
+    });
+    let edits = policy_edits(planner.cluster());
+    let mut turn = 0usize;
+    group.bench_function(format!("{kind}/policy-edit"), |b| {
+        b.iter_batched(
+            || {
+                let change = edits[turn % edits.len()].clone();
+                turn += 1;
+                change
+            },
+            |change| planner.change_policies([change]),
+            BatchSize::SmallInput,
+        );
     });
 }
 

@@ -190,8 +190,10 @@ fn planner_changes(
     for pod in &changing {
         four_changes(&mut planner, pod, &mut times, |_| {});
     }
-    // Policies edited one at a time: a destination added and taken back.
+    // Policies edited one at a time: a destination added and taken back,
+    // given as a whole cluster and as the policy's change.
     let mut edits = Vec::new();
+    let mut changes = Vec::new();
     let count = planner.cluster().policies.len();
     for k in 0..10.min(count) {
         for add in [true, false] {
@@ -204,16 +206,27 @@ fn planner_changes(
             } else {
                 policy.dest_subnets.pop();
             }
+            let change = egressgw_core::PolicyChange::Set(policy.clone());
             let start = Instant::now();
             planner.set_cluster(cluster);
             edits.push(start.elapsed());
+            // The edit undone and made again, as a change.
+            let undo = egressgw_core::PolicyChange::Set(planner_policy_before(
+                &planner,
+                k * count / 10,
+                add,
+            ));
+            planner.change_policies([undo]);
+            let start = Instant::now();
+            planner.change_policies([change]);
+            changes.push(start.elapsed());
         }
     }
     let [away, back, delete, add] = &mut times;
     println!(
         "{nodes} nodes, {policies} policies, {pods} pods, {kind} {node} ({watched} pods watched), \
          planner: whole {whole:.2?}; {} Pods changed: relabel {}, relabel back {}, \
-         delete {}, add {}; {} policy edits: {}; {:.0} MiB at the peak",
+         delete {}, add {}; {} policy edits: as a cluster {}, as a change {}; {:.0} MiB at the peak",
         changing.len(),
         quantiles(away),
         quantiles(back),
@@ -221,8 +234,27 @@ fn planner_changes(
         quantiles(add),
         edits.len(),
         quantiles(&mut edits),
+        quantiles(&mut changes),
         rss("VmHWM:")
     );
+}
+
+/// Policy `k` of `planner` as it was before its destination was added
+/// (`added`) or taken back.
+fn planner_policy_before(
+    planner: &egressgw_core::Planner,
+    k: usize,
+    added: bool,
+) -> egressgw_core::model::Policy {
+    let mut policy = planner.cluster().policies[k].clone();
+    if added {
+        policy.dest_subnets.pop();
+    } else {
+        policy
+            .dest_subnets
+            .push("192.0.2.0/24".parse().expect("a prefix"));
+    }
+    policy
 }
 
 /// The controller's [`egressgw_core::Publisher`] of the whole cluster,

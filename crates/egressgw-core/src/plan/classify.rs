@@ -46,7 +46,10 @@ pub(super) struct Classified<'a> {
 pub(super) struct Tables {
     /// Per policy (by index): its destinations per family.
     dests: Vec<[Vec<IpNet>; 2]>,
-    /// Per policy: whether it steers each family at all.
+    /// Per policy: whether the stages have it steer each family.
+    steers: Vec<[bool; 2]>,
+    /// Per policy: whether it steers each family at all (it steers it and
+    /// has destinations in it).
     usable: Vec<[bool; 2]>,
     cluster_cidrs: Vec<IpNet>,
     /// Per family: the tables compiled so far.
@@ -66,17 +69,33 @@ impl Tables {
     }
 
     pub fn new(works: &[Work<'_>], cluster_cidrs: &[IpNet]) -> Self {
-        let dests: Vec<[Vec<IpNet>; 2]> = works.iter().map(expand_dests).collect();
-        let usable = works
+        let dests: Vec<[Vec<IpNet>; 2]> = works.iter().map(|w| expand_dests(w.policy)).collect();
+        let steers: Vec<[bool; 2]> = works
+            .iter()
+            .map(|w| Family::ALL.map(|f| w.active(f)))
+            .collect();
+        let usable = steers
             .iter()
             .zip(&dests)
-            .map(|(w, dests)| Family::ALL.map(|f| w.active(f) && !dests[fi(f)].is_empty()))
+            .map(|(steers, dests)| usable(*steers, dests))
             .collect();
         Self {
             dests,
+            steers,
             usable,
             cluster_cidrs: cluster_cidrs.to_vec(),
             compiled: Default::default(),
+        }
+    }
+
+    /// Takes policy `i` edited in what the stages do not read (see
+    /// `super::edits`): its destinations again, and none of the tables it
+    /// took part in.
+    pub fn edit(&mut self, i: usize, policy: &Policy) {
+        self.dests[i] = expand_dests(policy);
+        self.usable[i] = usable(self.steers[i], &self.dests[i]);
+        for compiled in &mut self.compiled {
+            compiled.retain(|active, _| !active.contains(&i));
         }
     }
 
@@ -232,17 +251,23 @@ pub(super) fn classify<'a>(
 }
 
 /// Destinations per family; an empty `destSubnet` means the whole family.
-fn expand_dests(w: &Work<'_>) -> [Vec<IpNet>; 2] {
+fn expand_dests(policy: &Policy) -> [Vec<IpNet>; 2] {
     let mut out = [Vec::new(), Vec::new()];
-    if w.policy.dest_subnets.is_empty() {
+    if policy.dest_subnets.is_empty() {
         for family in Family::ALL {
             out[fi(family)].push(family.everything());
         }
     }
-    for net in &w.policy.dest_subnets {
+    for net in &policy.dest_subnets {
         out[fi(Family::of_net(*net))].push(*net);
     }
     out
+}
+
+/// Per family: whether a policy the stages have steer it, with `dests`,
+/// steers any of it.
+fn usable(steers: [bool; 2], dests: &[Vec<IpNet>; 2]) -> [bool; 2] {
+    Family::ALL.map(|f| steers[fi(f)] && !dests[fi(f)].is_empty())
 }
 
 /// Whether a pod can be classified: scheduled, with an address, not

@@ -22,6 +22,7 @@ use crate::net::Family;
 use crate::state::{ClassifyEntry, Group, NodeState, ReplyRoute, SnatEntry};
 
 use super::classify::{Table, Tables};
+use super::edits::PolicyChange;
 use super::matching::Matcher;
 use super::nodes::{self, Entry, Serving};
 use super::{Placement, Stages, stages};
@@ -170,6 +171,33 @@ impl Frame {
         Some(changes)
     }
 
+    /// Takes the policies `edited` (see [`super::edits`]) in place of
+    /// those of their identities, and says which Pods to plan again: the
+    /// edited policies' Pods, and those of the namespaces where their
+    /// selectors changed. `None`, changing nothing, when one of them is
+    /// not planned.
+    fn edit<'p>(&mut self, edited: impl IntoIterator<Item = &'p Policy>) -> Option<FrameChanges> {
+        let edited = edited
+            .into_iter()
+            .map(|p| Some((self.matcher.position(&p.id)?, p)))
+            .collect::<Option<Vec<_>>>()?;
+        let mut changes = FrameChanges::default();
+        for (i, policy) in edited {
+            let old = std::mem::replace(&mut self.matcher.policies[i], policy.clone());
+            if old.pods != policy.pods || old.namespace_selector != policy.namespace_selector {
+                match &policy.id.namespace {
+                    Some(ns) => {
+                        changes.reselect.insert(ns.clone());
+                    }
+                    None => changes.reselect_all = true,
+                }
+            }
+            self.tables.edit(i, policy);
+            changes.steering.insert(i);
+        }
+        Some(changes)
+    }
+
     /// Compiles the tables of `planned`'s addresses that one of its
     /// selecting policies steers, and claims those addresses for it.
     fn claim(
@@ -245,16 +273,54 @@ impl Planner {
     }
 
     /// Replaces every object but the Pods (the Pods of `cluster` are not
-    /// read). The cluster-wide stages run again; the Pods whose selection
+    /// read). When only policies changed, and only in their selectors,
+    /// destinations, exclusions or priority, what the cluster-wide stages
+    /// decided stays and the Pods those policies select, or may now
+    /// select, are planned again. Otherwise the cluster-wide stages run
+    /// again; the Pods whose selection
     /// or entries they change are planned again, or the node as a whole
     /// when the policies are not the same ones in the same order, or the
     /// settings or the in-cluster prefixes changed.
     pub fn set_cluster(&mut self, mut cluster: Snapshot) {
         cluster.pods = Vec::new();
-        let frame = Frame::new(&cluster, &self.node);
-        let old = std::mem::replace(&mut self.frame, frame);
+        // Policies edited in what the stages do not read: what they
+        // decided stays, and only the Pods the edits reach are planned.
+        if let Some(edited) = super::edits::edited_policies(&self.cluster, &cluster)
+            && let Some(changes) = self
+                .frame
+                .edit(edited.iter().map(|k| &cluster.policies[*k]))
+        {
+            self.cluster = cluster;
+            self.replan(&changes);
+            return;
+        }
         let same_config = cluster.config == self.cluster.config;
         self.cluster = cluster;
+        self.restage(same_config);
+    }
+
+    /// Carries `changes` out on the policies, in order. Policies edited
+    /// only in their selectors, destinations, exclusions or priority are
+    /// taken in place, as [`Planner::set_cluster`] takes them; a policy
+    /// added, deleted, or edited in what the cluster-wide stages read runs
+    /// them again. The caller need not read or compare every other object.
+    pub fn change_policies(&mut self, changes: impl IntoIterator<Item = PolicyChange>) {
+        let applied = super::edits::apply(&mut self.cluster, changes);
+        if !applied.restage
+            && let Some(changes) = self.frame.edit(&applied.edited)
+        {
+            self.replan(&changes);
+        } else if applied.restage || !applied.edited.is_empty() {
+            self.restage(true);
+        }
+    }
+
+    /// Runs the cluster-wide stages on the cluster as it is now and plans
+    /// again what their outcome changed; the node whole when it cannot
+    /// tell (`same_config` false: the settings changed).
+    fn restage(&mut self, same_config: bool) {
+        let frame = Frame::new(&self.cluster, &self.node);
+        let old = std::mem::replace(&mut self.frame, frame);
         match self
             .frame
             .changes_since(&old, &self.node)

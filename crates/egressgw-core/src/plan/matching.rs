@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use crate::model::{Labels, Namespace, Pod, Policy};
+use crate::model::{Labels, Namespace, Pod, Policy, PolicyRef};
 
 use super::classify;
 
@@ -72,7 +72,12 @@ impl Matcher {
     /// policy those of its own, a cluster policy those of the namespaces
     /// its namespace selector takes (as they are labelled here).
     pub fn takes_namespace(&self, i: usize, namespace: &str) -> bool {
-        let policy = &self.policies[i];
+        self.policy_takes_namespace(&self.policies[i], namespace)
+    }
+
+    /// Whether `policy` may select Pods of `namespace`, as
+    /// [`Matcher::takes_namespace`] says of one of the policies.
+    pub fn policy_takes_namespace(&self, policy: &Policy, namespace: &str) -> bool {
         match &policy.id.namespace {
             Some(own) => own == namespace,
             None => policy.namespace_selector.as_ref().is_none_or(|s| {
@@ -80,6 +85,11 @@ impl Matcher {
                 s.matches(self.namespace_labels.get(namespace).unwrap_or(&no_labels))
             }),
         }
+    }
+
+    /// The index of the policy `id`.
+    pub fn position(&self, id: &PolicyRef) -> Option<usize> {
+        self.policies.iter().position(|p| p.id == *id)
     }
 
     /// The policies selecting `pod`, ascending: those of its namespace and

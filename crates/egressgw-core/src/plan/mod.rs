@@ -15,6 +15,7 @@
 //! order of the snapshot's lists.
 
 mod classify;
+mod edits;
 mod eips;
 mod gateways;
 mod incremental;
@@ -26,6 +27,7 @@ mod report;
 mod scope;
 mod tunnels;
 
+pub use edits::PolicyChange;
 pub use incremental::{Planner, PodChange};
 pub use publish::Publisher;
 pub use scope::{PodScope, gateways_selecting, pod_scope, scoped};

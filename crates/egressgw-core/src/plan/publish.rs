@@ -20,10 +20,11 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use crate::model::{Pod, PolicyRef, Snapshot};
+use crate::model::{Pod, Policy, PolicyRef, Snapshot};
 use crate::status::ClusterStatus;
 
 use super::classify::Classified;
+use super::edits::PolicyChange;
 use super::matching::Matcher;
 use super::{Placement, Published, Stages, report, stages};
 
@@ -143,8 +144,46 @@ impl Publisher {
     /// again.
     pub fn set_cluster(&mut self, mut cluster: Snapshot) {
         cluster.pods = Vec::new();
-        let planned = planned(&cluster);
+        // Policies edited in what the stages and the status do not read:
+        // only their selection may change.
+        if let Some(edited) = super::edits::edited_policies(&self.cluster, &cluster)
+            && let Some(at) = edited
+                .iter()
+                .map(|k| self.matcher.position(&cluster.policies[*k].id))
+                .collect::<Option<Vec<usize>>>()
+        {
+            let policies = edited.iter().map(|k| cluster.policies[*k].clone());
+            let edits: Vec<(usize, Policy)> = at.into_iter().zip(policies).collect();
+            self.cluster = cluster;
+            self.edit(edits);
+            return;
+        }
         self.cluster = cluster;
+        self.restage();
+    }
+
+    /// Carries `changes` out on the policies, in order. Policies edited
+    /// only in their selectors, destinations, exclusions or priority are
+    /// taken in place, as [`Publisher::set_cluster`] takes them; a policy
+    /// added, deleted, or edited in what the cluster-wide stages read runs
+    /// them again.
+    pub fn change_policies(&mut self, changes: impl IntoIterator<Item = PolicyChange>) {
+        let applied = super::edits::apply(&mut self.cluster, changes);
+        let at = applied
+            .edited
+            .iter()
+            .map(|p| self.matcher.position(&p.id))
+            .collect::<Option<Vec<usize>>>();
+        match at {
+            Some(at) if !applied.restage => self.edit(at.into_iter().zip(applied.edited).collect()),
+            _ => self.restage(),
+        }
+    }
+
+    /// Runs the cluster-wide stages on the cluster as it is now, and
+    /// selects again the Pods their outcome may select otherwise.
+    fn restage(&mut self) {
+        let planned = planned(&self.cluster);
         let same =
             planned.matcher.same_selection(&self.matcher) && planned.gateway_of == self.gateway_of;
         if same {
@@ -153,12 +192,7 @@ impl Publisher {
         }
         let moved = moved(&self.matcher, &planned.matcher);
         let namespaces = self.touched(&planned, &moved);
-        let pods: usize = namespaces
-            .iter()
-            .filter_map(|ns| self.namespaces.get(ns))
-            .map(FoldSet::len)
-            .sum();
-        if pods * 100 > self.pods.len() * self.bulk_above {
+        if self.bulk(&namespaces) {
             self.take(planned);
             self.reselect();
         } else {
@@ -425,6 +459,66 @@ impl Publisher {
         touched
     }
 
+    /// Takes the policies `edits` (by index) in place of the policies
+    /// there, edited in what the stages do not read (`super::edits`); the
+    /// Pods of the namespaces where one's selection may have changed are
+    /// selected again.
+    fn edit(&mut self, edits: Vec<(usize, Policy)>) {
+        let mut changed: Vec<&Policy> = Vec::new();
+        for (i, policy) in &edits {
+            let old = &self.matcher.policies[*i];
+            if old.pods != policy.pods || old.namespace_selector != policy.namespace_selector {
+                changed.extend([old, policy]);
+            }
+        }
+        let namespaces: BTreeSet<String> = self
+            .namespaces
+            .keys()
+            .filter(|ns| {
+                changed
+                    .iter()
+                    .any(|p| self.matcher.policy_takes_namespace(p, ns))
+            })
+            .cloned()
+            .collect();
+        let bulk = self.bulk(&namespaces);
+        let keys = if bulk {
+            Vec::new()
+        } else {
+            self.keys_in(&namespaces)
+        };
+        let settle = self.unselect(&keys);
+        for (i, policy) in edits {
+            self.matcher.policies[i] = policy;
+        }
+        if bulk {
+            self.reselect();
+        } else {
+            self.select_again(&keys, settle);
+        }
+    }
+
+    /// Whether the Pods of `namespaces` are most of them: selecting every
+    /// Pod again in bulk then costs less than selecting those one by one.
+    fn bulk(&self, namespaces: &BTreeSet<String>) -> bool {
+        let pods: usize = namespaces
+            .iter()
+            .filter_map(|ns| self.namespaces.get(ns))
+            .map(FoldSet::len)
+            .sum();
+        pods * 100 > self.pods.len() * self.bulk_above
+    }
+
+    /// The Pods of `namespaces`.
+    fn keys_in(&self, namespaces: &BTreeSet<String>) -> Vec<Arc<PodKey>> {
+        namespaces
+            .iter()
+            .filter_map(|ns| self.namespaces.get(ns))
+            .flatten()
+            .cloned()
+            .collect()
+    }
+
     /// Takes `planned`, selecting again the Pods of `namespaces` (which
     /// hold every Pod a policy that changed selects or selected), and
     /// publishing again them and the Pods sharing an address with them.
@@ -435,33 +529,8 @@ impl Publisher {
         planned: Planned,
         moved: &[Option<usize>],
     ) {
-        let keys: Vec<Arc<PodKey>> = namespaces
-            .iter()
-            .filter_map(|ns| self.namespaces.get(ns))
-            .flatten()
-            .cloned()
-            .collect();
-        let mut settle: BTreeSet<Arc<PodKey>> = BTreeSet::new();
-        for key in &keys {
-            settle.extend(self.group(key));
-        }
-        for key in &keys {
-            let held = self.pods.get_mut(key).expect("indexed by namespace");
-            let selecting = std::mem::take(&mut held.selecting);
-            for i in &selecting {
-                self.counts[*i] -= 1;
-            }
-            if !selecting.is_empty() {
-                for ip in &held.pod.ips {
-                    if let Some(holders) = self.holders.get_mut(ip) {
-                        holders.retain(|k| k != key);
-                        if holders.is_empty() {
-                            self.holders.remove(ip);
-                        }
-                    }
-                }
-            }
-        }
+        let keys = self.keys_in(namespaces);
+        let settle = self.unselect(&keys);
         // The others are selected by policies that did not change: only
         // their indexes may move.
         let mut counts = vec![0; planned.matcher.policies.len()];
@@ -478,7 +547,42 @@ impl Publisher {
         }
         self.counts = counts;
         self.take(planned);
-        for key in &keys {
+        self.select_again(&keys, settle);
+    }
+
+    /// Takes the selection of the Pods `keys` back: their counts and
+    /// their addresses' holders. Returns them and the Pods sharing an
+    /// address with them, to be published again.
+    fn unselect(&mut self, keys: &[Arc<PodKey>]) -> BTreeSet<Arc<PodKey>> {
+        let mut settle: BTreeSet<Arc<PodKey>> = BTreeSet::new();
+        for key in keys {
+            settle.extend(self.group(key));
+        }
+        for key in keys {
+            let held = self.pods.get_mut(key).expect("indexed by namespace");
+            let selecting = std::mem::take(&mut held.selecting);
+            for i in &selecting {
+                self.counts[*i] -= 1;
+            }
+            if !selecting.is_empty() {
+                for ip in &held.pod.ips {
+                    if let Some(holders) = self.holders.get_mut(ip) {
+                        holders.retain(|k| k != key);
+                        if holders.is_empty() {
+                            self.holders.remove(ip);
+                        }
+                    }
+                }
+            }
+        }
+        settle
+    }
+
+    /// Selects the Pods `keys` again with the policies as they are now,
+    /// and publishes again them, the Pods sharing an address with them,
+    /// and `settle`.
+    fn select_again(&mut self, keys: &[Arc<PodKey>], mut settle: BTreeSet<Arc<PodKey>>) {
+        for key in keys {
             let held = self.pods.get_mut(key).expect("indexed by namespace");
             held.selecting = self.matcher.select(&held.pod);
             for i in &held.selecting {
@@ -493,7 +597,7 @@ impl Publisher {
                 }
             }
         }
-        for key in &keys {
+        for key in keys {
             settle.extend(self.group(key));
         }
         self.settle(settle.into_iter().collect());

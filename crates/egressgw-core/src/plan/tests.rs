@@ -1708,6 +1708,8 @@ enum Step {
     Policy(usize, usize),
     /// A policy's destinations edited.
     Destinations(usize, usize),
+    /// A policy's priority and excluded destinations edited.
+    Precedence(usize, i32, usize),
     /// A cluster policy's namespace selector set to a team, or removed.
     Scope(usize, Option<usize>),
     /// A node's readiness flipped.
@@ -1734,6 +1736,7 @@ fn arb_step() -> impl Strategy<Value = Step> {
         1 => (0usize..2, 0usize..2).prop_map(|(ns, team)| Step::Namespace(ns, team)),
         1 => (0usize..8, 0usize..4).prop_map(|(p, app)| Step::Policy(p, app)),
         1 => (0usize..8, 0usize..4).prop_map(|(p, d)| Step::Destinations(p, d)),
+        1 => (0usize..8, -1i32..2, 0usize..3).prop_map(|(p, prio, x)| Step::Precedence(p, prio, x)),
         1 => (0usize..8, prop::option::of(0usize..2)).prop_map(|(p, t)| Step::Scope(p, t)),
         1 => (0usize..6).prop_map(Step::Node),
         1 => (0usize..6).prop_map(Step::Tunnel),
@@ -1747,6 +1750,7 @@ fn arb_step() -> impl Strategy<Value = Step> {
 trait Follows {
     fn snapshot(&self) -> Snapshot;
     fn set_cluster(&mut self, cluster: Snapshot);
+    fn change_policies(&mut self, changes: Vec<PolicyChange>);
     fn set_pod(&mut self, pod: Pod);
     fn remove_pod(&mut self, namespace: &str, name: &str);
 }
@@ -1759,6 +1763,9 @@ macro_rules! follows {
             }
             fn set_cluster(&mut self, cluster: Snapshot) {
                 <$kind>::set_cluster(self, cluster);
+            }
+            fn change_policies(&mut self, changes: Vec<PolicyChange>) {
+                <$kind>::change_policies(self, changes);
             }
             fn set_pod(&mut self, pod: Pod) {
                 <$kind>::set_pod(self, pod);
@@ -1810,7 +1817,16 @@ fn pod_change(step: &Step, nodes: usize) -> Option<PodChange> {
 }
 
 fn apply_step(planner: &mut impl Follows, step: &Step) {
+    apply_step_as(planner, step, false);
+}
+
+/// [`apply_step`]; with `by_policies`, a step that changes policies alone
+/// goes to the planner as those policies' changes.
+fn apply_step_as(planner: &mut impl Follows, step: &Step, by_policies: bool) {
     let mut cluster = planner.snapshot();
+    // A step names a policy by its place; planners given the same steps
+    // otherwise may hold their policies in another order.
+    cluster.policies.sort_by(|a, b| a.id.cmp(&b.id));
     let nodes = cluster.nodes.len();
     if let Some(change) = pod_change(step, nodes) {
         match change {
@@ -1819,19 +1835,18 @@ fn apply_step(planner: &mut impl Follows, step: &Step) {
         }
         return;
     }
+    let before = by_policies.then(|| cluster.clone());
     match *step {
         Step::Pod(..) | Step::PodGone(..) | Step::Pending(..) => unreachable!("a Pod's change"),
         Step::Namespace(n, team) => {
             if let Some(namespace) = cluster.namespaces.get_mut(n) {
                 namespace.labels = labels(&[("team", ["a", "b"][team])]);
             }
-            planner.set_cluster(cluster);
         }
         Step::Policy(p, app) => {
             if let Some(policy) = cluster.policies.get_mut(p) {
                 policy.pods = PodMatch::Selector(LabelSelector::eq("app", &format!("app{app}")));
             }
-            planner.set_cluster(cluster);
         }
         Step::Destinations(p, d) => {
             let dests = [
@@ -1843,7 +1858,17 @@ fn apply_step(planner: &mut impl Follows, step: &Step) {
             if let Some(policy) = cluster.policies.get_mut(p) {
                 policy.dest_subnets = dests[d].clone();
             }
-            planner.set_cluster(cluster);
+        }
+        Step::Precedence(p, priority, x) => {
+            let excludes = [
+                vec![],
+                vec![net("203.0.113.0/26")],
+                vec![net("198.18.0.0/16")],
+            ];
+            if let Some(policy) = cluster.policies.get_mut(p) {
+                policy.priority = priority;
+                policy.exclude_subnets = excludes[x].clone();
+            }
         }
         Step::Scope(p, team) => {
             if let Some(policy) = cluster.policies.get_mut(p)
@@ -1851,25 +1876,21 @@ fn apply_step(planner: &mut impl Follows, step: &Step) {
             {
                 policy.namespace_selector = team.map(|t| LabelSelector::eq("team", ["a", "b"][t]));
             }
-            planner.set_cluster(cluster);
         }
         Step::Node(n) => {
             let node = &mut cluster.nodes[n % nodes];
             node.ready = !node.ready;
-            planner.set_cluster(cluster);
         }
         Step::Recreated(p) => {
             if let Some(policy) = cluster.policies.get_mut(p) {
                 policy.id.name.push('x');
                 policy.age.uid.push('x');
             }
-            planner.set_cluster(cluster);
         }
         Step::Gateway(p, g) => {
             if let Some(policy) = cluster.policies.get_mut(p) {
                 policy.gateway = g.map(|g| format!("gw{g}"));
             }
-            planner.set_cluster(cluster);
         }
         Step::Copied(p, n) => {
             if let Some(policy) = cluster.policies.get(p) {
@@ -1882,7 +1903,6 @@ fn apply_step(planner: &mut impl Follows, step: &Step) {
                 }
                 cluster.policies.push(copy);
             }
-            planner.set_cluster(cluster);
         }
         Step::Tunnel(n) => {
             let name = format!("node-{}", n % nodes);
@@ -1890,9 +1910,35 @@ fn apply_step(planner: &mut impl Follows, step: &Step) {
                 let [a, b, _, d] = tunnel.ipv4.map_or([172, 31, 0, 1], |ip| ip.octets());
                 tunnel.ipv4 = Some([a, b, 7, d].into());
             }
-            planner.set_cluster(cluster);
         }
     }
+    let policies_alone = before.as_ref().is_some_and(|b| {
+        Snapshot {
+            policies: cluster.policies.clone(),
+            ..b.clone()
+        } == cluster
+    });
+    match before {
+        Some(before) if policies_alone => {
+            planner.change_policies(policy_changes(&before, &cluster));
+        }
+        _ => planner.set_cluster(cluster),
+    }
+}
+
+/// The changes of policies from `before` to `after`, deletions first.
+fn policy_changes(before: &Snapshot, after: &Snapshot) -> Vec<PolicyChange> {
+    let gone = before
+        .policies
+        .iter()
+        .filter(|p| !after.policies.iter().any(|q| q.id == p.id))
+        .map(|p| PolicyChange::Removed(p.id.clone()));
+    let set = after
+        .policies
+        .iter()
+        .filter(|p| !before.policies.contains(p))
+        .map(|p| PolicyChange::Set(p.clone()));
+    gone.chain(set).collect()
 }
 
 proptest! {
@@ -1930,7 +1976,7 @@ proptest! {
             for ((planner, one_by_one), node) in batched.iter_mut().zip(&planners).zip(&nodes) {
                 planner.change_pods(batch.clone());
                 if of_pods.is_none() {
-                    apply_step(planner, step);
+                    apply_step_as(planner, step, true);
                 }
                 prop_assert_eq!(planner.state(), one_by_one.state(), "{} batched, after step {}: {:?}", node, i, step);
             }
@@ -1966,7 +2012,7 @@ proptest! {
         publisher.take_changed();
         for (i, step) in steps.iter().enumerate() {
             apply_step(&mut publisher, step);
-            apply_step(&mut one_by_one, step);
+            apply_step_as(&mut one_by_one, step, true);
             let objects = publisher.snapshot();
             let whole = plan_published(&objects);
             prop_assert_eq!(&publisher.published(), &whole, "after step {}: {:?}", i, step);
