@@ -47,7 +47,7 @@ use crate::cluster::following::{Following, Replanned};
 use crate::cluster::health::{self, Health};
 use crate::cluster::metrics::{AgentMetrics, ApiRequests, PolicyCount, Verb};
 use crate::cluster::owner::Owner;
-use crate::cluster::watch::{Stores, Wanted};
+use crate::cluster::watch::{ClusterVersion, PolicyStates, Stores, Wanted};
 use crate::cluster::{self, ClusterArgs, lease};
 use crate::failover::{Held, Liveness, Memory};
 use crate::load_config;
@@ -389,8 +389,9 @@ struct Agent {
     /// The planner of this node, fed from the stores.
     following: Following,
     /// The stores' [`Stores::cluster_version`] the plan was made from:
-    /// while it reads the same, only Pods changed.
-    planned_version: Option<u64>,
+    /// while it reads the same, only Pods changed; while it says only
+    /// policies changed, only policies and Pods did.
+    planned_version: Option<ClusterVersion>,
     /// Queues the tunnel status for [`write_tunnel_status`].
     status_tx: tokio::sync::watch::Sender<Option<EgressTunnelStatus>>,
     /// The tunnel status last queued, and when.
@@ -551,20 +552,30 @@ impl Agent {
         // Read before the stores: a change while they are read counts
         // after it, and the next replan reads them again.
         let version = self.stores.cluster_version();
-        if self.planned_version == Some(version)
-            && let Some((_, underlay)) = self.planned.as_ref()
+        if let (Some(planned), Some((_, underlay))) = (self.planned_version, self.planned.as_ref())
         {
             let underlay = *underlay;
+            // Only policies changed: only the stored anew are converted.
+            let policies = (planned != version && version.policies_alone_since(&planned))
+                .then(|| self.stores.policy_states());
             let (scope, pods) = self.stores.pods.scoped_state();
             let count = pods.len();
             let start = Instant::now();
-            if let Some(replanned) = self.following.update_pods(scope, pods) {
+            let replanned = match policies {
+                None => self.following.update_pods(scope, pods),
+                Some(policies) => self.following.update_policies(policies, scope, pods),
+            };
+            if let Some(replanned) = replanned {
                 self.metrics.watched_pods(scope, count);
-                return self.adopt(replanned, start, underlay);
+                let adopted = self.adopt(replanned, start, underlay);
+                if adopted {
+                    self.planned_version = Some(version);
+                }
+                return adopted;
             }
         }
         self.planned_version = None;
-        let Some((snapshot, scope, pods)) = self.snapshot() else {
+        let Some((snapshot, policies, scope, pods)) = self.snapshot() else {
             tracing::info!(
                 node = self.node,
                 "a gateway selects this node: waiting for the list of the pods it carries before planning"
@@ -592,7 +603,7 @@ impl Agent {
         // the data plane's): the agent follows what the controller published
         // (the planner plans as `egressgw_core::plan_node_published`).
         let start = Instant::now();
-        let replanned = self.following.update(snapshot, scope, pods);
+        let replanned = self.following.update(snapshot, policies, scope, pods);
         let adopted = self.adopt(replanned, start, underlay);
         if adopted {
             self.planned_version = Some(version);
@@ -615,9 +626,12 @@ impl Agent {
     /// The stores' objects but the Pods, and the Pods this node's plan
     /// needs (see [`egressgw_core::pod_scope`]) with the scope they are
     /// of; `None` while they are being listed.
-    fn snapshot(&self) -> Option<(Snapshot, PodScope, Vec<Arc<WatchedPod>>)> {
+    fn snapshot(&self) -> Option<(Snapshot, PolicyStates, PodScope, Vec<Arc<WatchedPod>>)> {
         for _ in 0..2 {
-            let cluster = self.stores.cluster_snapshot(self.config.clone());
+            let policies = self.stores.policy_states();
+            let cluster = self
+                .stores
+                .cluster_snapshot_of(self.config.clone(), &policies);
             let gateways = egressgw_core::gateways_selecting(&cluster, &self.node);
             let wanted = if gateways.is_empty() {
                 Wanted::Node
@@ -634,7 +648,7 @@ impl Agent {
             let (served, pods) = self.stores.pods.scoped_state();
             if served == wanted.scope() || served == PodScope::Cluster {
                 self.metrics.watched_pods(served, pods.len());
-                return Some((cluster, served, pods));
+                return Some((cluster, policies, served, pods));
             }
         }
         None

@@ -45,7 +45,7 @@ use crate::cluster::following::Publishing;
 use crate::cluster::health::{self, Health};
 use crate::cluster::lease::{self, Elector, Liveness};
 use crate::cluster::metrics::{ApiRequests, ControllerMetrics, REQUEST_TIMEOUT, Verb};
-use crate::cluster::watch::{Stores, watch as watch_kind};
+use crate::cluster::watch::{ClusterVersion, Stores, watch as watch_kind};
 use crate::cluster::{self, ClusterArgs};
 use crate::load_config;
 use crate::slices::{self, SliceWrite};
@@ -321,7 +321,7 @@ struct Control {
     publishing: Publishing,
     /// The cluster version and unavailable agents the publisher last
     /// planned with.
-    published_version: Option<(u64, BTreeSet<String>)>,
+    published_version: Option<(ClusterVersion, BTreeSet<String>)>,
     /// Per gateway whose stored slices were found to hold its Pods: the
     /// [`slices_fingerprint`] they had. Until its Pods or those slices
     /// change, they are not compared again.

@@ -8,15 +8,22 @@
 //! deleted Pods go to the planner, in one batch. A change to the other
 //! objects runs the cluster-wide stages again and plans again the Pods
 //! they reach ([`Planner::set_cluster`]); another set of Pods watched plans
-//! the node whole.
+//! the node whole. When only policies changed, the stored policies are
+//! taken the way Pods are: only those stored anew are converted, and they
+//! go to the planner as changes ([`Planner::change_policies`]), without
+//! converting or comparing every other object.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use egressgw_api::WatchedPod as Pod;
+use egressgw_api::{EgressClusterPolicy, EgressPolicy};
+use egressgw_core::model::PolicyRef;
 use egressgw_core::state::NodeState;
-use egressgw_core::{Planner, PodChange, PodScope, Publisher, Snapshot};
+use egressgw_core::{Planner, PodChange, PodScope, PolicyChange, Publisher, Snapshot};
 
+use super::decoded::Decoded;
+use super::watch::{PolicyKind, PolicyStates};
 use crate::slices::Want;
 
 /// A Pod's namespace and name.
@@ -44,6 +51,102 @@ pub struct Following {
     /// The stored Pods planned, by the address of the stored object. The
     /// object is kept, so that its address is not reused while it is here.
     seen: HashMap<usize, (Arc<Pod>, PodKey)>,
+    /// The stored policies planned, kept the same way.
+    policies: SeenPolicies,
+}
+
+/// The stored policies planned, by the address of the stored object, each
+/// with its identity when it is planned (`None`: it did not decode or
+/// convert, and is not).
+#[derive(Debug, Default)]
+struct SeenPolicies {
+    namespaced: Seen<EgressPolicy>,
+    cluster: Seen<EgressClusterPolicy>,
+    /// Whether these are what the planner planned from.
+    known: bool,
+}
+
+type Seen<K> = HashMap<usize, (Arc<Decoded<K>>, Option<PolicyRef>)>;
+
+impl SeenPolicies {
+    /// The policies of `states`, as `cluster`, made from them, plans them.
+    fn of(states: PolicyStates, cluster: &Snapshot) -> Self {
+        let planned: HashSet<&PolicyRef> = cluster.policies.iter().map(|p| &p.id).collect();
+        Self {
+            namespaced: seen_of(states.namespaced, &planned),
+            cluster: seen_of(states.cluster, &planned),
+            known: true,
+        }
+    }
+
+    /// The changes from the policies planned to those of `states`: those
+    /// stored anew, converted, and those gone. `None` when one stored anew
+    /// or gone is not planned (it did not decode or convert): the cluster
+    /// is then to be planned whole, and these are no longer known.
+    fn changes(&mut self, states: PolicyStates) -> Option<Vec<PolicyChange>> {
+        if !std::mem::replace(&mut self.known, false) {
+            return None;
+        }
+        let (mut gone, mut set) = (Vec::new(), Vec::new());
+        changes_of(&mut self.namespaced, states.namespaced, &mut gone, &mut set)?;
+        changes_of(&mut self.cluster, states.cluster, &mut gone, &mut set)?;
+        // A policy edited is gone at its old address and stored at a new
+        // one: it is set, not deleted.
+        let setting: HashSet<&PolicyRef> = set.iter().map(|p| &p.id).collect();
+        gone.retain(|id| !setting.contains(id));
+        self.known = true;
+        let removed = gone.into_iter().map(PolicyChange::Removed);
+        Some(
+            removed
+                .chain(set.into_iter().map(PolicyChange::Set))
+                .collect(),
+        )
+    }
+}
+
+/// `state` by address, each with its identity when `planned` has it.
+fn seen_of<K: PolicyKind>(state: Vec<Arc<Decoded<K>>>, planned: &HashSet<&PolicyRef>) -> Seen<K> {
+    state
+        .into_iter()
+        .map(|object| {
+            let id = match &*object {
+                Decoded::Ok(policy) => Some(K::id_of(policy.meta())),
+                Decoded::Undecodable { .. } => None,
+            };
+            let id = id.filter(|id| planned.contains(id));
+            (Arc::as_ptr(&object) as usize, (object, id))
+        })
+        .collect()
+}
+
+/// Into `gone` and `set`: the policies `seen` has and `state` has not, and
+/// those `state` has anew, converted; `seen` becomes `state`. `None` when
+/// one of them is not planned, or does not convert.
+fn changes_of<K: PolicyKind>(
+    seen: &mut Seen<K>,
+    state: Vec<Arc<Decoded<K>>>,
+    gone: &mut Vec<PolicyRef>,
+    set: &mut Vec<egressgw_core::model::Policy>,
+) -> Option<()> {
+    let mut next = HashMap::with_capacity(state.len());
+    for object in state {
+        let at = Arc::as_ptr(&object) as usize;
+        if let Some(entry) = seen.remove(&at) {
+            next.insert(at, entry);
+            continue;
+        }
+        let Decoded::Ok(policy) = &*object else {
+            return None;
+        };
+        let policy = policy.to_model().ok()?;
+        next.insert(at, (object, Some(policy.id.clone())));
+        set.push(policy);
+    }
+    for (_, (_, id)) in seen.drain() {
+        gone.push(id?);
+    }
+    *seen = next;
+    Some(())
 }
 
 /// How much one [`Following::update`] planned.
@@ -53,6 +156,8 @@ pub enum Replanned {
     Whole,
     /// Another object than a Pod changed (and this many Pods).
     Cluster(usize),
+    /// Only policies changed, this many (and this many Pods).
+    Policies(usize, usize),
     /// This many Pods changed, planned together (0: nothing changed).
     Pods(usize),
 }
@@ -64,13 +169,22 @@ impl Following {
             planner: None,
             scope: None,
             seen: HashMap::new(),
+            policies: SeenPolicies::default(),
         }
     }
 
-    /// Brings the plan up to `cluster` (every object but the Pods) and
-    /// `pods`, the stored Pods of `scope`.
-    pub fn update(&mut self, cluster: Snapshot, scope: PodScope, pods: Vec<Arc<Pod>>) -> Replanned {
+    /// Brings the plan up to `cluster` (every object but the Pods, its
+    /// policies those of `policies`) and `pods`, the stored Pods of
+    /// `scope`.
+    pub fn update(
+        &mut self,
+        cluster: Snapshot,
+        policies: PolicyStates,
+        scope: PodScope,
+        pods: Vec<Arc<Pod>>,
+    ) -> Replanned {
         let cluster = canonical(cluster);
+        self.policies = SeenPolicies::of(policies, &cluster);
         let planner = match self.planner.as_mut() {
             Some(planner) if self.scope == Some(scope) => planner,
             _ => {
@@ -100,6 +214,30 @@ impl Following {
             .as_mut()
             .filter(|_| self.scope == Some(scope))?;
         Some(Replanned::Pods(follow_pods(planner, &mut self.seen, pods)))
+    }
+
+    /// [`Following::update`] when nothing but policies and Pods changed
+    /// since the last update: the stored policies are `policies`, and only
+    /// those stored anew are converted. `None` when it cannot be done that
+    /// way (no planner yet, `pods` of another scope, a policy that did not
+    /// decode or convert stored anew or gone): the caller updates whole.
+    pub fn update_policies(
+        &mut self,
+        policies: PolicyStates,
+        scope: PodScope,
+        pods: Vec<Arc<Pod>>,
+    ) -> Option<Replanned> {
+        let planner = self
+            .planner
+            .as_mut()
+            .filter(|_| self.scope == Some(scope))?;
+        let changes = self.policies.changes(policies)?;
+        let count = changes.len();
+        if count > 0 {
+            planner.change_policies(changes);
+        }
+        let pods = follow_pods(planner, &mut self.seen, pods);
+        Some(Replanned::Policies(count, pods))
     }
 
     /// The node's state as last planned; `None` while the node is not in
@@ -383,7 +521,12 @@ spec:
     /// Feeds `pods` and checks the result against the whole plan of the
     /// same objects.
     fn step(following: &mut Following, cluster: &Snapshot, pods: &[Arc<Pod>]) -> Replanned {
-        let replanned = following.update(cluster.clone(), PodScope::Cluster, pods.to_vec());
+        let replanned = following.update(
+            cluster.clone(),
+            PolicyStates::default(),
+            PodScope::Cluster,
+            pods.to_vec(),
+        );
         let mut whole = cluster.clone();
         whole.pods = pods
             .iter()
@@ -428,6 +571,124 @@ spec:
         assert_eq!(step(&mut following, &reordered, &pods), Replanned::Pods(0));
     }
 
+    /// A stored policy of the cluster as an agent reads it: `spec` (YAML
+    /// flow), and the placement the controller wrote for `p1`.
+    fn stored_policy(
+        name: &str,
+        spec: &str,
+        placed: &egressgw_core::model::Policy,
+    ) -> Arc<Decoded<EgressPolicy>> {
+        let eip = placed.previous_eips[0];
+        let node = placed.previous_node.as_deref().unwrap();
+        let yaml = format!(
+            "apiVersion: egressgw.io/v1alpha1\nkind: EgressPolicy\n\
+             metadata: {{name: {name}, namespace: shop}}\nspec: {spec}\n\
+             status: {{eip: {{ipv4: \"{eip}\"}}, node: {node}}}"
+        );
+        Arc::new(Decoded::Ok(serde_yaml::from_str(&yaml).unwrap()))
+    }
+
+    /// Policies stored anew alone are converted and planned as changes,
+    /// and the result is the whole plan's; one that does not decode or
+    /// convert leaves the caller to plan whole.
+    #[test]
+    fn only_the_policies_stored_anew_are_converted_and_planned_as_changes() {
+        let cluster = cluster();
+        let placed = cluster.policies[0].clone();
+        let web = "{appliedTo: {podSelector: {matchLabels: {app: web}}}}";
+        let p1 = stored_policy("p1", web, &placed);
+        let converted = p1.ok().unwrap().to_model().unwrap();
+        assert_eq!(converted, placed, "the stored policy is the cluster's");
+        let states = |policies: &[&Arc<Decoded<EgressPolicy>>]| PolicyStates {
+            namespaced: policies.iter().map(|p| Arc::clone(p)).collect(),
+            cluster: Vec::new(),
+        };
+        let pods = vec![
+            pod("web-1", "web", "n2", "10.244.2.5"),
+            pod("db-1", "db", "n2", "10.244.2.6"),
+        ];
+        let mut following = Following::new("n1");
+        following.update(
+            cluster.clone(),
+            states(&[&p1]),
+            PodScope::Cluster,
+            pods.clone(),
+        );
+        // Checks the state against the whole plan of `policies`.
+        let check = |following: &Following, policies: &[&Arc<Decoded<EgressPolicy>>]| {
+            let mut whole = cluster.clone();
+            whole.policies = policies
+                .iter()
+                .map(|p| p.ok().unwrap().to_model().unwrap())
+                .collect();
+            whole.pods = pods
+                .iter()
+                .filter_map(|p| egressgw_api::snapshot::watched_pod(p))
+                .collect();
+            let expected = egressgw_core::plan_node_published(&whole, "n1");
+            assert_eq!(following.state(), expected.as_ref());
+        };
+        let unchanged = following.update_policies(states(&[&p1]), PodScope::Cluster, pods.clone());
+        assert_eq!(unchanged, Some(Replanned::Policies(0, 0)));
+        // p1 edited (a new stored object), p2 added.
+        let p1 = stored_policy(
+            "p1",
+            "{appliedTo: {podSelector: {matchLabels: {app: web}}}, destSubnet: [203.0.113.0/24]}",
+            &placed,
+        );
+        let p2 = stored_policy(
+            "p2",
+            "{appliedTo: {podSelector: {matchLabels: {app: db}}}}",
+            &placed,
+        );
+        let replanned =
+            following.update_policies(states(&[&p2, &p1]), PodScope::Cluster, pods.clone());
+        assert_eq!(replanned, Some(Replanned::Policies(2, 0)));
+        check(&following, &[&p1, &p2]);
+        assert!(
+            following
+                .state()
+                .unwrap()
+                .snat
+                .iter()
+                .any(|e| e.src.to_string() == "10.244.2.6"),
+            "p2 selects db-1"
+        );
+        // p2 deleted.
+        let replanned = following.update_policies(states(&[&p1]), PodScope::Cluster, pods.clone());
+        assert_eq!(replanned, Some(Replanned::Policies(1, 0)));
+        check(&following, &[&p1]);
+        // A policy that does not decode: planned whole, until then not
+        // known.
+        let bad = Arc::new(Decoded::Undecodable {
+            meta: Box::default(),
+            error: "bad".into(),
+        });
+        assert_eq!(
+            following.update_policies(states(&[&p1, &bad]), PodScope::Cluster, pods.clone()),
+            None
+        );
+        assert_eq!(
+            following.update_policies(states(&[&p1]), PodScope::Cluster, pods.clone()),
+            None
+        );
+        following.update(
+            cluster.clone(),
+            states(&[&p1]),
+            PodScope::Cluster,
+            pods.clone(),
+        );
+        let invalid = stored_policy(
+            "p3",
+            "{appliedTo: {podSelector: {matchLabels: {app: web}}}, destSubnet: [nonsense]}",
+            &placed,
+        );
+        assert_eq!(
+            following.update_policies(states(&[&p1, &invalid]), PodScope::Cluster, pods.clone()),
+            None
+        );
+    }
+
     /// Two objects of one name for a moment (a Pod made again on this
     /// node while still published on its old one): the one that goes
     /// leaves the other planned.
@@ -437,9 +698,16 @@ spec:
         let mut following = Following::new("n1");
         let old = pod("web-1", "web", "n2", "10.244.2.5");
         let new = pod("web-1", "web", "n1", "10.244.1.7");
-        following.update(cluster.clone(), PodScope::Cluster, vec![Arc::clone(&old)]);
+        let none = PolicyStates::default;
         following.update(
             cluster.clone(),
+            none(),
+            PodScope::Cluster,
+            vec![Arc::clone(&old)],
+        );
+        following.update(
+            cluster.clone(),
+            none(),
             PodScope::Cluster,
             vec![old, Arc::clone(&new)],
         );
@@ -460,8 +728,9 @@ spec:
         let cluster = cluster();
         let mut following = Following::new("n1");
         let pods = vec![pod("web-1", "web", "n1", "10.244.1.5")];
-        following.update(cluster.clone(), PodScope::Node, pods.clone());
-        let replanned = following.update(cluster, PodScope::Cluster, pods);
+        let none = PolicyStates::default;
+        following.update(cluster.clone(), none(), PodScope::Node, pods.clone());
+        let replanned = following.update(cluster, none(), PodScope::Cluster, pods);
         assert_eq!(replanned, Replanned::Whole);
     }
 

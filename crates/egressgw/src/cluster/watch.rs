@@ -10,17 +10,19 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use egressgw_api::ValidationErrors;
 use egressgw_api::WatchedPod;
 use egressgw_api::policy::EgressPolicyStatus;
 use egressgw_api::{
     EgressClusterPolicy, EgressEndpointSlice, EgressGateway, EgressPolicy, EgressTunnel,
     SnapshotBuilder,
 };
-use egressgw_core::model::Config;
+use egressgw_core::model::{Config, PolicyRef};
 use egressgw_core::{PodScope, Snapshot};
 use futures_util::{FutureExt as _, StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Node, NodeCondition, NodeSpec, NodeStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::utils::Backoff;
 use kube::runtime::{WatchStreamExt as _, watcher};
@@ -46,6 +48,29 @@ pub struct Stores {
     /// Counts the changes of every kind but Pods: equal readings mean the
     /// same [`Stores::cluster_snapshot`].
     cluster_version: Arc<AtomicU64>,
+    /// Counts the changes of policies of either kind, each counted in
+    /// `cluster_version` first.
+    policies_version: Arc<AtomicU64>,
+}
+
+/// How many times the stores of every kind but Pods, and those of
+/// policies, have changed ([`Stores::cluster_version`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClusterVersion {
+    all: u64,
+    policies: u64,
+}
+
+impl ClusterVersion {
+    /// Whether, from `earlier` to this reading, nothing but policies
+    /// changed: the other kinds' stores give the objects they gave then.
+    pub fn policies_alone_since(&self, earlier: &ClusterVersion) -> bool {
+        self.others() == earlier.others()
+    }
+
+    fn others(&self) -> u64 {
+        self.all.wrapping_sub(self.policies)
+    }
 }
 
 impl Debug for Stores {
@@ -69,7 +94,11 @@ impl Stores {
         let mut tasks = Vec::new();
         let t = &mut tasks;
         let version = Arc::new(AtomicU64::new(0));
-        let v = Some(&version);
+        let policies_version = Arc::new(AtomicU64::new(0));
+        let v = &[&version][..];
+        // A policy's change counts in both, the whole first (see
+        // `Stores::cluster_version`).
+        let p = &[&version, &policies_version][..];
         // An agent plans from a policy's spec and placement alone, and
         // from whether a gateway's Pods are published, not how many; the
         // controller compares whole statuses.
@@ -77,7 +106,17 @@ impl Stores {
         // Every kind is watched whole, counted in `version`.
         macro_rules! watch {
             ($selection:expr) => {
-                watch_fields(Api::all(client.clone()), $selection, changed, v, t, renew)
+                watch!($selection, v)
+            };
+            ($selection:expr, $versions:expr) => {
+                watch_fields(
+                    Api::all(client.clone()),
+                    $selection,
+                    changed,
+                    $versions,
+                    t,
+                    renew,
+                )
             };
         }
         let stores = Self {
@@ -85,10 +124,11 @@ impl Stores {
             namespaces: watch!(Selection::every()),
             pods: Pods::start(client, changed, t, renew, agent),
             gateways: watch!(Selection::gateways(is_agent)),
-            policies: watch!(Selection::policies(is_agent)),
-            cluster_policies: watch!(Selection::policies(is_agent)),
+            policies: watch!(Selection::policies(is_agent), p),
+            cluster_policies: watch!(Selection::policies(is_agent), p),
             tunnels: watch!(Selection::every()),
             cluster_version: Arc::clone(&version),
+            policies_version,
         };
         (stores, tasks)
     }
@@ -136,17 +176,35 @@ impl Stores {
         snapshot
     }
 
-    /// How many times a store of another kind than Pods has changed: read
-    /// before [`Stores::cluster_snapshot`], an equal reading later means
-    /// nothing but Pods changed since.
-    pub fn cluster_version(&self) -> u64 {
-        self.cluster_version.load(Ordering::Acquire)
+    /// How many times a store of another kind than Pods, and one of
+    /// policies, has changed: read before [`Stores::cluster_snapshot`], an
+    /// equal reading later means nothing but Pods changed since.
+    pub fn cluster_version(&self) -> ClusterVersion {
+        // The policies' count first: a policy's change counts in the whole
+        // first, so a reading never misses another kind's change (it may
+        // take a policy's for one, which costs a whole plan).
+        let policies = self.policies_version.load(Ordering::Acquire);
+        let all = self.cluster_version.load(Ordering::Acquire);
+        ClusterVersion { all, policies }
+    }
+
+    /// The stored policies of both kinds, as [`Stores::cluster_snapshot_of`]
+    /// takes them.
+    pub fn policy_states(&self) -> PolicyStates {
+        PolicyStates {
+            namespaced: self.policies.state(),
+            cluster: self.cluster_policies.state(),
+        }
     }
 
     /// [`Stores::snapshot`] without the Pods.
     pub fn cluster_snapshot(&self, config: Config) -> Snapshot {
-        let policies = self.policies.state();
-        let cluster_policies = self.cluster_policies.state();
+        self.cluster_snapshot_of(config, &self.policy_states())
+    }
+
+    /// [`Stores::cluster_snapshot`] with the policies of `states`.
+    pub fn cluster_snapshot_of(&self, config: Config, states: &PolicyStates) -> Snapshot {
+        let (policies, cluster_policies) = (&states.namespaced, &states.cluster);
         let builder = SnapshotBuilder::new(config)
             .agents_required()
             .nodes(self.nodes.state())
@@ -155,9 +213,16 @@ impl Stores {
             .policies(policies.iter().filter_map(|p| p.ok()))
             .cluster_policies(cluster_policies.iter().filter_map(|p| p.ok()))
             .tunnels(self.tunnels.state());
-        let builder = undecodable(builder, &policies);
-        undecodable(builder, &cluster_policies).build()
+        let builder = undecodable(builder, policies);
+        undecodable(builder, cluster_policies).build()
     }
+}
+
+/// The stored policies of both kinds at one reading.
+#[derive(Debug, Clone, Default)]
+pub struct PolicyStates {
+    pub namespaced: Vec<Arc<Decoded<EgressPolicy>>>,
+    pub cluster: Vec<Arc<Decoded<EgressClusterPolicy>>>,
 }
 
 /// The Pods a daemon watches.
@@ -255,7 +320,7 @@ impl Pods {
             Api::all(client.clone()),
             selection,
             changed,
-            None,
+            &[],
             tasks,
             renew,
         );
@@ -349,7 +414,7 @@ impl OnDemand {
                     Api::all(self.client.clone()),
                     Selection::every(),
                     &self.changed,
-                    None,
+                    &[],
                     &mut tasks,
                     self.renew,
                 ))
@@ -379,7 +444,7 @@ impl OnDemand {
                         Api::namespaced(self.client.clone(), &self.namespace),
                         selection,
                         &self.changed,
-                        None,
+                        &[],
                         &mut tasks,
                         self.renew,
                     ),
@@ -568,7 +633,7 @@ pub fn watch<K>(
 where
     K: Watched,
 {
-    watch_fields(api, Selection::every(), changed, None, tasks, renew)
+    watch_fields(api, Selection::every(), changed, &[], tasks, renew)
 }
 
 /// Which objects of a kind a daemon watches, and what it keeps of each.
@@ -638,17 +703,36 @@ fn published_only(gateway: &mut EgressGateway) {
 /// The two policy kinds, whose statuses are of one type.
 pub trait PolicyKind: Resource<DynamicType = ()> {
     fn status_mut(&mut self) -> Option<&mut EgressPolicyStatus>;
+    /// The policy in the planner's terms, or every problem with it.
+    fn to_model(&self) -> Result<egressgw_core::model::Policy, ValidationErrors>;
+    /// The identity a policy of this kind and metadata has.
+    fn id_of(meta: &ObjectMeta) -> PolicyRef;
 }
 
 impl PolicyKind for EgressPolicy {
     fn status_mut(&mut self) -> Option<&mut EgressPolicyStatus> {
         self.status.as_mut()
     }
+    fn to_model(&self) -> Result<egressgw_core::model::Policy, ValidationErrors> {
+        EgressPolicy::to_model(self)
+    }
+    fn id_of(meta: &ObjectMeta) -> PolicyRef {
+        PolicyRef::namespaced(
+            meta.namespace.clone().unwrap_or_default(),
+            meta.name.clone().unwrap_or_default(),
+        )
+    }
 }
 
 impl PolicyKind for EgressClusterPolicy {
     fn status_mut(&mut self) -> Option<&mut EgressPolicyStatus> {
         self.status.as_mut()
+    }
+    fn to_model(&self) -> Result<egressgw_core::model::Policy, ValidationErrors> {
+        EgressClusterPolicy::to_model(self)
+    }
+    fn id_of(meta: &ObjectMeta) -> PolicyRef {
+        PolicyRef::cluster(meta.name.clone().unwrap_or_default())
     }
 }
 
@@ -667,12 +751,13 @@ fn without_conditions<P: PolicyKind>(policy: &mut Decoded<P>) {
 }
 
 /// [`watch`] of the objects `selection` selects, kept as it trims them;
-/// every change that wakes `changed` also counts in `version`.
+/// every change that wakes `changed` also counts in each of `versions`, in
+/// order.
 fn watch_fields<K>(
     api: Api<K>,
     selection: Selection<'_, K>,
     changed: &Arc<Notify>,
-    version: Option<&Arc<AtomicU64>>,
+    versions: &[&Arc<AtomicU64>],
     tasks: &mut Vec<JoinHandle<()>>,
     renew: Duration,
 ) -> Store<K>
@@ -681,7 +766,7 @@ where
 {
     let (store, writer) = reflector::store();
     let changed = Arc::clone(changed);
-    let version = version.map(Arc::clone);
+    let versions: Vec<Arc<AtomicU64>> = versions.iter().map(|v| Arc::clone(v)).collect();
     // Whether the event just stored brought nothing the daemon keeps: set
     // before the store takes the event, read once it has.
     let unchanged = Arc::new(AtomicBool::new(false));
@@ -710,7 +795,7 @@ where
             match event {
                 Ok(_) if unchanged.load(Ordering::Relaxed) => {}
                 Ok(_) => {
-                    if let Some(version) = &version {
+                    for version in &versions {
                         version.fetch_add(1, Ordering::Release);
                     }
                     changed.notify_one();
