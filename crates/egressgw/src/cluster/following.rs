@@ -527,14 +527,19 @@ spec:
             PodScope::Cluster,
             pods.to_vec(),
         );
-        let mut whole = cluster.clone();
-        whole.pods = pods
+        assert_plans_the_whole(following, cluster.clone(), pods);
+        replanned
+    }
+
+    /// Checks that `following` planned n1 as the whole plan of `cluster`
+    /// with `pods` does.
+    fn assert_plans_the_whole(following: &Following, mut cluster: Snapshot, pods: &[Arc<Pod>]) {
+        cluster.pods = pods
             .iter()
             .filter_map(|p| egressgw_api::snapshot::watched_pod(p))
             .collect();
-        let expected = egressgw_core::plan_node_published(&whole, "n1");
+        let expected = egressgw_core::plan_node_published(&cluster, "n1");
         assert_eq!(following.state(), expected.as_ref());
-        replanned
     }
 
     #[test]
@@ -621,12 +626,7 @@ spec:
                 .iter()
                 .map(|p| p.ok().unwrap().to_model().unwrap())
                 .collect();
-            whole.pods = pods
-                .iter()
-                .filter_map(|p| egressgw_api::snapshot::watched_pod(p))
-                .collect();
-            let expected = egressgw_core::plan_node_published(&whole, "n1");
-            assert_eq!(following.state(), expected.as_ref());
+            assert_plans_the_whole(following, whole, &pods);
         };
         let unchanged = following.update_policies(states(&[&p1]), PodScope::Cluster, pods.clone());
         assert_eq!(unchanged, Some(Replanned::Policies(0, 0)));
