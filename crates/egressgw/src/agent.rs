@@ -47,7 +47,7 @@ use crate::cluster::following::{Following, Replanned};
 use crate::cluster::health::{self, Health};
 use crate::cluster::metrics::{AgentMetrics, ApiRequests, PolicyCount, Verb};
 use crate::cluster::owner::Owner;
-use crate::cluster::watch::{ClusterVersion, PolicyStates, Stores, Wanted};
+use crate::cluster::watch::{Changed, ClusterVersion, PolicyStates, Stores, Wanted};
 use crate::cluster::{self, ClusterArgs, lease};
 use crate::failover::{Held, Liveness, Memory};
 use crate::load_config;
@@ -555,15 +555,17 @@ impl Agent {
         if let (Some(planned), Some((_, underlay))) = (self.planned_version, self.planned.as_ref())
         {
             let underlay = *underlay;
-            // Only policies changed: only the stored anew are converted.
-            let policies = (planned != version && version.policies_alone_since(&planned))
-                .then(|| self.stores.policy_states());
             let (scope, pods) = self.stores.pods.scoped_state();
             let count = pods.len();
             let start = Instant::now();
-            let replanned = match policies {
-                None => self.following.update_pods(scope, pods),
-                Some(policies) => self.following.update_policies(policies, scope, pods),
+            let replanned = match version.since(&planned) {
+                Changed::Nothing => self.following.update_pods(scope, pods),
+                // Only the policies stored anew are converted.
+                Changed::Policies => {
+                    let policies = self.stores.policy_states();
+                    self.following.update_policies(policies, scope, pods)
+                }
+                Changed::Others => None,
             };
             if let Some(replanned) = replanned {
                 self.metrics.watched_pods(scope, count);

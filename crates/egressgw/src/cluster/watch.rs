@@ -61,11 +61,27 @@ pub struct ClusterVersion {
     policies: u64,
 }
 
+/// What changed between two readings of [`Stores::cluster_version`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Changed {
+    /// Nothing but Pods.
+    Nothing,
+    /// Policies, and nothing else but Pods.
+    Policies,
+    /// Objects of another kind.
+    Others,
+}
+
 impl ClusterVersion {
-    /// Whether, from `earlier` to this reading, nothing but policies
-    /// changed: the other kinds' stores give the objects they gave then.
-    pub fn policies_alone_since(&self, earlier: &ClusterVersion) -> bool {
-        self.others() == earlier.others()
+    /// What changed from `earlier` to this reading.
+    pub fn since(&self, earlier: &ClusterVersion) -> Changed {
+        if self == earlier {
+            Changed::Nothing
+        } else if self.others() == earlier.others() {
+            Changed::Policies
+        } else {
+            Changed::Others
+        }
     }
 
     fn others(&self) -> u64 {
@@ -909,6 +925,19 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn a_reading_tells_policies_changes_from_other_kinds() {
+        let read = |all, policies| ClusterVersion { all, policies };
+        let planned = read(10, 4);
+        assert_eq!(read(10, 4).since(&planned), Changed::Nothing);
+        // A policy's change counts in both.
+        assert_eq!(read(12, 6).since(&planned), Changed::Policies);
+        // Another kind's, alone or beside a policy's; also a policy's read
+        // while it was counted in the whole only, which looks the same.
+        assert_eq!(read(11, 4).since(&planned), Changed::Others);
+        assert_eq!(read(12, 5).since(&planned), Changed::Others);
+    }
 
     fn size<T: serde::Serialize>(object: &T) -> usize {
         serde_json::to_vec(object).expect("serialisable").len()
