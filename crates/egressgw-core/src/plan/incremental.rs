@@ -23,7 +23,7 @@ use crate::state::{ClassifyEntry, Group, NodeState, ReplyRoute, SnatEntry};
 
 use super::classify::{Table, Tables};
 use super::edits::PolicyChange;
-use super::matching::Matcher;
+use super::matching::{Matcher, selects_alike};
 use super::nodes::{self, Entry, Serving};
 use super::{Placement, Stages, stages};
 
@@ -87,6 +87,19 @@ struct FrameChanges {
     base: bool,
 }
 
+impl FrameChanges {
+    /// Matches again the Pods `policy` may select: those of its namespace,
+    /// or every Pod for a cluster policy.
+    fn reselect_for(&mut self, policy: &Policy) {
+        match &policy.id.namespace {
+            Some(ns) => {
+                self.reselect.insert(ns.clone());
+            }
+            None => self.reselect_all = true,
+        }
+    }
+}
+
 /// What the cluster-wide stages decided, owned, and the indexes that match
 /// one Pod against the policies.
 #[derive(Debug)]
@@ -142,13 +155,8 @@ impl Frame {
         }
         let mut changes = FrameChanges::default();
         for (i, (new, was)) in policies.iter().zip(old_policies).enumerate() {
-            if new.pods != was.pods || new.namespace_selector != was.namespace_selector {
-                match &new.id.namespace {
-                    Some(ns) => {
-                        changes.reselect.insert(ns.clone());
-                    }
-                    None => changes.reselect_all = true,
-                }
+            if !selects_alike(new, was) {
+                changes.reselect_for(new);
             }
             if new != was
                 || !self.serving.same_policy(&old.serving, i)
@@ -184,13 +192,8 @@ impl Frame {
         let mut changes = FrameChanges::default();
         for (i, policy) in edited {
             let old = std::mem::replace(&mut self.matcher.policies[i], policy.clone());
-            if old.pods != policy.pods || old.namespace_selector != policy.namespace_selector {
-                match &policy.id.namespace {
-                    Some(ns) => {
-                        changes.reselect.insert(ns.clone());
-                    }
-                    None => changes.reselect_all = true,
-                }
+            if !selects_alike(&old, policy) {
+                changes.reselect_for(policy);
             }
             self.tables.edit(i, policy);
             changes.steering.insert(i);

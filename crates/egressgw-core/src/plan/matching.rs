@@ -7,6 +7,12 @@ use crate::model::{Labels, Namespace, Pod, Policy, PolicyRef};
 
 use super::classify;
 
+/// Whether `a` and `b` select the same Pods given the same namespaces:
+/// the same Pod selector or subnets, and the same namespace selector.
+pub(super) fn selects_alike(a: &Policy, b: &Policy) -> bool {
+    a.pods == b.pods && a.namespace_selector == b.namespace_selector
+}
+
 /// The policies in the stages' order, indexed by the namespaces they look
 /// at.
 #[derive(Debug)]
@@ -47,9 +53,11 @@ impl Matcher {
     /// namespaces labelled alike.
     pub fn same_selection(&self, other: &Matcher) -> bool {
         self.policies.len() == other.policies.len()
-            && self.policies.iter().zip(&other.policies).all(|(a, b)| {
-                a.id == b.id && a.pods == b.pods && a.namespace_selector == b.namespace_selector
-            })
+            && self
+                .policies
+                .iter()
+                .zip(&other.policies)
+                .all(|(a, b)| a.id == b.id && selects_alike(a, b))
             && self.namespace_labels == other.namespace_labels
     }
 

@@ -25,7 +25,7 @@ use crate::status::ClusterStatus;
 
 use super::classify::Classified;
 use super::edits::PolicyChange;
-use super::matching::Matcher;
+use super::matching::{Matcher, selects_alike};
 use super::{Placement, Published, Stages, report, stages};
 
 /// A Pod's namespace and name.
@@ -147,13 +147,8 @@ impl Publisher {
         // Policies edited in what the stages and the status do not read:
         // only their selection may change.
         if let Some(edited) = super::edits::edited_policies(&self.cluster, &cluster)
-            && let Some(at) = edited
-                .iter()
-                .map(|k| self.matcher.position(&cluster.policies[*k].id))
-                .collect::<Option<Vec<usize>>>()
+            && let Some(edits) = self.placed(edited.iter().map(|k| cluster.policies[*k].clone()))
         {
-            let policies = edited.iter().map(|k| cluster.policies[*k].clone());
-            let edits: Vec<(usize, Policy)> = at.into_iter().zip(policies).collect();
             self.cluster = cluster;
             self.edit(edits);
             return;
@@ -169,15 +164,19 @@ impl Publisher {
     /// them again.
     pub fn change_policies(&mut self, changes: impl IntoIterator<Item = PolicyChange>) {
         let applied = super::edits::apply(&mut self.cluster, changes);
-        let at = applied
-            .edited
-            .iter()
-            .map(|p| self.matcher.position(&p.id))
-            .collect::<Option<Vec<usize>>>();
-        match at {
-            Some(at) if !applied.restage => self.edit(at.into_iter().zip(applied.edited).collect()),
+        match self.placed(applied.edited) {
+            Some(edits) if !applied.restage => self.edit(edits),
             _ => self.restage(),
         }
+    }
+
+    /// `policies`, each with the matcher's index of its identity; `None`
+    /// when one is not there.
+    fn placed(&self, policies: impl IntoIterator<Item = Policy>) -> Option<Vec<(usize, Policy)>> {
+        policies
+            .into_iter()
+            .map(|p| Some((self.matcher.position(&p.id)?, p)))
+            .collect()
     }
 
     /// Runs the cluster-wide stages on the cluster as it is now, and
@@ -439,10 +438,7 @@ impl Publisher {
                 Some(j) => {
                     kept[j] = true;
                     let q = &new.policies[j];
-                    if p.pods != q.pods
-                        || p.namespace_selector != q.namespace_selector
-                        || self.gateway_of[i] != planned.gateway_of[j]
-                    {
+                    if !selects_alike(p, q) || self.gateway_of[i] != planned.gateway_of[j] {
                         changed.push((old, i));
                         changed.push((new, j));
                     }
@@ -467,7 +463,7 @@ impl Publisher {
         let mut changed: Vec<&Policy> = Vec::new();
         for (i, policy) in &edits {
             let old = &self.matcher.policies[*i];
-            if old.pods != policy.pods || old.namespace_selector != policy.namespace_selector {
+            if !selects_alike(old, policy) {
                 changed.extend([old, policy]);
             }
         }
