@@ -7,6 +7,7 @@ mod controller;
 mod dataplane;
 mod doctor;
 mod failover;
+mod heap;
 mod render;
 mod slices;
 mod writes;
