@@ -93,7 +93,7 @@ impl EndpointPod {
             name: pod.name.clone(),
             node: pod.node.clone().unwrap_or_default(),
             ips: pod.ips.iter().map(IpAddr::to_string).collect(),
-            labels: pod.labels.clone(),
+            labels: pod.labels.to_map(),
         }
     }
 

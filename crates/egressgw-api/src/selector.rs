@@ -41,7 +41,7 @@ pub(crate) fn convert(
         .filter_map(|(i, req)| requirement(req, &expressions_path.index(i), errors))
         .collect();
     LabelSelector {
-        match_labels,
+        match_labels: match_labels.into(),
         match_expressions,
     }
 }

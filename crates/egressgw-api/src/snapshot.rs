@@ -437,7 +437,11 @@ pub fn watched_pod(pod: &WatchedPod) -> Option<model::Pod> {
 }
 
 fn labels(meta: &ObjectMeta) -> model::Labels {
-    meta.labels.clone().unwrap_or_default()
+    meta.labels
+        .iter()
+        .flatten()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
 }
 
 /// Creation order of an object: `creationTimestamp` in seconds, then UID.

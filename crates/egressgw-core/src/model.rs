@@ -12,8 +12,143 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use crate::net::{Family, IpPool};
 use crate::selector::LabelSelector;
 
-/// Labels of a Kubernetes object.
-pub type Labels = BTreeMap<String, String>;
+/// Labels of a Kubernetes object: pairs sorted by key, each key once.
+///
+/// One sorted vector rather than a map: an object has a few labels, and a
+/// `BTreeMap` allocates a node of eleven pairs (544 bytes) for the first
+/// one. The controller keeps every Pod's labels and a gateway node's agent
+/// those of every Pod its gateways publish. Lookups are binary searches;
+/// building from unsorted pairs keeps the last value of a key, as inserting
+/// them into a map one by one would.
+#[derive(Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Labels(Vec<(String, String)>);
+
+impl Labels {
+    /// No labels.
+    pub fn new() -> Self {
+        Self(Vec::new())
+    }
+
+    fn position(&self, key: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|(k, _)| k.as_str().cmp(key))
+    }
+
+    /// The value of `key`.
+    pub fn get(&self, key: &str) -> Option<&String> {
+        self.position(key).ok().map(|i| &self.0[i].1)
+    }
+
+    /// Whether there is a label `key`.
+    pub fn contains_key(&self, key: &str) -> bool {
+        self.position(key).is_ok()
+    }
+
+    /// Sets `key` to `value`; returns the value it replaced.
+    pub fn insert(&mut self, key: String, value: String) -> Option<String> {
+        match self.position(&key) {
+            Ok(i) => Some(std::mem::replace(&mut self.0[i].1, value)),
+            Err(i) => {
+                self.0.insert(i, (key, value));
+                None
+            }
+        }
+    }
+
+    /// Removes `key`; returns its value.
+    pub fn remove(&mut self, key: &str) -> Option<String> {
+        self.position(key).ok().map(|i| self.0.remove(i).1)
+    }
+
+    /// Removes every label.
+    pub fn clear(&mut self) {
+        self.0.clear();
+    }
+
+    /// How many labels there are.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The value of `key`, to change.
+    pub fn get_mut(&mut self, key: &str) -> Option<&mut String> {
+        self.position(key).ok().map(|i| &mut self.0[i].1)
+    }
+
+    /// The same pairs as a map, as Kubernetes' objects hold them.
+    pub fn to_map(&self) -> BTreeMap<String, String> {
+        self.0.iter().cloned().collect()
+    }
+
+    /// The pairs, by key.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = (&String, &String)> {
+        self.0.iter().map(|(k, v)| (k, v))
+    }
+}
+
+impl fmt::Debug for Labels {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map().entries(self.iter()).finish()
+    }
+}
+
+impl FromIterator<(String, String)> for Labels {
+    fn from_iter<I: IntoIterator<Item = (String, String)>>(pairs: I) -> Self {
+        let mut pairs: Vec<(String, String)> = pairs.into_iter().collect();
+        // Stable: of equal keys, the last stays after the reverse dedup.
+        pairs.sort_by(|a, b| a.0.cmp(&b.0));
+        pairs.reverse();
+        pairs.dedup_by(|later, earlier| later.0 == earlier.0);
+        pairs.reverse();
+        pairs.shrink_to_fit();
+        Self(pairs)
+    }
+}
+
+impl<const N: usize> From<[(String, String); N]> for Labels {
+    fn from(pairs: [(String, String); N]) -> Self {
+        pairs.into_iter().collect()
+    }
+}
+
+impl From<BTreeMap<String, String>> for Labels {
+    fn from(map: BTreeMap<String, String>) -> Self {
+        Self(map.into_iter().collect())
+    }
+}
+
+impl Extend<(String, String)> for Labels {
+    fn extend<I: IntoIterator<Item = (String, String)>>(&mut self, pairs: I) {
+        for (k, v) in pairs {
+            self.insert(k, v);
+        }
+    }
+}
+
+impl<'a> IntoIterator for &'a Labels {
+    type Item = (&'a String, &'a String);
+    type IntoIter = std::iter::Map<
+        std::slice::Iter<'a, (String, String)>,
+        fn(&'a (String, String)) -> (&'a String, &'a String),
+    >;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter().map(|(k, v)| (k, v))
+    }
+}
+
+impl IntoIterator for Labels {
+    type Item = (String, String);
+    type IntoIter = std::vec::IntoIter<(String, String)>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter()
+    }
+}
 
 /// Everything the planner looks at.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -590,7 +725,59 @@ impl Config {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+
+    /// Operations on labels, applied to [`Labels`] and to a map.
+    #[derive(Debug, Clone)]
+    enum LabelOp {
+        Insert(String, String),
+        Remove(String),
+        Extend(Vec<(String, String)>),
+    }
+
+    fn label_op() -> impl Strategy<Value = LabelOp> {
+        let key = "[a-e]{1,2}";
+        prop_oneof![
+            (key, "[x-z]").prop_map(|(k, v)| LabelOp::Insert(k, v)),
+            key.prop_map(LabelOp::Remove),
+            prop::collection::vec((key, "[x-z]"), 0..5).prop_map(LabelOp::Extend),
+        ]
+    }
+
+    proptest! {
+        /// Labels answer as a map of the same pairs would, however they
+        /// were built and changed.
+        #[test]
+        fn labels_behave_as_a_map(
+            start in prop::collection::vec(("[a-e]{1,2}", "[x-z]"), 0..8),
+            ops in prop::collection::vec(label_op(), 0..12),
+        ) {
+            let mut labels: Labels = start.iter().cloned().collect();
+            let mut map: BTreeMap<String, String> = start.into_iter().collect();
+            for op in ops {
+                match op {
+                    LabelOp::Insert(k, v) => {
+                        prop_assert_eq!(labels.insert(k.clone(), v.clone()), map.insert(k, v));
+                    }
+                    LabelOp::Remove(k) => prop_assert_eq!(labels.remove(&k), map.remove(&k)),
+                    LabelOp::Extend(pairs) => {
+                        labels.extend(pairs.clone());
+                        map.extend(pairs);
+                    }
+                }
+                let pairs: Vec<(&String, &String)> = labels.iter().collect();
+                prop_assert_eq!(pairs, map.iter().collect::<Vec<_>>());
+                prop_assert_eq!(labels.len(), map.len());
+                for k in ["a", "b", "cc", "e"] {
+                    prop_assert_eq!(labels.get(k), map.get(k));
+                    prop_assert_eq!(labels.contains_key(k), map.contains_key(k));
+                }
+                prop_assert_eq!(&Labels::from(map.clone()), &labels);
+            }
+        }
+    }
 
     fn errors(f: impl FnOnce(&mut Config)) -> String {
         let mut c = Config::default();

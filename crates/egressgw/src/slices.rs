@@ -470,7 +470,7 @@ mod tests {
     /// (one such Pod alone in a slice at most).
     #[test]
     fn large_labels_spread_over_more_slices() {
-        let big: BTreeMap<String, String> = (0..40)
+        let big: egressgw_core::model::Labels = (0..40)
             .map(|i| (format!("key-{i}"), "v".repeat(1000)))
             .collect();
         let mut many = pods(20);

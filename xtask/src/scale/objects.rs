@@ -77,7 +77,7 @@ fn meta(name: &str, namespace: Option<&str>, labels: &model::Labels) -> ObjectMe
     ObjectMeta {
         name: Some(name.to_owned()),
         namespace: namespace.map(str::to_owned),
-        labels: (!labels.is_empty()).then(|| labels.clone()),
+        labels: (!labels.is_empty()).then(|| labels.to_map()),
         ..ObjectMeta::default()
     }
 }
@@ -180,7 +180,7 @@ fn selector(s: &selector::LabelSelector) -> LabelSelector {
         }
     };
     LabelSelector {
-        match_labels: (!s.match_labels.is_empty()).then(|| s.match_labels.clone()),
+        match_labels: (!s.match_labels.is_empty()).then(|| s.match_labels.to_map()),
         match_expressions: (!s.match_expressions.is_empty())
             .then(|| s.match_expressions.iter().map(expression).collect()),
     }
