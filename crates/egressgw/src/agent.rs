@@ -627,8 +627,8 @@ impl Agent {
             tracing::warn!(node = self.node, "the planner has no state for this node");
             return false;
         };
-        self.liveness.follow(state);
-        self.planned = Some((Arc::new(state.clone()), underlay));
+        self.liveness.follow(&state);
+        self.planned = Some((state, underlay));
         true
     }
 

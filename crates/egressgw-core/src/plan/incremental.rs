@@ -50,7 +50,10 @@ pub struct Planner {
     /// each follows.
     classify: BTreeMap<IpAddr, Vec<Followed>>,
     /// The node's state; `None` while the node is not in the cluster.
-    state: Option<NodeState>,
+    /// Shared with whoever took it last ([`Planner::shared_state`]): a
+    /// change copies it only while it is, so that the node's state is held
+    /// once between changes, not twice.
+    state: Option<Arc<NodeState>>,
 }
 
 /// The Pods claiming one address, ascending: almost always one.
@@ -260,7 +263,12 @@ impl Planner {
 
     /// The node's state; `None` while the node is not in the cluster.
     pub fn state(&self) -> Option<&NodeState> {
-        self.state.as_ref()
+        self.state.as_deref()
+    }
+
+    /// The node's state, shared rather than copied.
+    pub fn shared_state(&self) -> Option<Arc<NodeState>> {
+        self.state.clone()
     }
 
     /// Every object planned but the Pods (its `pods` are empty).
@@ -363,7 +371,7 @@ impl Planner {
         }
         if changes.base {
             let base = frame.serving.base.get(&self.node).map(|(s, _)| s);
-            if let (Some(state), Some(base)) = (self.state.as_mut(), base) {
+            if let (Some(state), Some(base)) = (self.state.as_mut().map(Arc::make_mut), base) {
                 let mut next = base.clone();
                 next.snat = std::mem::take(&mut state.snat);
                 next.replies = std::mem::take(&mut state.replies);
@@ -447,14 +455,14 @@ impl Planner {
             .serving
             .base
             .get(&self.node)
-            .map(|(state, _)| state.clone());
+            .map(|(state, _)| Arc::new(state.clone()));
         self.fill();
     }
 
     /// Takes the entries of `addresses` out of the node's state and puts
     /// back those of each one's first claim, then finishes the state.
     fn refresh(&mut self, mut addresses: Vec<IpAddr>) {
-        let Some(state) = self.state.as_mut() else {
+        let Some(state) = self.state.as_mut().map(Arc::make_mut) else {
             return;
         };
         addresses.sort_unstable();
@@ -485,7 +493,7 @@ impl Planner {
     /// Puts the entries of every claimed address into the node's state
     /// (just reset to its base), then finishes the state.
     fn fill(&mut self) {
-        let Some(state) = self.state.as_mut() else {
+        let Some(state) = self.state.as_mut().map(Arc::make_mut) else {
             return;
         };
         let mut adding = Adding::new(&self.frame.serving, &self.node, &mut self.classify);

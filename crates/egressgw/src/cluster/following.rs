@@ -242,8 +242,9 @@ impl Following {
 
     /// The node's state as last planned; `None` while the node is not in
     /// the cluster.
-    pub fn state(&self) -> Option<&NodeState> {
-        self.planner.as_ref().and_then(Planner::state)
+    /// Shared with the planner, not copied.
+    pub fn state(&self) -> Option<Arc<NodeState>> {
+        self.planner.as_ref().and_then(Planner::shared_state)
     }
 
     fn whole(&mut self, mut cluster: Snapshot, scope: PodScope, pods: Vec<Arc<Pod>>) {
@@ -539,7 +540,7 @@ spec:
             .filter_map(|p| egressgw_api::snapshot::watched_pod(p))
             .collect();
         let expected = egressgw_core::plan_node_published(&cluster, "n1");
-        assert_eq!(following.state(), expected.as_ref());
+        assert_eq!(following.state().as_deref(), expected.as_ref());
     }
 
     #[test]
