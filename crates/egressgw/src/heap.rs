@@ -13,8 +13,8 @@
 use std::time::{Duration, Instant};
 
 /// How often the heap is trimmed at most. A trim walks every free chunk
-/// (a few milliseconds at a few hundred MiB); the plans it follows take
-/// longer than that at every size where it matters.
+/// while the allocator's other callers wait, so it is not run after every
+/// reconcile of a busy node.
 pub const TRIM_EVERY: Duration = Duration::from_secs(5);
 
 /// When the heap is next trimmed.
