@@ -13,13 +13,10 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use egressgw_core::model;
-use k8s_openapi::api::core::v1::PodIP;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-
-use crate::watched::{WatchedPod, WatchedPodSpec, WatchedPodStatus};
 
 /// The label naming the gateway a slice belongs to ([`gateway_label`]).
 pub const GATEWAY_LABEL: &str = "egressgw.io/gateway";
@@ -97,24 +94,21 @@ impl EndpointPod {
         }
     }
 
-    /// The entry as a running Pod, as an agent plans from it.
-    pub fn watched(&self) -> WatchedPod {
-        WatchedPod {
-            metadata: ObjectMeta {
-                name: Some(self.name.clone()),
-                namespace: Some(self.namespace.clone()),
-                labels: (!self.labels.is_empty()).then(|| self.labels.clone()),
-                ..ObjectMeta::default()
-            },
-            spec: Some(WatchedPodSpec {
-                node_name: Some(self.node.clone()),
-                host_network: None,
-            }),
-            status: Some(WatchedPodStatus {
-                phase: Some("Running".into()),
-                pod_ip: self.ips.first().cloned(),
-                pod_ips: Some(self.ips.iter().map(|ip| PodIP { ip: ip.clone() }).collect()),
-            }),
+    /// The Pod as an agent plans from it: a running Pod (only those are
+    /// published); an address that does not parse is left out, as from a
+    /// watched Pod's status.
+    pub fn planned(&self) -> model::Pod {
+        model::Pod {
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            labels: self
+                .labels
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            ips: self.ips.iter().filter_map(|ip| ip.parse().ok()).collect(),
+            node: Some(self.node.clone()),
+            host_network: false,
         }
     }
 
@@ -228,7 +222,6 @@ pub fn slice_name(gateway: &str, index: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::snapshot;
 
     /// An entry planned as a Pod is the Pod it was made from.
     #[test]
@@ -242,7 +235,7 @@ mod tests {
             host_network: false,
         };
         let entry = EndpointPod::of(&pod);
-        assert_eq!(snapshot::watched_pod(&entry.watched()), Some(pod));
+        assert_eq!(entry.planned(), pod);
         let json = serde_json::to_string(&entry).unwrap();
         assert!(
             json.len() <= entry.json_len(),

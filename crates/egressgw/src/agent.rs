@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use egressgw_api::EgressTunnel;
-use egressgw_api::WatchedPod;
 use egressgw_api::tunnel::{
     EgressTunnelStatus, TunnelDatapath, TunnelEip, TunnelEipState, TunnelEndpoint, TunnelParent,
     TunnelPhase, TunnelUnreachable,
@@ -47,6 +46,7 @@ use crate::cluster::following::{Following, Replanned};
 use crate::cluster::health::{self, Health};
 use crate::cluster::metrics::{AgentMetrics, ApiRequests, PolicyCount, Verb};
 use crate::cluster::owner::Owner;
+use crate::cluster::stored::StoredPod;
 use crate::cluster::watch::{Changed, ClusterVersion, PolicyStates, Stores, Wanted};
 use crate::cluster::{self, ClusterArgs, lease};
 use crate::failover::{Held, Liveness, Memory};
@@ -635,7 +635,7 @@ impl Agent {
     /// The stores' objects but the Pods, and the Pods this node's plan
     /// needs (see [`egressgw_core::pod_scope`]) with the scope they are
     /// of; `None` while they are being listed.
-    fn snapshot(&self) -> Option<(Snapshot, PolicyStates, PodScope, Vec<Arc<WatchedPod>>)> {
+    fn snapshot(&self) -> Option<(Snapshot, PolicyStates, PodScope, Vec<StoredPod>)> {
         for _ in 0..2 {
             let policies = self.stores.policy_states();
             let cluster = self

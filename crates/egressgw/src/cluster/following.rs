@@ -3,9 +3,10 @@
 //!
 //! The reconcile loop reads the stores whole (level-based), but plans only
 //! what changed since its last read: a stored Pod is a new object each time
-//! the API server sends a new version of it, so a Pod whose stored object
-//! is the one planned last time is skipped, and only new, changed and
-//! deleted Pods go to the planner, in one batch. A change to the other
+//! the API server sends a new version of it (a published one, each time
+//! its slice is written), so a Pod stored where it was planned last time
+//! is skipped, as is one stored anew but the same, and only new, changed
+//! and deleted Pods go to the planner, in one batch. A change to the other
 //! objects runs the cluster-wide stages again and plans again the Pods
 //! they reach ([`Planner::set_cluster`]); another set of Pods watched plans
 //! the node whole. When only policies changed, the stored policies are
@@ -16,18 +17,15 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use egressgw_api::WatchedPod as Pod;
 use egressgw_api::{EgressClusterPolicy, EgressPolicy};
 use egressgw_core::model::PolicyRef;
 use egressgw_core::state::NodeState;
 use egressgw_core::{Planner, PodChange, PodScope, PolicyChange, Publisher, Snapshot};
 
 use super::decoded::Decoded;
+use super::stored::{Address, StoredPod as Pod};
 use super::watch::{PolicyKind, PolicyStates};
 use crate::slices::Want;
-
-/// A Pod's namespace and name.
-type PodKey = (String, String);
 
 /// A plan kept between reconciles that takes changed Pods.
 trait TakesPods {
@@ -50,7 +48,7 @@ pub struct Following {
     scope: Option<PodScope>,
     /// The stored Pods planned, by the address of the stored object. The
     /// object is kept, so that its address is not reused while it is here.
-    seen: HashMap<usize, (Arc<Pod>, PodKey)>,
+    seen: HashMap<Address, Pod>,
     /// The stored policies planned, kept the same way.
     policies: SeenPolicies,
 }
@@ -181,7 +179,7 @@ impl Following {
         cluster: Snapshot,
         policies: PolicyStates,
         scope: PodScope,
-        pods: Vec<Arc<Pod>>,
+        pods: Vec<Pod>,
     ) -> Replanned {
         let cluster = canonical(cluster);
         self.policies = SeenPolicies::of(policies, &cluster);
@@ -208,7 +206,7 @@ impl Following {
     /// last update: the cluster-wide objects are neither converted nor
     /// compared again. `None` when it cannot be done that way (no planner
     /// yet, or `pods` of another scope): the caller updates whole.
-    pub fn update_pods(&mut self, scope: PodScope, pods: Vec<Arc<Pod>>) -> Option<Replanned> {
+    pub fn update_pods(&mut self, scope: PodScope, pods: Vec<Pod>) -> Option<Replanned> {
         let planner = self
             .planner
             .as_mut()
@@ -225,7 +223,7 @@ impl Following {
         &mut self,
         policies: PolicyStates,
         scope: PodScope,
-        pods: Vec<Arc<Pod>>,
+        pods: Vec<Pod>,
     ) -> Option<Replanned> {
         let planner = self
             .planner
@@ -247,17 +245,11 @@ impl Following {
         self.planner.as_ref().and_then(Planner::shared_state)
     }
 
-    fn whole(&mut self, mut cluster: Snapshot, scope: PodScope, pods: Vec<Arc<Pod>>) {
-        cluster.pods = pods
-            .iter()
-            .filter_map(|p| egressgw_api::snapshot::watched_pod(p))
-            .collect();
+    fn whole(&mut self, mut cluster: Snapshot, scope: PodScope, pods: Vec<Pod>) {
+        cluster.pods = pods.iter().filter_map(Pod::planned).collect();
         self.planner = Some(Planner::new(cluster, &self.node));
         self.scope = Some(scope);
-        self.seen = pods
-            .into_iter()
-            .map(|p| (address(&p), (Arc::clone(&p), key(&p))))
-            .collect();
+        self.seen = pods.into_iter().map(|p| (p.address(), p)).collect();
     }
 }
 
@@ -265,54 +257,23 @@ impl Following {
 /// Pods gone since; returns how many.
 fn follow_pods(
     planner: &mut impl TakesPods,
-    seen: &mut HashMap<usize, (Arc<Pod>, PodKey)>,
-    pods: Vec<Arc<Pod>>,
+    seen: &mut HashMap<Address, Pod>,
+    pods: Vec<Pod>,
 ) -> usize {
     let mut next = HashMap::with_capacity(pods.len());
-    let mut changed = Vec::new();
+    let mut fresh = Vec::new();
     for pod in pods {
-        let at = address(&pod);
+        let at = pod.address();
         match seen.remove(&at) {
-            Some(entry) => {
-                next.insert(at, entry);
+            Some(kept) => {
+                next.insert(at, kept);
             }
-            None => changed.push(pod),
+            None => fresh.push(pod),
         }
     }
-    // What is left was deleted, or replaced by one of `changed`. A name
-    // that another object still carries (two sources of Pods held one name
-    // for a moment) is planned again from that object, not removed.
-    let replaced: HashSet<PodKey> = changed.iter().map(|p| key(p)).collect();
-    let kept: HashMap<&PodKey, &Arc<Pod>> = if seen.is_empty() {
-        HashMap::new()
-    } else {
-        next.values().map(|(p, k)| (k, p)).collect()
-    };
-    let removed = |(namespace, name): PodKey| PodChange::Removed { namespace, name };
-    let mut changes = Vec::new();
-    for (_, (_, gone)) in seen.drain() {
-        if replaced.contains(&gone) {
-            continue;
-        }
-        changes.push(
-            match kept
-                .get(&gone)
-                .and_then(|p| egressgw_api::snapshot::watched_pod(p))
-            {
-                Some(planned) => PodChange::Set(planned),
-                None => removed(gone),
-            },
-        );
-    }
-    for pod in changed {
-        let k = key(&pod);
-        changes.push(match egressgw_api::snapshot::watched_pod(&pod) {
-            Some(planned) => PodChange::Set(planned),
-            // Finished or being deleted: it sends nothing any more.
-            None => removed(k.clone()),
-        });
-        next.insert(address(&pod), (pod, k));
-    }
+    let changes = changes(seen, &next, &fresh);
+    seen.clear();
+    next.extend(fresh.into_iter().map(|p| (p.address(), p)));
     *seen = next;
     let count = changes.len();
     if count > 0 {
@@ -321,12 +282,54 @@ fn follow_pods(
     count
 }
 
+/// The changes from the Pods `gone` (no longer stored where they were) to
+/// those stored anew, `fresh`, beside those `kept`.
+fn changes(
+    gone: &HashMap<Address, Pod>,
+    kept: &HashMap<Address, Pod>,
+    fresh: &[Pod],
+) -> Vec<PodChange> {
+    let removed = |(namespace, name): (&str, &str)| PodChange::Removed {
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
+    };
+    let set = |pod: &Pod| match pod.planned() {
+        Some(planned) => PodChange::Set(planned),
+        // Finished or being deleted: it sends nothing any more.
+        None => removed(pod.key()),
+    };
+    let gone: HashMap<(&str, &str), &Pod> = gone.values().map(|p| (p.key(), p)).collect();
+    let mut changes = Vec::new();
+    for pod in fresh {
+        // The same Pod stored again (its slice written again for another
+        // Pod's change) is planned already.
+        if !gone.get(&pod.key()).is_some_and(|old| old.same(pod)) {
+            changes.push(set(pod));
+        }
+    }
+    if gone.is_empty() {
+        return changes;
+    }
+    // What is left was deleted. A name that another object still carries
+    // (two sources of Pods held one name for a moment) is planned again
+    // from that object, not removed.
+    let replaced: HashSet<(&str, &str)> = fresh.iter().map(Pod::key).collect();
+    let kept: HashMap<(&str, &str), &Pod> = kept.values().map(|p| (p.key(), p)).collect();
+    for name in gone.into_keys().filter(|k| !replaced.contains(k)) {
+        changes.push(match kept.get(&name) {
+            Some(other) => set(other),
+            None => removed(name),
+        });
+    }
+    changes
+}
+
 /// The controller's [`Publisher`] and what it published from.
 #[derive(Debug, Default)]
 pub struct Publishing {
     publisher: Option<Publisher>,
     /// The stored Pods published, as [`Following`] keeps them.
-    seen: HashMap<usize, (Arc<Pod>, PodKey)>,
+    seen: HashMap<Address, Pod>,
     /// Per namespace and name: each Pod's slice entry, digested and
     /// measured once when the Pod changes.
     entries: Entries,
@@ -379,7 +382,7 @@ impl Publishing {
     /// Brings the publisher up to `cluster` (every object but the Pods;
     /// `None`: the same as at the last update) and `pods`, every stored
     /// Pod. The first update needs a cluster.
-    pub fn update(&mut self, cluster: Option<Snapshot>, pods: Vec<Arc<Pod>>) -> &mut Publisher {
+    pub fn update(&mut self, cluster: Option<Snapshot>, pods: Vec<Pod>) -> &mut Publisher {
         let publisher = match (self.publisher.take(), cluster) {
             (Some(mut publisher), Some(cluster)) => {
                 publisher.set_cluster(canonical(cluster));
@@ -389,18 +392,12 @@ impl Publishing {
             (None, cluster) => {
                 // The first time, every Pod at once.
                 let mut cluster = canonical(cluster.unwrap_or_default());
-                cluster.pods = pods
-                    .iter()
-                    .filter_map(|p| egressgw_api::snapshot::watched_pod(p))
-                    .collect();
+                cluster.pods = pods.iter().filter_map(Pod::planned).collect();
                 self.entries = Entries::default();
                 for pod in &cluster.pods {
                     self.entries.insert(pod);
                 }
-                self.seen = pods
-                    .into_iter()
-                    .map(|p| (address(&p), (Arc::clone(&p), key(&p))))
-                    .collect();
+                self.seen = pods.into_iter().map(|p| (p.address(), p)).collect();
                 return self.publisher.insert(Publisher::new(cluster));
             }
         };
@@ -436,17 +433,6 @@ impl Publishing {
     }
 }
 
-fn address(pod: &Arc<Pod>) -> usize {
-    Arc::as_ptr(pod) as usize
-}
-
-fn key(pod: &Pod) -> PodKey {
-    (
-        pod.metadata.namespace.clone().unwrap_or_default(),
-        pod.metadata.name.clone().unwrap_or_default(),
-    )
-}
-
 /// `cluster` in a fixed order: the stores give their objects in an order
 /// that may change when one of them does, and the planner's result does
 /// not depend on it, so two reads of the same objects compare equal.
@@ -466,6 +452,7 @@ fn canonical(mut cluster: Snapshot) -> Snapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use egressgw_api::WatchedPod;
     use egressgw_core::model::Config;
 
     const CLUSTER: &str = r#"
@@ -510,18 +497,18 @@ spec:
         snapshot
     }
 
-    fn pod(name: &str, app: &str, node: &str, ip: &str) -> Arc<Pod> {
+    fn pod(name: &str, app: &str, node: &str, ip: &str) -> Pod {
         let yaml = format!(
             "metadata: {{name: {name}, namespace: shop, labels: {{app: {app}}}}}\n\
              spec: {{nodeName: {node}, containers: []}}\n\
              status: {{podIP: {ip}, podIPs: [{{ip: {ip}}}]}}"
         );
-        Arc::new(serde_yaml::from_str(&yaml).unwrap())
+        Arc::new(serde_yaml::from_str::<WatchedPod>(&yaml).unwrap()).into()
     }
 
     /// Feeds `pods` and checks the result against the whole plan of the
     /// same objects.
-    fn step(following: &mut Following, cluster: &Snapshot, pods: &[Arc<Pod>]) -> Replanned {
+    fn step(following: &mut Following, cluster: &Snapshot, pods: &[Pod]) -> Replanned {
         let replanned = following.update(
             cluster.clone(),
             PolicyStates::default(),
@@ -534,11 +521,8 @@ spec:
 
     /// Checks that `following` planned n1 as the whole plan of `cluster`
     /// with `pods` does.
-    fn assert_plans_the_whole(following: &Following, mut cluster: Snapshot, pods: &[Arc<Pod>]) {
-        cluster.pods = pods
-            .iter()
-            .filter_map(|p| egressgw_api::snapshot::watched_pod(p))
-            .collect();
+    fn assert_plans_the_whole(following: &Following, mut cluster: Snapshot, pods: &[Pod]) {
+        cluster.pods = pods.iter().filter_map(Pod::planned).collect();
         let expected = egressgw_core::plan_node_published(&cluster, "n1");
         assert_eq!(following.state().as_deref(), expected.as_ref());
     }
@@ -549,7 +533,7 @@ spec:
         let mut following = Following::new("n1");
         let web1 = pod("web-1", "web", "n2", "10.244.2.5");
         let web2 = pod("web-2", "web", "n1", "10.244.1.5");
-        let mut pods = vec![Arc::clone(&web1), Arc::clone(&web2)];
+        let mut pods = vec![web1.clone(), web2.clone()];
         assert_eq!(step(&mut following, &cluster, &pods), Replanned::Whole);
         let snat = following.state().unwrap().snat.len();
         assert!(snat > 0, "n1 carries web-1's traffic");
@@ -704,13 +688,13 @@ spec:
             cluster.clone(),
             none(),
             PodScope::Cluster,
-            vec![Arc::clone(&old)],
+            vec![old.clone()],
         );
         following.update(
             cluster.clone(),
             none(),
             PodScope::Cluster,
-            vec![old, Arc::clone(&new)],
+            vec![old, new.clone()],
         );
         let pods = vec![new];
         assert_eq!(step(&mut following, &cluster, &pods), Replanned::Pods(1));
@@ -722,6 +706,56 @@ spec:
                 .any(|e| e.src.to_string() == "10.244.1.7"),
             "web-1 on n1 is still classified"
         );
+    }
+
+    /// The Pods of one slice, as a gateway node's agent reads them.
+    fn published(version: &str, pods: &[(&str, &str, &str)]) -> Vec<Pod> {
+        let slice = Arc::new(egressgw_api::EgressEndpointSlice::new(
+            &format!("gw1-{version}"),
+            egressgw_api::EgressEndpointSliceSpec {
+                gateway: "gw1".into(),
+                pods: pods
+                    .iter()
+                    .map(|(name, app, ip)| egressgw_api::EndpointPod {
+                        namespace: "shop".into(),
+                        name: (*name).into(),
+                        node: "n2".into(),
+                        ips: vec![(*ip).into()],
+                        labels: [("app".to_owned(), (*app).to_owned())].into(),
+                    })
+                    .collect(),
+            },
+        ));
+        (0..pods.len())
+            .filter_map(|at| Pod::published(&slice, at))
+            .collect()
+    }
+
+    /// A slice written again for one of its Pods plans that Pod alone:
+    /// the others are read from the new slice, but are the same Pods.
+    #[test]
+    fn a_slice_written_again_plans_only_its_pods_that_changed() {
+        let cluster = cluster();
+        let mut following = Following::new("n1");
+        let first = published(
+            "1",
+            &[
+                ("web-1", "web", "10.244.2.5"),
+                ("web-2", "web", "10.244.2.6"),
+            ],
+        );
+        assert_eq!(step(&mut following, &cluster, &first), Replanned::Whole);
+        let again = published(
+            "2",
+            &[
+                ("web-1", "web", "10.244.2.5"),
+                ("web-2", "db", "10.244.2.6"),
+            ],
+        );
+        assert_eq!(step(&mut following, &cluster, &again), Replanned::Pods(1));
+        let fewer = published("3", &[("web-2", "db", "10.244.2.6")]);
+        assert_eq!(step(&mut following, &cluster, &fewer), Replanned::Pods(1));
+        assert!(following.state().unwrap().snat.is_empty());
     }
 
     #[test]
@@ -742,15 +776,12 @@ spec:
         fn update(
             publishing: &mut Publishing,
             cluster: Option<Snapshot>,
-            pods: &[Arc<Pod>],
+            pods: &[Pod],
         ) -> Vec<String> {
             let changed = publishing.update(cluster, pods.to_vec()).take_changed();
             let publisher = publishing.publisher().unwrap();
             let mut whole = publisher.cluster().clone();
-            whole.pods = pods
-                .iter()
-                .filter_map(|p| egressgw_api::snapshot::watched_pod(p))
-                .collect();
+            whole.pods = pods.iter().filter_map(Pod::planned).collect();
             assert_eq!(publisher.published(), egressgw_core::plan_published(&whole));
             for pod in publisher.pods_of("gw1") {
                 let want = publishing.want(pod);

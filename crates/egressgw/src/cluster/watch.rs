@@ -4,7 +4,7 @@
 //! Watch events only update the stores and wake the daemon's reconcile
 //! loop ([`Notify`]); the loop reads the stores as a whole (level-based).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -26,12 +26,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::utils::Backoff;
 use kube::runtime::{WatchStreamExt as _, watcher};
-use kube::{Api, Client, Resource, ResourceExt as _};
+use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use super::decoded::Decoded;
+use super::stored::StoredPod;
 
 /// Reflector stores of everything the planner reads.
 #[derive(Clone)]
@@ -187,7 +188,7 @@ impl Stores {
             .pods
             .state()
             .iter()
-            .filter_map(|p| egressgw_api::snapshot::watched_pod(p))
+            .filter_map(StoredPod::planned)
             .collect();
         snapshot
     }
@@ -294,11 +295,6 @@ struct OnDemand {
     /// Where the slices are (the release namespace).
     namespace: String,
     running: Option<(Running, JoinHandle<()>)>,
-    /// The Pods of each slice as last read, by slice name, with its
-    /// `resourceVersion`: a slice unchanged gives the same objects, and a
-    /// changed one the same objects for its Pods that did not change, so
-    /// the planner is fed only what changed (see `cluster::following`).
-    read: HashMap<String, (Option<String>, Vec<Arc<WatchedPod>>)>,
 }
 
 /// A watch started on demand.
@@ -350,30 +346,32 @@ impl Pods {
                 renew,
                 namespace: agent.map(|(_, ns)| ns.to_owned()).unwrap_or_default(),
                 running: None,
-                read: HashMap::new(),
             })),
         }
     }
 
     /// The Pods watched now and which they are: those of the watch started
     /// on demand once it has listed, else the first watch's.
-    pub fn scoped_state(&self) -> (PodScope, Vec<Arc<WatchedPod>>) {
-        let mut on_demand = self.lock();
-        let OnDemand { running, read, .. } = &mut *on_demand;
-        match running.as_ref().map(|(r, _)| r) {
-            Some(Running::Cluster(store)) if listed(store) => (PodScope::Cluster, store.state()),
+    pub fn scoped_state(&self) -> (PodScope, Vec<StoredPod>) {
+        let stored = |store: &Store<WatchedPod>| -> Vec<StoredPod> {
+            store.state().into_iter().map(StoredPod::from).collect()
+        };
+        let on_demand = self.lock();
+        match on_demand.running.as_ref().map(|(r, _)| r) {
+            Some(Running::Cluster(store)) if listed(store) => (PodScope::Cluster, stored(store)),
             Some(Running::Gateways(names, slices)) if listed(slices) => {
-                let mut pods = self.first.state();
-                let own: HashSet<(String, String)> = pods.iter().map(|p| key(p)).collect();
-                pods.extend(published(slices, names, self.node.as_deref(), &own, read));
+                let mut pods = stored(&self.first);
+                let own: HashSet<(&str, &str)> = pods.iter().map(StoredPod::key).collect();
+                let published = published(slices, names, self.node.as_deref(), &own);
+                pods.extend(published);
                 (PodScope::Gateways, pods)
             }
-            _ => (self.first_scope, self.first.state()),
+            _ => (self.first_scope, stored(&self.first)),
         }
     }
 
     /// The Pods of [`Pods::scoped_state`] alone.
-    pub fn state(&self) -> Vec<Arc<WatchedPod>> {
+    pub fn state(&self) -> Vec<StoredPod> {
         self.scoped_state().1
     }
 
@@ -395,7 +393,6 @@ impl Pods {
             if let Some((_, task)) = on_demand.running.take() {
                 task.abort();
             }
-            on_demand.read.clear();
             on_demand.running = on_demand.start(wanted);
         }
         match on_demand.running.as_ref().map(|(r, _)| r) {
@@ -480,73 +477,32 @@ fn listed<K: Resource<DynamicType = ()> + Clone>(store: &Store<K>) -> bool {
 /// The Pods the `slices` of the gateways `names` publish, but those of
 /// `node` and those of a name in `own` (the node's own watch has them,
 /// fresher: a Pod deleted elsewhere and made again on this node under its
-/// name is still published on its old node for a moment), each Pod once;
-/// `read` keeps the objects of the last read for the next.
+/// name is still published on its old node for a moment), each Pod once.
 fn published(
     slices: &Store<EgressEndpointSlice>,
     names: &[String],
     node: Option<&str>,
-    own: &HashSet<(String, String)>,
-    read: &mut HashMap<String, (Option<String>, Vec<Arc<WatchedPod>>)>,
-) -> Vec<Arc<WatchedPod>> {
+    own: &HashSet<(&str, &str)>,
+) -> Vec<StoredPod> {
     let mut slices: Vec<Arc<EgressEndpointSlice>> = slices
         .state()
         .into_iter()
         .filter(|s| names.binary_search(&s.spec.gateway).is_ok())
         .collect();
-    // In a fixed order, so that a Pod two gateways publish is the same
-    // object from one read to the next.
-    slices.sort_by_key(|s| s.name_any());
-    let mut next = HashMap::with_capacity(slices.len());
+    // In a fixed order, so that a Pod two gateways publish is read from
+    // the same slice from one read to the next.
+    slices.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     let mut seen: HashSet<(&str, &str)> = HashSet::new();
     let mut out = Vec::new();
     for slice in &slices {
-        let name = slice.name_any();
-        let version = slice.metadata.resource_version.clone();
-        let pods = match read.remove(&name) {
-            Some((v, pods)) if v == version => pods,
-            old => {
-                let old: HashMap<(String, String), Arc<WatchedPod>> = old
-                    .into_iter()
-                    .flat_map(|(_, pods)| pods)
-                    .map(|p| (key(&p), p))
-                    .collect();
-                slice
-                    .spec
-                    .pods
-                    .iter()
-                    .map(|entry| {
-                        let pod = entry.watched();
-                        match old.get(&(entry.namespace.clone(), entry.name.clone())) {
-                            Some(same) if **same == pod => Arc::clone(same),
-                            _ => Arc::new(pod),
-                        }
-                    })
-                    .collect()
-            }
-        };
-        next.insert(name, (version, pods));
-    }
-    for slice in &slices {
-        let (_, pods) = &next[&slice.name_any()];
-        for (entry, pod) in slice.spec.pods.iter().zip(pods) {
-            if Some(entry.node.as_str()) != node
-                && seen.insert((entry.namespace.as_str(), entry.name.as_str()))
-                && !own.contains(&(entry.namespace.clone(), entry.name.clone()))
-            {
-                out.push(Arc::clone(pod));
+        for (at, entry) in slice.spec.pods.iter().enumerate() {
+            let name = (entry.namespace.as_str(), entry.name.as_str());
+            if Some(entry.node.as_str()) != node && !own.contains(&name) && seen.insert(name) {
+                out.extend(StoredPod::published(slice, at));
             }
         }
     }
-    *read = next;
     out
-}
-
-fn key(pod: &WatchedPod) -> (String, String) {
-    (
-        pod.metadata.namespace.clone().unwrap_or_default(),
-        pod.metadata.name.clone().unwrap_or_default(),
-    )
 }
 
 /// Adds the objects of `objects` that did not decode as invalid ones.
@@ -1100,17 +1056,17 @@ mod tests {
         slice
     }
 
-    fn names(pods: &[Arc<WatchedPod>]) -> Vec<String> {
-        let mut names: Vec<String> = pods.iter().map(|p| key(p).1).collect();
-        names.sort();
+    fn names(pods: &[StoredPod]) -> Vec<&str> {
+        let mut names: Vec<&str> = pods.iter().map(|p| p.key().1).collect();
+        names.sort_unstable();
         names
     }
 
     /// The Pods of the slices of this node's gateways, each once, but its
-    /// own; read again, an unchanged Pod is the same object, so the planner
-    /// is fed only what changed.
+    /// own; read again, a Pod of an unchanged slice is where it was, so
+    /// the planner is fed only what changed.
     #[test]
-    fn published_pods_are_read_once_each_and_the_same_objects_while_unchanged() {
+    fn published_pods_are_read_once_each_and_in_place_while_unchanged() {
         let (store, mut writer) = reflector::store::<EgressEndpointSlice>();
         let apply = |writer: &mut reflector::store::Writer<EgressEndpointSlice>, s| {
             writer.apply_watcher_event(&watcher::Event::Apply(s));
@@ -1149,22 +1105,26 @@ mod tests {
             &mut writer,
             slice("other-1", "other", "1", &[("web-9", "node-3")]),
         );
-        let own: HashSet<(String, String)> = [("team-a".to_owned(), "web-9".to_owned())].into();
-        let mut read = HashMap::new();
-        let first = published(&store, &gateways, Some("node-1"), &own, &mut read);
+        let own: HashSet<(&str, &str)> = [("team-a", "web-9")].into();
+        let first = published(&store, &gateways, Some("node-1"), &own);
         assert_eq!(names(&first), ["db-1", "web-2", "web-3"]);
-        let again = published(&store, &gateways, Some("node-1"), &own, &mut read);
-        let same = |a: &[Arc<WatchedPod>], b: &[Arc<WatchedPod>], pod: &str| {
-            let find = |l: &[Arc<WatchedPod>]| {
-                Arc::clone(l.iter().find(|p| key(p).1 == pod).expect("read"))
-            };
-            Arc::ptr_eq(&find(a), &find(b))
+        let again = published(&store, &gateways, Some("node-1"), &own);
+        let find = |pods: &[StoredPod], name: &str| {
+            pods.iter()
+                .find(|p| p.key().1 == name)
+                .expect("read")
+                .clone()
         };
+        let same_place = |a: &[StoredPod], b: &[StoredPod], name: &str| {
+            find(a, name).address() == find(b, name).address()
+        };
+        let same_pod =
+            |a: &[StoredPod], b: &[StoredPod], name: &str| find(a, name).same(&find(b, name));
         for pod in ["db-1", "web-2", "web-3"] {
-            assert!(same(&first, &again, pod), "{pod}");
+            assert!(same_place(&first, &again, pod), "{pod}");
         }
-        // web-3 relabelled in a new version of its slice: a new object for
-        // it alone.
+        // web-3 relabelled in a new version of its slice: read from the
+        // new slice, and no longer the same Pod.
         let mut changed = slice(
             "gw-1",
             "gw",
@@ -1174,17 +1134,28 @@ mod tests {
         changed.spec.pods[0]
             .labels
             .insert("tier".into(), "front".into());
-        apply(&mut writer, changed);
-        let third = published(&store, &gateways, Some("node-1"), &own, &mut read);
+        apply(&mut writer, changed.clone());
+        let third = published(&store, &gateways, Some("node-1"), &own);
         assert_eq!(names(&third), ["db-1", "web-2", "web-3", "web-4"]);
-        assert!(!same(&again, &third, "web-3"));
-        assert!(same(&again, &third, "web-2"));
-        let planned = snapshot::watched_pod(third.iter().find(|p| key(p).1 == "web-3").unwrap())
-            .expect("a running pod");
+        assert!(!same_place(&again, &third, "web-3"));
+        assert!(!same_pod(&again, &third, "web-3"));
+        assert!(same_place(&again, &third, "web-2"));
+        let planned = find(&third, "web-3").planned().expect("a running pod");
         assert_eq!(
             planned.labels.get("tier").map(String::as_str),
             Some("front")
         );
+        // The slice written again for web-3 alone: web-4 is read from the
+        // new slice, and is the same Pod.
+        changed.metadata.resource_version = Some("3".into());
+        changed.spec.pods[0]
+            .labels
+            .insert("tier".into(), "back".into());
+        apply(&mut writer, changed);
+        let fourth = published(&store, &gateways, Some("node-1"), &own);
+        assert!(!same_place(&third, &fourth, "web-4"));
+        assert!(same_pod(&third, &fourth, "web-4"));
+        assert!(!same_pod(&third, &fourth, "web-3"));
     }
 
     /// A kubelet's status renewal changes only its conditions' heartbeat

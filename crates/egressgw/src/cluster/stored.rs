@@ -1,0 +1,85 @@
+//! A Pod as a daemon's stores hold it: a watched Pod object, or one entry
+//! of an `EgressEndpointSlice` the controller published.
+//!
+//! The planner is fed what changed since its last read by the identity of
+//! these ([`StoredPod::address`]): a store replaces an object when the API
+//! server sends a new version of it, and keeps it otherwise. A published
+//! Pod is read where the slice holds it, not copied out of it: a gateway
+//! node's agent holds each of the Pods it carries once as the slice's
+//! entry, and once as the planner's Pod.
+
+use std::sync::Arc;
+
+use egressgw_api::{EgressEndpointSlice, WatchedPod};
+use egressgw_core::model;
+
+/// One stored Pod.
+#[derive(Debug, Clone)]
+pub struct StoredPod(Stored);
+
+#[derive(Debug, Clone)]
+enum Stored {
+    /// A Pod object from a watch of Pods.
+    Watched(Arc<WatchedPod>),
+    /// A slice and the index of one of its Pods' entries.
+    Published(Arc<EgressEndpointSlice>, usize),
+}
+
+/// Where a [`StoredPod`] is held: the same while its store keeps the
+/// object, and never reused while a [`StoredPod`] keeps it alive.
+pub type Address = (usize, usize);
+
+impl From<Arc<WatchedPod>> for StoredPod {
+    fn from(pod: Arc<WatchedPod>) -> Self {
+        Self(Stored::Watched(pod))
+    }
+}
+
+impl StoredPod {
+    /// The Pod of `slice`'s entry `at`; `None` when it has no such entry.
+    pub fn published(slice: &Arc<EgressEndpointSlice>, at: usize) -> Option<Self> {
+        (at < slice.spec.pods.len()).then(|| Self(Stored::Published(Arc::clone(slice), at)))
+    }
+
+    pub fn address(&self) -> Address {
+        match &self.0 {
+            Stored::Watched(pod) => (Arc::as_ptr(pod) as usize, 0),
+            Stored::Published(slice, at) => (Arc::as_ptr(slice) as usize, *at),
+        }
+    }
+
+    /// The Pod's namespace and name.
+    pub fn key(&self) -> (&str, &str) {
+        match &self.0 {
+            Stored::Watched(pod) => (
+                pod.metadata.namespace.as_deref().unwrap_or_default(),
+                pod.metadata.name.as_deref().unwrap_or_default(),
+            ),
+            Stored::Published(slice, at) => {
+                let entry = &slice.spec.pods[*at];
+                (&entry.namespace, &entry.name)
+            }
+        }
+    }
+
+    /// The Pod as the planner takes it; `None` when it sends nothing (it
+    /// finished, or is being deleted).
+    pub fn planned(&self) -> Option<model::Pod> {
+        match &self.0 {
+            Stored::Watched(pod) => egressgw_api::snapshot::watched_pod(pod),
+            Stored::Published(slice, at) => Some(slice.spec.pods[*at].planned()),
+        }
+    }
+
+    /// Whether `other` holds the same Pod as this, as stored: a slice
+    /// written again with this Pod's entry unchanged, say.
+    pub fn same(&self, other: &Self) -> bool {
+        match (&self.0, &other.0) {
+            (Stored::Watched(a), Stored::Watched(b)) => a == b,
+            (Stored::Published(a, i), Stored::Published(b, j)) => {
+                a.spec.pods[*i] == b.spec.pods[*j]
+            }
+            _ => false,
+        }
+    }
+}
