@@ -187,6 +187,59 @@ impl k8s_openapi::Metadata for WatchedSlice {
     }
 }
 
+/// An `EgressEndpointSlice` as a gateway node's agent keeps it: each Pod
+/// decoded straight into what the planner plans from
+/// ([`EndpointPod::planned`]), its labels in a sorted vector and its
+/// addresses parsed, rather than as the entry's strings and map.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct PublishedSlice {
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: PublishedSliceSpec,
+}
+
+/// `spec` of a [`PublishedSlice`].
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct PublishedSliceSpec {
+    #[serde(default)]
+    pub gateway: String,
+    #[serde(default)]
+    pub pods: Vec<PublishedPod>,
+}
+
+/// One Pod of a [`PublishedSlice`], as planned.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(from = "EndpointPod")]
+pub struct PublishedPod(pub model::Pod);
+
+impl From<EndpointPod> for PublishedPod {
+    fn from(pod: EndpointPod) -> Self {
+        Self(pod.planned())
+    }
+}
+
+impl k8s_openapi::Resource for PublishedSlice {
+    const API_VERSION: &'static str = <WatchedSlice as k8s_openapi::Resource>::API_VERSION;
+    const GROUP: &'static str = <WatchedSlice as k8s_openapi::Resource>::GROUP;
+    const KIND: &'static str = <WatchedSlice as k8s_openapi::Resource>::KIND;
+    const VERSION: &'static str = <WatchedSlice as k8s_openapi::Resource>::VERSION;
+    const URL_PATH_SEGMENT: &'static str =
+        <WatchedSlice as k8s_openapi::Resource>::URL_PATH_SEGMENT;
+    type Scope = k8s_openapi::NamespaceResourceScope;
+}
+
+impl k8s_openapi::Metadata for PublishedSlice {
+    type Ty = ObjectMeta;
+
+    fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn metadata_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
 /// The value of [`GATEWAY_LABEL`] for the gateway `name`: the name itself
 /// when it is a valid label value (at most 63 characters), else a hash of
 /// it. A slice's `spec.gateway` says which gateway it is in either case.
@@ -281,6 +334,57 @@ mod tests {
         assert_eq!(WatchedSlice::plural(&()), EgressEndpointSlice::plural(&()));
         assert_eq!(
             WatchedSlice::api_version(&()),
+            EgressEndpointSlice::api_version(&())
+        );
+    }
+
+    /// A slice decoded as an agent keeps it holds each Pod as planned, and
+    /// is the type's own.
+    #[test]
+    fn a_published_slice_holds_each_pod_as_planned() {
+        use kube::Resource as _;
+        let entries = vec![
+            EndpointPod {
+                namespace: "team-a".into(),
+                name: "web-1".into(),
+                node: "node-1".into(),
+                ips: vec!["10.244.1.2".into(), "fd00::2".into()],
+                labels: [
+                    ("tier".to_owned(), "front".to_owned()),
+                    ("app".to_owned(), "web".to_owned()),
+                ]
+                .into(),
+            },
+            EndpointPod {
+                namespace: "team-b".into(),
+                name: "db-1".into(),
+                node: "node-2".into(),
+                ips: vec!["10.244.2.9".into()],
+                labels: BTreeMap::new(),
+            },
+        ];
+        let slice = EgressEndpointSlice::new(
+            "gw-0",
+            EgressEndpointSliceSpec {
+                gateway: "gw".into(),
+                pods: entries.clone(),
+            },
+        );
+        let published: PublishedSlice =
+            serde_json::from_value(serde_json::to_value(&slice).unwrap()).unwrap();
+        assert_eq!(published.spec.gateway, "gw");
+        let pods: Vec<model::Pod> = published.spec.pods.into_iter().map(|p| p.0).collect();
+        let planned: Vec<model::Pod> = entries.iter().map(EndpointPod::planned).collect();
+        assert_eq!(pods, planned);
+        assert_eq!(pods[0].labels.get("app").map(String::as_str), Some("web"));
+        assert_eq!(pods[0].ips.len(), 2);
+        assert_eq!(PublishedSlice::kind(&()), EgressEndpointSlice::kind(&()));
+        assert_eq!(
+            PublishedSlice::plural(&()),
+            EgressEndpointSlice::plural(&())
+        );
+        assert_eq!(
+            PublishedSlice::api_version(&()),
             EgressEndpointSlice::api_version(&())
         );
     }

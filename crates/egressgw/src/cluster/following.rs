@@ -710,7 +710,7 @@ spec:
 
     /// The Pods of one slice, as a gateway node's agent reads them.
     fn published(version: &str, pods: &[(&str, &str, &str)]) -> Vec<Pod> {
-        let slice = Arc::new(egressgw_api::EgressEndpointSlice::new(
+        let slice = egressgw_api::EgressEndpointSlice::new(
             &format!("gw1-{version}"),
             egressgw_api::EgressEndpointSliceSpec {
                 gateway: "gw1".into(),
@@ -725,7 +725,9 @@ spec:
                     })
                     .collect(),
             },
-        ));
+        );
+        let json = serde_json::to_value(&slice).unwrap();
+        let slice = Arc::new(serde_json::from_value(json).unwrap());
         (0..pods.len())
             .filter_map(|at| Pod::published(&slice, at))
             .collect()

@@ -1,16 +1,18 @@
 //! A Pod as a daemon's stores hold it: a watched Pod object, or one entry
-//! of an `EgressEndpointSlice` the controller published.
+//! of an `EgressEndpointSlice` the controller published, decoded as planned
+//! ([`PublishedSlice`]).
 //!
 //! The planner is fed what changed since its last read by the identity of
 //! these ([`StoredPod::address`]): a store replaces an object when the API
 //! server sends a new version of it, and keeps it otherwise. A published
 //! Pod is read where the slice holds it, not copied out of it: a gateway
-//! node's agent holds each of the Pods it carries once as the slice's
-//! entry, and once as the planner's Pod.
+//! node's agent holds each of the Pods it carries once in its slice, and
+//! once as the planner's Pod.
 
 use std::sync::Arc;
 
-use egressgw_api::{EgressEndpointSlice, WatchedPod};
+use egressgw_api::WatchedPod;
+use egressgw_api::endpoints::PublishedSlice;
 use egressgw_core::model;
 
 /// One stored Pod.
@@ -22,7 +24,7 @@ enum Stored {
     /// A Pod object from a watch of Pods.
     Watched(Arc<WatchedPod>),
     /// A slice and the index of one of its Pods' entries.
-    Published(Arc<EgressEndpointSlice>, usize),
+    Published(Arc<PublishedSlice>, usize),
 }
 
 /// Where a [`StoredPod`] is held: the same while its store keeps the
@@ -37,7 +39,7 @@ impl From<Arc<WatchedPod>> for StoredPod {
 
 impl StoredPod {
     /// The Pod of `slice`'s entry `at`; `None` when it has no such entry.
-    pub fn published(slice: &Arc<EgressEndpointSlice>, at: usize) -> Option<Self> {
+    pub fn published(slice: &Arc<PublishedSlice>, at: usize) -> Option<Self> {
         (at < slice.spec.pods.len()).then(|| Self(Stored::Published(Arc::clone(slice), at)))
     }
 
@@ -56,8 +58,8 @@ impl StoredPod {
                 pod.metadata.name.as_deref().unwrap_or_default(),
             ),
             Stored::Published(slice, at) => {
-                let entry = &slice.spec.pods[*at];
-                (&entry.namespace, &entry.name)
+                let pod = &slice.spec.pods[*at].0;
+                (&pod.namespace, &pod.name)
             }
         }
     }
@@ -67,7 +69,7 @@ impl StoredPod {
     pub fn planned(&self) -> Option<model::Pod> {
         match &self.0 {
             Stored::Watched(pod) => egressgw_api::snapshot::watched_pod(pod),
-            Stored::Published(slice, at) => Some(slice.spec.pods[*at].planned()),
+            Stored::Published(slice, at) => Some(slice.spec.pods[*at].0.clone()),
         }
     }
 

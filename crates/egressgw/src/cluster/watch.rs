@@ -12,10 +12,10 @@ use std::time::Duration;
 
 use egressgw_api::ValidationErrors;
 use egressgw_api::WatchedPod;
+use egressgw_api::endpoints::{PublishedPod, PublishedSlice};
 use egressgw_api::policy::EgressPolicyStatus;
 use egressgw_api::{
-    EgressClusterPolicy, EgressEndpointSlice, EgressGateway, EgressPolicy, EgressTunnel,
-    SnapshotBuilder,
+    EgressClusterPolicy, EgressGateway, EgressPolicy, EgressTunnel, SnapshotBuilder,
 };
 use egressgw_core::model::{Config, PolicyRef};
 use egressgw_core::{PodScope, Snapshot};
@@ -300,7 +300,7 @@ struct OnDemand {
 /// A watch started on demand.
 enum Running {
     Cluster(Store<WatchedPod>),
-    Gateways(Vec<String>, Store<EgressEndpointSlice>),
+    Gateways(Vec<String>, Store<PublishedSlice>),
 }
 
 impl Drop for OnDemand {
@@ -479,12 +479,12 @@ fn listed<K: Resource<DynamicType = ()> + Clone>(store: &Store<K>) -> bool {
 /// fresher: a Pod deleted elsewhere and made again on this node under its
 /// name is still published on its old node for a moment), each Pod once.
 fn published(
-    slices: &Store<EgressEndpointSlice>,
+    slices: &Store<PublishedSlice>,
     names: &[String],
     node: Option<&str>,
     own: &HashSet<(&str, &str)>,
 ) -> Vec<StoredPod> {
-    let mut slices: Vec<Arc<EgressEndpointSlice>> = slices
+    let mut slices: Vec<Arc<PublishedSlice>> = slices
         .state()
         .into_iter()
         .filter(|s| names.binary_search(&s.spec.gateway).is_ok())
@@ -495,9 +495,9 @@ fn published(
     let mut seen: HashSet<(&str, &str)> = HashSet::new();
     let mut out = Vec::new();
     for slice in &slices {
-        for (at, entry) in slice.spec.pods.iter().enumerate() {
-            let name = (entry.namespace.as_str(), entry.name.as_str());
-            if Some(entry.node.as_str()) != node && !own.contains(&name) && seen.insert(name) {
+        for (at, PublishedPod(pod)) in slice.spec.pods.iter().enumerate() {
+            let name = (pod.namespace.as_str(), pod.name.as_str());
+            if pod.node.as_deref() != node && !own.contains(&name) && seen.insert(name) {
                 out.extend(StoredPod::published(slice, at));
             }
         }
@@ -815,7 +815,7 @@ pub trait Trim: Resource {
 }
 
 impl Trim for Namespace {}
-impl Trim for EgressEndpointSlice {}
+impl Trim for PublishedSlice {}
 impl Trim for egressgw_api::endpoints::WatchedSlice {}
 impl Trim for EgressGateway {}
 /// A tunnel keeps all but its heartbeat: the agents renew it every 30 s
@@ -877,7 +877,7 @@ impl Trim for Node {
 
 #[cfg(test)]
 mod tests {
-    use egressgw_api::snapshot;
+    use egressgw_api::{EgressEndpointSlice, snapshot};
     use serde_json::json;
 
     use super::*;
@@ -1067,9 +1067,13 @@ mod tests {
     /// the planner is fed only what changed.
     #[test]
     fn published_pods_are_read_once_each_and_in_place_while_unchanged() {
-        let (store, mut writer) = reflector::store::<EgressEndpointSlice>();
-        let apply = |writer: &mut reflector::store::Writer<EgressEndpointSlice>, s| {
-            writer.apply_watcher_event(&watcher::Event::Apply(s));
+        let (store, mut writer) = reflector::store::<PublishedSlice>();
+        // Decoded from the slice's JSON, as from the API server.
+        let apply = |writer: &mut reflector::store::Writer<PublishedSlice>,
+                     s: EgressEndpointSlice| {
+            let json = serde_json::to_value(&s).expect("a slice serializes");
+            let decoded = serde_json::from_value(json).expect("a slice decodes");
+            writer.apply_watcher_event(&watcher::Event::Apply(decoded));
         };
         apply(
             &mut writer,
