@@ -11,6 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use egressgw_core::model;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -207,14 +208,14 @@ pub struct PublishedSliceSpec {
     pub pods: Vec<PublishedPod>,
 }
 
-/// One Pod of a [`PublishedSlice`], as planned.
+/// One Pod of a [`PublishedSlice`], as planned, for the planner to share.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(from = "EndpointPod")]
-pub struct PublishedPod(pub model::Pod);
+pub struct PublishedPod(pub Arc<model::Pod>);
 
 impl From<EndpointPod> for PublishedPod {
     fn from(pod: EndpointPod) -> Self {
-        Self(pod.planned())
+        Self(Arc::new(pod.planned()))
     }
 }
 
@@ -373,7 +374,12 @@ mod tests {
         let published: PublishedSlice =
             serde_json::from_value(serde_json::to_value(&slice).unwrap()).unwrap();
         assert_eq!(published.spec.gateway, "gw");
-        let pods: Vec<model::Pod> = published.spec.pods.into_iter().map(|p| p.0).collect();
+        let pods: Vec<model::Pod> = published
+            .spec
+            .pods
+            .into_iter()
+            .map(|p| Arc::unwrap_or_clone(p.0))
+            .collect();
         let planned: Vec<model::Pod> = entries.iter().map(EndpointPod::planned).collect();
         assert_eq!(pods, planned);
         assert_eq!(pods[0].labels.get("app").map(String::as_str), Some("web"));

@@ -65,7 +65,8 @@ type Followed = (ClassifyEntry, Option<Arc<Group>>);
 /// A Pod and what was planned of it.
 #[derive(Debug)]
 struct Planned {
-    pod: Pod,
+    /// Shared with whoever gave it ([`PodChange::Set`]).
+    pod: Arc<Pod>,
     /// The policies selecting it, ascending (none when it cannot be
     /// classified).
     selecting: Vec<usize>,
@@ -238,11 +239,23 @@ impl Planner {
     /// does.
     pub fn new(mut snapshot: Snapshot, node: &str) -> Self {
         let pods = std::mem::take(&mut snapshot.pods);
+        Self::with_pods(snapshot, node, pods.into_iter().map(Arc::new))
+    }
+
+    /// [`Planner::new`] with the Pods apart from `snapshot` (whose own are
+    /// not read), shared with the caller rather than copied.
+    pub fn with_pods(
+        mut snapshot: Snapshot,
+        node: &str,
+        pods: impl IntoIterator<Item = Arc<Pod>>,
+    ) -> Self {
+        snapshot.pods = Vec::new();
+        let pods = pods.into_iter();
         let frame = Frame::new(&snapshot, node);
         let mut planner = Planner {
             node: node.to_owned(),
             cluster: snapshot,
-            pods: FoldMap::with_capacity_and_hasher(pods.len(), Default::default()),
+            pods: FoldMap::with_capacity_and_hasher(pods.size_hint().0, Default::default()),
             frame,
             claims: FoldMap::default(),
             classify: BTreeMap::new(),
@@ -279,7 +292,7 @@ impl Planner {
     /// The objects planned: the cluster and the Pods.
     pub fn snapshot(&self) -> Snapshot {
         let mut snapshot = self.cluster.clone();
-        snapshot.pods = self.pods.values().map(|p| p.pod.clone()).collect();
+        snapshot.pods = self.pods.values().map(|p| Pod::clone(&p.pod)).collect();
         snapshot
     }
 
@@ -383,7 +396,7 @@ impl Planner {
 
     /// Adds `pod`, or replaces the Pod of its namespace and name.
     pub fn set_pod(&mut self, pod: Pod) {
-        self.change_pods([PodChange::Set(pod)]);
+        self.change_pods([PodChange::Set(Arc::new(pod))]);
     }
 
     /// Deletes the Pod `namespace`/`name`, if there is one.
@@ -438,15 +451,15 @@ impl Planner {
     /// Everything planned again from the frame: selection, claims, state.
     fn rebuild(&mut self) {
         // Selected with the whole plan's indexes, found again by address.
-        let (mut selected, _) = self
-            .frame
-            .matcher
-            .select_all(self.pods.values().map(|p| &p.pod), &self.cluster.namespaces);
+        let (mut selected, _) = self.frame.matcher.select_all(
+            self.pods.values().map(|p| &*p.pod),
+            &self.cluster.namespaces,
+        );
         self.claims.clear();
         self.claims.reserve(self.pods.len());
         self.classify.clear();
         for (key, planned) in &mut self.pods {
-            let at: *const Pod = &planned.pod;
+            let at: *const Pod = &*planned.pod;
             planned.selecting = selected.remove(&at).unwrap_or_default();
             self.frame.claim(&mut self.claims, key, planned);
         }
@@ -518,7 +531,7 @@ impl Planner {
 #[derive(Debug, Clone, PartialEq)]
 pub enum PodChange {
     /// A Pod added, or replacing the Pod of its namespace and name.
-    Set(Pod),
+    Set(Arc<Pod>),
     /// The Pod of this namespace and name deleted.
     Removed { namespace: String, name: String },
 }

@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use proptest::prelude::*;
@@ -1790,7 +1791,7 @@ fn pod_change(step: &Step, nodes: usize) -> Option<PodChange> {
     Some(match *step {
         Step::Pod(n, name, app, node, ip, host) => {
             let node = node % nodes;
-            PodChange::Set(Pod {
+            PodChange::Set(Arc::new(Pod {
                 namespace: ns(n),
                 name: format!("pod-{name}"),
                 labels: labels(&[("app", &format!("app{app}"))]),
@@ -1798,20 +1799,20 @@ fn pod_change(step: &Step, nodes: usize) -> Option<PodChange> {
                 ips: vec![IpAddr::from([10, 244, node as u8, 10 + ip])],
                 node: Some(format!("node-{node}")),
                 host_network: host && ip % 5 == 0,
-            })
+            }))
         }
         Step::PodGone(n, name) => PodChange::Removed {
             namespace: ns(n),
             name: format!("pod-{name}"),
         },
-        Step::Pending(n, name, scheduled) => PodChange::Set(Pod {
+        Step::Pending(n, name, scheduled) => PodChange::Set(Arc::new(Pod {
             namespace: ns(n),
             name: format!("pod-{name}"),
             labels: labels(&[("app", "app0")]),
             ips: Vec::new(),
             node: scheduled.then(|| "node-0".to_owned()),
             host_network: false,
-        }),
+        })),
         _ => return None,
     })
 }
@@ -1830,7 +1831,7 @@ fn apply_step_as(planner: &mut impl Follows, step: &Step, by_policies: bool) {
     let nodes = cluster.nodes.len();
     if let Some(change) = pod_change(step, nodes) {
         match change {
-            PodChange::Set(pod) => planner.set_pod(pod),
+            PodChange::Set(pod) => planner.set_pod(Arc::unwrap_or_clone(pod)),
             PodChange::Removed { namespace, name } => planner.remove_pod(&namespace, &name),
         }
         return;

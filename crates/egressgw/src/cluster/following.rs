@@ -245,9 +245,9 @@ impl Following {
         self.planner.as_ref().and_then(Planner::shared_state)
     }
 
-    fn whole(&mut self, mut cluster: Snapshot, scope: PodScope, pods: Vec<Pod>) {
-        cluster.pods = pods.iter().filter_map(Pod::planned).collect();
-        self.planner = Some(Planner::new(cluster, &self.node));
+    fn whole(&mut self, cluster: Snapshot, scope: PodScope, pods: Vec<Pod>) {
+        let planned = pods.iter().filter_map(Pod::planned);
+        self.planner = Some(Planner::with_pods(cluster, &self.node, planned));
         self.scope = Some(scope);
         self.seen = pods.into_iter().map(|p| (p.address(), p)).collect();
     }
@@ -367,7 +367,7 @@ impl TakesPods for Digesting<'_> {
             match change {
                 PodChange::Set(pod) => {
                     self.1.insert(&pod);
-                    self.0.set_pod(pod);
+                    self.0.set_pod(Arc::unwrap_or_clone(pod));
                 }
                 PodChange::Removed { namespace, name } => {
                     self.1.remove(&namespace, &name);
@@ -392,7 +392,11 @@ impl Publishing {
             (None, cluster) => {
                 // The first time, every Pod at once.
                 let mut cluster = canonical(cluster.unwrap_or_default());
-                cluster.pods = pods.iter().filter_map(Pod::planned).collect();
+                cluster.pods = pods
+                    .iter()
+                    .filter_map(Pod::planned)
+                    .map(Arc::unwrap_or_clone)
+                    .collect();
                 self.entries = Entries::default();
                 for pod in &cluster.pods {
                     self.entries.insert(pod);
@@ -522,7 +526,11 @@ spec:
     /// Checks that `following` planned n1 as the whole plan of `cluster`
     /// with `pods` does.
     fn assert_plans_the_whole(following: &Following, mut cluster: Snapshot, pods: &[Pod]) {
-        cluster.pods = pods.iter().filter_map(Pod::planned).collect();
+        cluster.pods = pods
+            .iter()
+            .filter_map(Pod::planned)
+            .map(Arc::unwrap_or_clone)
+            .collect();
         let expected = egressgw_core::plan_node_published(&cluster, "n1");
         assert_eq!(following.state().as_deref(), expected.as_ref());
     }
@@ -783,7 +791,11 @@ spec:
             let changed = publishing.update(cluster, pods.to_vec()).take_changed();
             let publisher = publishing.publisher().unwrap();
             let mut whole = publisher.cluster().clone();
-            whole.pods = pods.iter().filter_map(Pod::planned).collect();
+            whole.pods = pods
+                .iter()
+                .filter_map(Pod::planned)
+                .map(Arc::unwrap_or_clone)
+                .collect();
             assert_eq!(publisher.published(), egressgw_core::plan_published(&whole));
             for pod in publisher.pods_of("gw1") {
                 let want = publishing.want(pod);

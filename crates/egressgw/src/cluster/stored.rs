@@ -6,8 +6,8 @@
 //! these ([`StoredPod::address`]): a store replaces an object when the API
 //! server sends a new version of it, and keeps it otherwise. A published
 //! Pod is read where the slice holds it, not copied out of it: a gateway
-//! node's agent holds each of the Pods it carries once in its slice, and
-//! once as the planner's Pod.
+//! node's agent holds each of the Pods it carries once, in its slice,
+//! shared with the planner.
 
 use std::sync::Arc;
 
@@ -65,11 +65,12 @@ impl StoredPod {
     }
 
     /// The Pod as the planner takes it; `None` when it sends nothing (it
-    /// finished, or is being deleted).
-    pub fn planned(&self) -> Option<model::Pod> {
+    /// finished, or is being deleted). A published Pod is shared with its
+    /// slice, not copied.
+    pub fn planned(&self) -> Option<Arc<model::Pod>> {
         match &self.0 {
-            Stored::Watched(pod) => egressgw_api::snapshot::watched_pod(pod),
-            Stored::Published(slice, at) => Some(slice.spec.pods[*at].0.clone()),
+            Stored::Watched(pod) => egressgw_api::snapshot::watched_pod(pod).map(Arc::new),
+            Stored::Published(slice, at) => Some(Arc::clone(&slice.spec.pods[*at].0)),
         }
     }
 

@@ -189,6 +189,7 @@ impl Stores {
             .state()
             .iter()
             .filter_map(StoredPod::planned)
+            .map(Arc::unwrap_or_clone)
             .collect();
         snapshot
     }
