@@ -399,6 +399,22 @@ impl Planner {
         self.change_pods([PodChange::Set(Arc::new(pod))]);
     }
 
+    /// Holds each of `pods` in place of the equal Pod held of its name,
+    /// planning nothing: a caller that stored a Pod anew unchanged (a
+    /// slice written again for another Pod) then holds the only copy. A
+    /// Pod that is not the one held of its name is left out: it is a
+    /// change ([`Planner::change_pods`]).
+    pub fn share_pods(&mut self, pods: impl IntoIterator<Item = Arc<Pod>>) {
+        for pod in pods {
+            let key = (pod.namespace.clone(), pod.name.clone());
+            if let Some(held) = self.pods.get_mut(&key)
+                && *held.pod == *pod
+            {
+                held.pod = pod;
+            }
+        }
+    }
+
     /// Deletes the Pod `namespace`/`name`, if there is one.
     pub fn remove_pod(&mut self, namespace: &str, name: &str) {
         self.change_pods([PodChange::Removed {

@@ -31,11 +31,21 @@ use crate::slices::Want;
 trait TakesPods {
     /// Takes `changes`, in order.
     fn change_pods(&mut self, changes: Vec<PodChange>);
+
+    /// Takes `pods`, stored anew but the same as those it holds of their
+    /// names, in their place if it shares them.
+    fn share_pods(&mut self, pods: Vec<Arc<egressgw_core::model::Pod>>) {
+        drop(pods);
+    }
 }
 
 impl TakesPods for Planner {
     fn change_pods(&mut self, changes: Vec<PodChange>) {
         Planner::change_pods(self, changes);
+    }
+
+    fn share_pods(&mut self, pods: Vec<Arc<egressgw_core::model::Pod>>) {
+        Planner::share_pods(self, pods);
     }
 }
 
@@ -271,10 +281,13 @@ fn follow_pods(
             None => fresh.push(pod),
         }
     }
-    let changes = changes(seen, &next, &fresh);
+    let (changes, same) = changes(seen, &next, &fresh);
     seen.clear();
     next.extend(fresh.into_iter().map(|p| (p.address(), p)));
     *seen = next;
+    if !same.is_empty() {
+        planner.share_pods(same);
+    }
     let count = changes.len();
     if count > 0 {
         planner.change_pods(changes);
@@ -283,12 +296,13 @@ fn follow_pods(
 }
 
 /// The changes from the Pods `gone` (no longer stored where they were) to
-/// those stored anew, `fresh`, beside those `kept`.
+/// those stored anew, `fresh`, beside those `kept`; and the Pods of
+/// `fresh` that are the same as those gone of their names, as planned.
 fn changes(
     gone: &HashMap<Address, Pod>,
     kept: &HashMap<Address, Pod>,
     fresh: &[Pod],
-) -> Vec<PodChange> {
+) -> (Vec<PodChange>, Vec<Arc<egressgw_core::model::Pod>>) {
     let removed = |(namespace, name): (&str, &str)| PodChange::Removed {
         namespace: namespace.to_owned(),
         name: name.to_owned(),
@@ -299,16 +313,18 @@ fn changes(
         None => removed(pod.key()),
     };
     let gone: HashMap<(&str, &str), &Pod> = gone.values().map(|p| (p.key(), p)).collect();
-    let mut changes = Vec::new();
+    let (mut changes, mut same) = (Vec::new(), Vec::new());
     for pod in fresh {
         // The same Pod stored again (its slice written again for another
-        // Pod's change) is planned already.
-        if !gone.get(&pod.key()).is_some_and(|old| old.same(pod)) {
+        // Pod's change) is planned already: only held anew.
+        if gone.get(&pod.key()).is_some_and(|old| old.same(pod)) {
+            same.extend(pod.planned());
+        } else {
             changes.push(set(pod));
         }
     }
     if gone.is_empty() {
-        return changes;
+        return (changes, same);
     }
     // What is left was deleted. A name that another object still carries
     // (two sources of Pods held one name for a moment) is planned again
@@ -321,7 +337,7 @@ fn changes(
             None => removed(name),
         });
     }
-    changes
+    (changes, same)
 }
 
 /// The controller's [`Publisher`] and what it published from.
@@ -762,7 +778,12 @@ spec:
                 ("web-2", "db", "10.244.2.6"),
             ],
         );
+        let old_web1 = first[0].planned().unwrap();
         assert_eq!(step(&mut following, &cluster, &again), Replanned::Pods(1));
+        // The planner holds web-1 from the new slice: the old one goes with
+        // its slice.
+        drop(first);
+        assert_eq!(Arc::strong_count(&old_web1), 1, "web-1 is held once");
         let fewer = published("3", &[("web-2", "db", "10.244.2.6")]);
         assert_eq!(step(&mut following, &cluster, &fewer), Replanned::Pods(1));
         assert!(following.state().unwrap().snat.is_empty());
