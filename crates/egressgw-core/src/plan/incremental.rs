@@ -251,11 +251,14 @@ impl Planner {
     ) -> Self {
         snapshot.pods = Vec::new();
         let pods = pods.into_iter();
+        // A filtered iterator's lower bound is 0: its upper one sizes the
+        // table once rather than growing it by doubling.
+        let (low, high) = pods.size_hint();
         let frame = Frame::new(&snapshot, node);
         let mut planner = Planner {
             node: node.to_owned(),
             cluster: snapshot,
-            pods: FoldMap::with_capacity_and_hasher(pods.size_hint().0, Default::default()),
+            pods: FoldMap::with_capacity_and_hasher(high.unwrap_or(low), Default::default()),
             frame,
             claims: FoldMap::default(),
             classify: BTreeMap::new(),
