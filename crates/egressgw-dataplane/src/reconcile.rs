@@ -341,7 +341,10 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
         let spec = FirewallSpec::for_datapath(state, &self.config, self.datapath());
         match self.firewall.observe() {
             Ok(observed) => {
-                let ops = nft::plan(&spec, observed.as_ref());
+                let ops = nft::plan(&spec, observed.as_deref());
+                // The backend keeps what it read: without this reading's
+                // share, it carries the ops out in place.
+                drop(observed);
                 if !ops.is_empty() {
                     report.merge(self.firewall.apply(&ops));
                     self.forget_unanswered(&ops, report);

@@ -7,8 +7,11 @@ use super::*;
 /// the table keeps its classification as a backstop and gets a prerouting
 /// chain of its own ([`crate::classify`]).
 pub trait Firewall {
-    /// Reads the table; `None` when it does not exist.
-    fn observe(&mut self) -> Result<Option<Observed>>;
+    /// Reads the table; `None` when it does not exist. What is read is
+    /// shared with the backend, which may keep it for the next reading:
+    /// dropped before [`Firewall::apply`], it is changed in place rather
+    /// than copied.
+    fn observe(&mut self) -> Result<Option<Arc<Observed>>>;
 
     /// Applies `ops` in one transaction; when that fails, applies each op in
     /// a transaction of its own so every failure is reported with its op
@@ -58,7 +61,7 @@ pub struct Nft {
 /// ruleset's generation then.
 #[derive(Debug, Clone)]
 struct Known {
-    table: Option<Observed>,
+    table: Option<Arc<Observed>>,
     generation: u32,
     read: Instant,
 }
@@ -90,11 +93,11 @@ impl Nft {
     }
 
     /// Reads the table back whole.
-    fn read(&mut self) -> Result<Option<Observed>> {
+    fn read(&mut self) -> Result<Option<Arc<Observed>>> {
         self.reads += 1;
         let what = format!("list table {FAMILY} {TABLE}");
         match self.run(&what, &["-j", "list", "table", FAMILY, TABLE], "") {
-            Ok(json) => parse_table(&json).map(Some),
+            Ok(json) => parse_table(&json).map(|table| Some(Arc::new(table))),
             Err(e) if is_missing(&e) => Ok(None),
             Err(e) => Err(e),
         }
@@ -112,13 +115,15 @@ impl Nft {
             self.known = None;
             return;
         }
+        let mut table = known.table.take().map(Arc::unwrap_or_clone);
         for op in ops {
-            if let Err(e) = carry_out(&mut known.table, op) {
+            if let Err(e) = carry_out(&mut table, op) {
                 tracing::debug!(op = %op, error = e, "the table is read back next");
                 self.known = None;
                 return;
             }
         }
+        known.table = table.map(Arc::new);
         known.generation = after.expect("alone");
     }
 
@@ -189,7 +194,7 @@ impl Firewall for Nft {
         crate::conntrack::forget_unanswered(keys)
     }
 
-    fn observe(&mut self) -> Result<Option<Observed>> {
+    fn observe(&mut self) -> Result<Option<Arc<Observed>>> {
         let now = generation().ok();
         if let Some(known) = &self.known
             && now == Some(known.generation)
@@ -252,162 +257,5 @@ impl Firewall for Nft {
             Err(e) if is_missing(&e) => Ok(false),
             Err(e) => Err(e),
         }
-    }
-}
-
-/// Parses `nft -j list table inet egressgw` into canonical form.
-///
-/// Interval elements come back as a plain address, a `prefix` object or a
-/// `range` object (nft prints a range that is exactly one prefix as the
-/// prefix); all three become an [`IpRange`]. Elements egressgw cannot
-/// read (a source that is not one address) are skipped with a warning.
-pub fn parse_table(json: &str) -> Result<Observed> {
-    let items = listing(json, "table")?;
-    let mut obs = Observed::default();
-    for item in items {
-        if let Some(set) = item.get("set").or_else(|| item.get("map")) {
-            parse_set(set, &mut obs);
-        } else if let Some(counter) = item.get("counter") {
-            obs.counters.insert(str_field(counter, "name"));
-        } else if let Some(chain) = item.get("chain") {
-            let name = str_field(chain, "name");
-            let hook = chain.get("hook").map(|h| Hook {
-                kind: str_field(chain, "type"),
-                hook: h.as_str().unwrap_or_default().into(),
-                priority: chain
-                    .get("prio")
-                    .and_then(Value::as_i64)
-                    .and_then(|p| i32::try_from(p).ok())
-                    .unwrap_or_default(),
-            });
-            obs.chains.entry(name).or_default().hook = hook;
-        } else if let Some(rule) = item.get("rule") {
-            obs.chains
-                .entry(str_field(rule, "chain"))
-                .or_default()
-                .fingerprints
-                .push(str_field(rule, "comment"));
-        }
-    }
-    Ok(obs)
-}
-
-/// Parses `nft -j list counters table inet egressgw`: each counter
-/// object's packets and bytes, by name.
-pub fn parse_counters(json: &str) -> Result<BTreeMap<String, Counter>> {
-    Ok(listing(json, "counters table")?
-        .iter()
-        .filter_map(|item| item.get("counter"))
-        .map(|c| {
-            let number = |key: &str| c.get(key).and_then(Value::as_u64).unwrap_or_default();
-            let counter = Counter {
-                packets: number("packets"),
-                bytes: number("bytes"),
-            };
-            (str_field(c, "name"), counter)
-        })
-        .collect())
-}
-
-/// The items of `nft -j list <what> inet egressgw`.
-fn listing(json: &str, what: &str) -> Result<Vec<Value>> {
-    let bad = |message: String| Error::Nft {
-        what: format!("parse list {what} {FAMILY} {TABLE}"),
-        message,
-    };
-    let mut root: Value = serde_json::from_str(json).map_err(|e| bad(e.to_string()))?;
-    match root.get_mut("nftables").map(Value::take) {
-        Some(Value::Array(items)) => Ok(items),
-        _ => Err(bad("no \"nftables\" array".into())),
-    }
-}
-
-pub(super) fn str_field(v: &Value, key: &str) -> String {
-    v.get(key)
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_owned()
-}
-
-pub(super) fn parse_set(set: &Value, obs: &mut Observed) {
-    let name = str_field(set, "name");
-    let elems = set.get("elem").and_then(Value::as_array);
-    for elem in elems.into_iter().flatten() {
-        // A map element is `[key, value]`; an element with options is
-        // wrapped in `{"elem": {"val": ...}}`.
-        let (key, value) = match elem.as_array().map(Vec::as_slice) {
-            Some([k, v]) => (k, Some(v)),
-            _ => (elem, None),
-        };
-        let key = key.pointer("/elem/val").unwrap_or(key);
-        if name.starts_with("cluster") {
-            match parse_range(key) {
-                Some(r) => {
-                    obs.cluster.insert(r);
-                }
-                None => tracing::warn!(set = %name, elem = %elem, "unreadable element"),
-            }
-            continue;
-        }
-        let Some(k) = parse_concat(key) else {
-            tracing::warn!(set = %name, elem = %elem, "unreadable element");
-            continue;
-        };
-        match (name.as_str(), value) {
-            ("classify4" | "classify6", Some(v)) => {
-                let target = ["jump", "goto"]
-                    .iter()
-                    .find_map(|kind| v.pointer(&format!("/{kind}/target")))
-                    .and_then(Value::as_str)
-                    .unwrap_or_default();
-                obs.classify.insert(k, Verdict::parse(target));
-            }
-            ("snat4" | "snat6", Some(v)) => {
-                if let Some(to) = v.as_str().and_then(|s| s.parse().ok()) {
-                    obs.nat.insert(k, Nat::Snat(to));
-                }
-            }
-            ("masq4" | "masq6", None) => {
-                obs.nat.insert(k, Nat::Masquerade);
-            }
-            ("count4" | "count6", Some(v)) => {
-                if let Some(counter) = v.as_str() {
-                    obs.count.insert(k, counter.to_owned());
-                }
-            }
-            _ => {}
-        }
-    }
-    obs.sets.insert(name);
-}
-
-/// `{"concat": [src, dst]}` with a single-address source.
-pub(super) fn parse_concat(key: &Value) -> Option<ElemKey> {
-    match key.get("concat")?.as_array()?.as_slice() {
-        [src, dst] => {
-            let src = parse_range(src)?;
-            (src.first() == src.last()).then_some(())?;
-            Some(ElemKey {
-                src: src.first(),
-                dst: parse_range(dst)?,
-            })
-        }
-        _ => None,
-    }
-}
-
-/// `"10.0.0.1"`, `{"prefix": {"addr": .., "len": ..}}` or `{"range": [a, b]}`.
-pub(super) fn parse_range(v: &Value) -> Option<IpRange> {
-    if let Some(s) = v.as_str() {
-        return Some(IpRange::single(s.parse().ok()?));
-    }
-    if let Some(p) = v.get("prefix") {
-        let addr: IpAddr = p.get("addr")?.as_str()?.parse().ok()?;
-        let len = u8::try_from(p.get("len")?.as_u64()?).ok()?;
-        return Some(IpRange::of_net(IpNet::new(addr, len).ok()?));
-    }
-    match v.get("range")?.as_array()?.as_slice() {
-        [a, b] => IpRange::new(a.as_str()?.parse().ok()?, b.as_str()?.parse().ok()?),
-        _ => None,
     }
 }

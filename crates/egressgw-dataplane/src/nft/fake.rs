@@ -41,8 +41,8 @@ impl Firewall for FakeFirewall {
         Ok(keys.len())
     }
 
-    fn observe(&mut self) -> Result<Option<Observed>> {
-        Ok(self.table.clone())
+    fn observe(&mut self) -> Result<Option<Arc<Observed>>> {
+        Ok(self.table.clone().map(Arc::new))
     }
 
     fn apply(&mut self, ops: &[FwOp]) -> Report {

@@ -43,6 +43,7 @@ use std::fmt;
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use egressgw_common::Counter;
@@ -72,6 +73,7 @@ const PRIO_MARK: i32 = 110;
 mod backend;
 mod fake;
 mod generation;
+mod listing;
 mod plan;
 mod spec;
 #[cfg(test)]
@@ -80,5 +82,6 @@ mod tests;
 pub use backend::*;
 pub use fake::*;
 pub use generation::generation;
+pub use listing::{parse_counters, parse_table};
 pub use plan::*;
 pub use spec::*;

@@ -211,7 +211,7 @@ fn an_absent_table_is_created_then_filled() {
 fn an_equal_table_plans_nothing() {
     let mut fw = applied(&spec());
     let observed = fw.observe().unwrap();
-    assert_eq!(plan(&spec(), observed.as_ref()), []);
+    assert_eq!(plan(&spec(), observed.as_deref()), []);
 }
 
 #[test]
@@ -221,7 +221,7 @@ fn a_changed_element_value_is_deleted_then_added() {
     state.snat[0].to = SnatTo::Eip(ip("192.0.2.11"));
     let ops = plan(
         &FirewallSpec::new(&state, &Config::default()),
-        fw.observe().unwrap().as_ref(),
+        fw.observe().unwrap().as_deref(),
     );
     assert_eq!(
         shown(&ops),
@@ -237,7 +237,7 @@ fn a_changed_element_value_is_deleted_then_added() {
     assert_eq!(
         plan(
             &FirewallSpec::new(&state, &Config::default()),
-            fw.observe().unwrap().as_ref()
+            fw.observe().unwrap().as_deref()
         ),
         []
     );
@@ -255,7 +255,7 @@ fn a_policy_taking_over_a_source_gets_a_counter_first_and_the_unused_one_goes_la
         entry.policy = Some(q.clone());
     }
     let desired = FirewallSpec::new(&state, &Config::default());
-    let ops = plan(&desired, fw.observe().unwrap().as_ref());
+    let ops = plan(&desired, fw.observe().unwrap().as_deref());
     let shown = shown(&ops);
     assert_eq!(
         shown.first(),
@@ -273,7 +273,7 @@ fn a_policy_taking_over_a_source_gets_a_counter_first_and_the_unused_one_goes_la
         "{shown:?}"
     );
     assert!(fw.apply(&ops).is_ok());
-    assert_eq!(plan(&desired, fw.observe().unwrap().as_ref()), []);
+    assert_eq!(plan(&desired, fw.observe().unwrap().as_deref()), []);
     // A bypass counts in no counter, and a source selected by nothing has
     // none.
     assert!(
@@ -294,7 +294,7 @@ fn a_new_gateway_mark_adds_its_chain_first_and_an_unused_one_goes_last() {
     state.classify[0].action = tunnel(0x0300_0000);
     state.classify.retain(|e| !e.src.is_ipv6());
     let desired = FirewallSpec::new(&state, &Config::default());
-    let ops = plan(&desired, fw.observe().unwrap().as_ref());
+    let ops = plan(&desired, fw.observe().unwrap().as_deref());
     let shown = shown(&ops);
     assert_eq!(
         shown.first().map(String::as_str),
@@ -312,7 +312,7 @@ fn a_new_gateway_mark_adds_its_chain_first_and_an_unused_one_goes_last() {
     );
     let report = fw.apply(&ops);
     assert!(report.is_ok(), "{report:?}");
-    assert_eq!(plan(&desired, fw.observe().unwrap().as_ref()), []);
+    assert_eq!(plan(&desired, fw.observe().unwrap().as_deref()), []);
 }
 
 #[test]
@@ -322,7 +322,7 @@ fn a_renamed_tunnel_device_replaces_only_the_chains_that_name_it() {
     cfg.vxlan.name = "egw0".into();
     let ops = plan(
         &FirewallSpec::new(&state(), &cfg),
-        fw.observe().unwrap().as_ref(),
+        fw.observe().unwrap().as_deref(),
     );
     assert_eq!(
         shown(&ops),
@@ -354,7 +354,7 @@ fn a_failing_op_is_reported_and_the_others_still_land() {
     );
     assert_eq!(report.applied.len(), ops.len() - 1);
     fw.fail.clear();
-    let retry = plan(&spec(), fw.observe().unwrap().as_ref());
+    let retry = plan(&spec(), fw.observe().unwrap().as_deref());
     assert_eq!(shown(&retry), [bad]);
 }
 
@@ -424,12 +424,66 @@ fn observed_elements_read_back_from_prefixes_ranges_and_addresses() {
     );
 }
 
+#[test]
+fn elements_listed_before_their_sets_name_are_taken_into_that_set() {
+    // nft prints a set's name before its elements; the parser takes each
+    // element as it reads it, and holds those that come first until the
+    // name is known.
+    let json = r#"{"nftables": [
+      {"map": {"elem": [[{"concat": ["10.244.1.2", {"prefix": {"addr": "192.0.2.0", "len": 24}}]}, "203.0.113.7"]],
+               "family": "inet", "name": "snat4", "table": "egressgw"}},
+      {"set": {"name": "masq4", "elem": [{"concat": ["10.244.1.3", {"prefix": {"addr": "0.0.0.0", "len": 0}}]}]}},
+      {"counter": {"name": "policy_1", "packets": 1, "bytes": 2}}], "trailing": {"ignored": [1, 2]}}"#;
+    let obs = parse_table(json).unwrap();
+    let nat: Vec<String> = obs
+        .nat
+        .iter()
+        .map(|(k, v)| format!("{k} : {v:?}"))
+        .collect();
+    assert_eq!(
+        nat,
+        [
+            "10.244.1.2 . 192.0.2.0/24 : Snat(203.0.113.7)",
+            "10.244.1.3 . 0.0.0.0/0 : Masquerade"
+        ]
+    );
+    assert_eq!(
+        obs.sets.iter().map(String::as_str).collect::<Vec<_>>(),
+        ["masq4", "snat4"]
+    );
+    assert_eq!(obs.counters.iter().collect::<Vec<_>>(), ["policy_1"]);
+}
+
+#[test]
+fn a_listing_that_is_not_nfts_json_is_an_error_naming_what_was_listed() {
+    for json in [
+        "",
+        "[]",
+        r#"{"nftables": {}}"#,
+        r#"{"other": []}"#,
+        r#"{"nftables": [{"set": {"name": "snat4", "elem": [1, 2"#,
+        r#"{"nftables": []} {"nftables": []}"#,
+    ] {
+        let e = parse_table(json).expect_err(json).to_string();
+        assert!(e.contains("parse list table inet egressgw"), "{json}: {e}");
+        let e = parse_counters(json).expect_err(json).to_string();
+        assert!(
+            e.contains("parse list counters table inet egressgw"),
+            "{json}: {e}"
+        );
+    }
+    assert_eq!(
+        parse_table(r#"{"nftables": []}"#).unwrap(),
+        Observed::default()
+    );
+}
+
 // Privileged tests: each runs in a network namespace of its own.
 
 /// The table as the kernel holds it, read back whole (by a backend that
 /// knows nothing of it yet).
 fn observe_real(_nft: &mut Nft) -> Observed {
-    Nft::new().observe().unwrap().expect("table exists")
+    Arc::unwrap_or_clone(Nft::new().observe().unwrap().expect("table exists"))
 }
 
 /// Asserts that the kernel holds exactly `spec`.
@@ -655,11 +709,11 @@ fn what_the_backend_knows_of_the_table_is_what_the_kernel_holds() {
         for desired in [&spec(), &changed, &spec()] {
             let known = nft.observe().unwrap();
             assert_eq!(known, Nft::new().observe().unwrap());
-            let report = nft.apply(&plan(desired, known.as_ref()));
+            let report = nft.apply(&plan(desired, known.as_deref()));
             assert!(report.is_ok(), "{report:?}");
             assert_holds(&mut nft, desired);
             let reads = nft.reads();
-            assert_eq!(plan(desired, nft.observe().unwrap().as_ref()), []);
+            assert_eq!(plan(desired, nft.observe().unwrap().as_deref()), []);
             assert_eq!(nft.reads(), reads, "nothing changed, nothing read");
         }
 
@@ -675,7 +729,7 @@ fn what_the_backend_knows_of_the_table_is_what_the_kernel_holds() {
             sh(change);
             let observed = nft.observe().unwrap();
             assert_eq!(observed, Nft::new().observe().unwrap(), "after {change}");
-            let ops = plan(&spec(), observed.as_ref());
+            let ops = plan(&spec(), observed.as_deref());
             assert_eq!(
                 ops.is_empty(),
                 change.contains("ip other"),
