@@ -6,8 +6,13 @@
 //! stale. [`Decoded`] takes each object on its own: what decodes is used,
 //! what does not is kept with its metadata and the error, so that the
 //! controller can report it by name instead of dropping it.
+//!
+//! A decoded object is held behind an [`Arc`]: the store copies every
+//! object it takes, and that copy is then one count more, not the object's
+//! every string and map again.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
@@ -18,7 +23,7 @@ use serde::{Deserialize, Deserializer};
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decoded<K> {
     /// It decoded.
-    Ok(K),
+    Ok(Arc<K>),
     /// It did not: its metadata and why.
     Undecodable {
         /// The object's metadata (default when even that did not decode).
@@ -38,11 +43,21 @@ impl<K> Decoded<K> {
     }
 }
 
+impl<K: Clone> Decoded<K> {
+    /// The object to change, when it decoded (copied first while shared).
+    pub fn ok_mut(&mut self) -> Option<&mut K> {
+        match self {
+            Decoded::Ok(k) => Some(Arc::make_mut(k)),
+            Decoded::Undecodable { .. } => None,
+        }
+    }
+}
+
 impl<'de, K: DeserializeOwned> Deserialize<'de> for Decoded<K> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let value = serde_json::Value::deserialize(deserializer)?;
         match K::deserialize(&value) {
-            Ok(object) => Ok(Decoded::Ok(object)),
+            Ok(object) => Ok(Decoded::Ok(Arc::new(object))),
             Err(e) => Ok(Decoded::Undecodable {
                 meta: Box::new(ObjectMeta::deserialize(&value["metadata"]).unwrap_or_default()),
                 error: e.to_string(),
@@ -51,7 +66,7 @@ impl<'de, K: DeserializeOwned> Deserialize<'de> for Decoded<K> {
     }
 }
 
-impl<K: Resource<DynamicType = ()>> Resource for Decoded<K> {
+impl<K: Resource<DynamicType = ()> + Clone> Resource for Decoded<K> {
     type DynamicType = ();
     type Scope = K::Scope;
 
@@ -80,7 +95,7 @@ impl<K: Resource<DynamicType = ()>> Resource for Decoded<K> {
 
     fn meta_mut(&mut self) -> &mut ObjectMeta {
         match self {
-            Decoded::Ok(k) => k.meta_mut(),
+            Decoded::Ok(k) => Arc::make_mut(k).meta_mut(),
             Decoded::Undecodable { meta, .. } => meta,
         }
     }
@@ -114,5 +129,48 @@ mod tests {
         };
         assert_eq!(meta.name.as_deref(), Some("huge"));
         assert!(error.contains("99999999999"), "{error}");
+    }
+
+    #[test]
+    fn objects_decode_from_watch_events_and_lists_as_the_client_reads_them() {
+        use kube::core::{ObjectList, WatchEvent};
+        let policy = |name: &str, priority: u64| {
+            json!({
+                "apiVersion": "egressgw.io/v1alpha1", "kind": "EgressPolicy",
+                "metadata": { "name": name, "namespace": "a", "resourceVersion": "7" },
+                "spec": { "appliedTo": { "podSelector": {} }, "priority": priority },
+            })
+        };
+        // One event per line, the type first, as the API server writes
+        // it, or after the object.
+        let line = format!(r#"{{"type":"MODIFIED","object":{}}}"#, policy("p", 5));
+        let after = json!({ "type": "MODIFIED", "object": policy("p", 5) }).to_string();
+        assert!(after.starts_with(r#"{"object""#), "{after}");
+        let modified = |line: &str| match serde_json::from_str(line).unwrap() {
+            WatchEvent::<Decoded<EgressPolicy>>::Modified(object) => object,
+            _ => panic!("{line}"),
+        };
+        assert_eq!(modified(&after), modified(&line));
+        let event = modified(&line);
+        assert_eq!(event.ok().unwrap().spec.priority, 5);
+        let text = json!({
+            "apiVersion": "egressgw.io/v1alpha1", "kind": "EgressPolicyList",
+            "metadata": { "resourceVersion": "9" },
+            "items": [policy("p", 5), policy("q", 99_999_999_999)],
+        })
+        .to_string();
+        let list: ObjectList<Decoded<EgressPolicy>> = serde_json::from_str(&text).unwrap();
+        assert_eq!(list.items[0], event);
+        let Decoded::Undecodable { meta, error } = &list.items[1] else {
+            panic!("{:?}", list.items[1]);
+        };
+        assert_eq!(meta.name.as_deref(), Some("q"));
+        assert!(error.contains("99999999999"), "{error}");
+        // What a store keeps of an event is the same object, not a copy.
+        let kept = event.clone();
+        let (Decoded::Ok(a), Decoded::Ok(b)) = (&event, &kept) else {
+            unreachable!()
+        };
+        assert!(Arc::ptr_eq(a, b));
     }
 }

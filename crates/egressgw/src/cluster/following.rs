@@ -599,7 +599,7 @@ spec:
              metadata: {{name: {name}, namespace: shop}}\nspec: {spec}\n\
              status: {{eip: {{ipv4: \"{eip}\"}}, node: {node}}}"
         );
-        Arc::new(Decoded::Ok(serde_yaml::from_str(&yaml).unwrap()))
+        Arc::new(Decoded::Ok(Arc::new(serde_yaml::from_str(&yaml).unwrap())))
     }
 
     /// Policies stored anew alone are converted and planned as changes,

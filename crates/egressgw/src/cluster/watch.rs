@@ -674,7 +674,7 @@ fn published_only(gateway: &mut EgressGateway) {
 }
 
 /// The two policy kinds, whose statuses are of one type.
-pub trait PolicyKind: Resource<DynamicType = ()> {
+pub trait PolicyKind: Resource<DynamicType = ()> + Clone {
     fn status_mut(&mut self) -> Option<&mut EgressPolicyStatus>;
     /// The policy in the planner's terms, or every problem with it.
     fn to_model(&self) -> Result<egressgw_core::model::Policy, ValidationErrors>;
@@ -716,9 +716,7 @@ impl PolicyKind for EgressClusterPolicy {
 /// created anywhere would otherwise wake every agent of the cluster.
 fn without_conditions<P: PolicyKind>(policy: &mut Decoded<P>) {
     policy.trim();
-    if let Decoded::Ok(p) = policy
-        && let Some(status) = p.status_mut()
-    {
+    if let Some(status) = policy.ok_mut().and_then(PolicyKind::status_mut) {
         status.conditions.clear();
     }
 }
@@ -833,7 +831,7 @@ impl Trim for EgressTunnel {
     }
 }
 impl Trim for Lease {}
-impl<K: Resource<DynamicType = ()>> Trim for Decoded<K> {}
+impl<K: Resource<DynamicType = ()> + Clone> Trim for Decoded<K> {}
 
 /// A Pod is decoded with what the planner reads alone ([`WatchedPod`]);
 /// of its metadata, its owners go too.
@@ -1027,7 +1025,7 @@ mod tests {
         let Decoded::Ok(whole) = whole else {
             panic!("the policy decodes")
         };
-        assert_eq!(whole.status.expect("a status").conditions.len(), 1);
+        assert_eq!(whole.status.as_ref().expect("a status").conditions.len(), 1);
     }
 
     fn slice(
