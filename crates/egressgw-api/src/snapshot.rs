@@ -289,6 +289,14 @@ impl SnapshotBuilder {
                 node.ready = false;
             }
         }
+        // Each kind's objects were added one by one, so their vectors grew
+        // by doubling; a planner keeps the snapshot, at the size it holds.
+        let snapshot = &mut self.snapshot;
+        snapshot.nodes.shrink_to_fit();
+        snapshot.namespaces.shrink_to_fit();
+        snapshot.gateways.shrink_to_fit();
+        snapshot.policies.shrink_to_fit();
+        snapshot.tunnels.shrink_to_fit();
         self.snapshot
     }
 

@@ -63,8 +63,8 @@ pub struct Following {
     policies: SeenPolicies,
 }
 
-/// The stored policies planned, by the address of the stored object, each
-/// with its identity when it is planned (`None`: it did not decode or
+/// The stored policies planned, by the address of the object ([`address`]),
+/// each with its identity when it is planned (`None`: it did not decode or
 /// convert, and is not).
 #[derive(Debug, Default)]
 struct SeenPolicies {
@@ -122,7 +122,7 @@ fn seen_of<K: PolicyKind>(state: Vec<Arc<Decoded<K>>>, planned: &HashSet<&Policy
                 Decoded::Undecodable { .. } => None,
             };
             let id = id.filter(|id| planned.contains(id));
-            (Arc::as_ptr(&object) as usize, (object, id))
+            (address(&object), (object, id))
         })
         .collect()
 }
@@ -138,7 +138,7 @@ fn changes_of<K: PolicyKind>(
 ) -> Option<()> {
     let mut next = HashMap::with_capacity(state.len());
     for object in state {
-        let at = Arc::as_ptr(&object) as usize;
+        let at = address(&object);
         if let Some(entry) = seen.remove(&at) {
             next.insert(at, entry);
             continue;
@@ -155,6 +155,18 @@ fn changes_of<K: PolicyKind>(
     }
     *seen = next;
     Some(())
+}
+
+/// Where a stored policy's object is: the decoded object, which a store
+/// may hold again in a new entry when the API server sent it again with
+/// nothing an agent keeps changed (see `Selection::policies`), or the
+/// entry of one that did not decode. The entry kept in [`Seen`] holds the
+/// object, so that the address is not reused while it is there.
+fn address<K>(stored: &Arc<Decoded<K>>) -> usize {
+    match &**stored {
+        Decoded::Ok(object) => Arc::as_ptr(object) as usize,
+        Decoded::Undecodable { .. } => Arc::as_ptr(stored) as usize,
+    }
 }
 
 /// How much one [`Following::update`] planned.
@@ -638,6 +650,13 @@ spec:
             assert_plans_the_whole(following, whole, &pods);
         };
         let unchanged = following.update_policies(states(&[&p1]), PodScope::Cluster, pods.clone());
+        assert_eq!(unchanged, Some(Replanned::Policies(0, 0)));
+        // Stored again in a new entry, the object the same: nothing to
+        // plan.
+        let again = Arc::new((*p1).clone());
+        assert!(!Arc::ptr_eq(&again, &p1));
+        let unchanged =
+            following.update_policies(states(&[&again]), PodScope::Cluster, pods.clone());
         assert_eq!(unchanged, Some(Replanned::Policies(0, 0)));
         // p1 edited (a new stored object), p2 added.
         let p1 = stored_policy(

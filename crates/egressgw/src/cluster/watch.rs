@@ -328,6 +328,7 @@ impl Pods {
             fields: fields.as_deref(),
             labels: None,
             trim: WatchedPod::trim,
+            keep_resent: false,
         };
         let first = watch_fields(
             Api::all(client.clone()),
@@ -451,6 +452,7 @@ impl OnDemand {
                     fields: None,
                     labels: Some(&labels),
                     trim: Trim::trim,
+                    keep_resent: false,
                 };
                 Running::Gateways(
                     names.clone(),
@@ -617,6 +619,11 @@ struct Selection<'a, K> {
     labels: Option<&'a str>,
     /// Drops what the daemon does not keep ([`Trim::trim`] at least).
     trim: fn(&mut K),
+    /// Whether an object sent again with nothing kept changed (see
+    /// [`resent`]) is stored as the object held, not anew; only for kinds
+    /// whose copy is one count more ([`Decoded`]), and whose stored
+    /// `resourceVersion` no one reads.
+    keep_resent: bool,
 }
 
 impl<K> Clone for Selection<'_, K> {
@@ -634,12 +641,17 @@ impl<K: Trim> Selection<'_, K> {
             fields: None,
             labels: None,
             trim: K::trim,
+            keep_resent: false,
         }
     }
 }
 
 impl<P: PolicyKind> Selection<'_, Decoded<P>> {
-    /// Every policy; an agent keeps it [`without_conditions`].
+    /// Every policy; an agent keeps it [`without_conditions`], and keeps
+    /// the object it holds when one comes again with only its conditions
+    /// changed: the controller rewrites them with every count of Pods, and
+    /// the object held then stays where it is, planned already, instead
+    /// of being replaced by an equal one to convert and plan again.
     fn policies(agent: bool) -> Self {
         Self {
             fields: None,
@@ -649,6 +661,7 @@ impl<P: PolicyKind> Selection<'_, Decoded<P>> {
             } else {
                 Trim::trim
             },
+            keep_resent: agent,
         }
     }
 }
@@ -661,6 +674,7 @@ impl Selection<'_, EgressGateway> {
             fields: None,
             labels: None,
             trim: if agent { published_only } else { Trim::trim },
+            keep_resent: false,
         }
     }
 }
@@ -751,11 +765,11 @@ where
     if let Some(labels) = selection.labels {
         config = config.labels(labels);
     }
-    let trim = selection.trim;
+    let (trim, keep) = (selection.trim, selection.keep_resent);
     let stream = watcher(api, config)
         .map_ok(move |event| {
-            let event = event.modify(trim);
-            flag.store(resent(&reader, &event), Ordering::Relaxed);
+            let (event, resent) = taken(event, &reader, trim, keep);
+            flag.store(resent, Ordering::Relaxed);
             event
         })
         .backoff(WatchBackoff::default())
@@ -778,25 +792,44 @@ where
     store
 }
 
-/// Whether `event` applies an object the store holds already with the
-/// same content, but for its `resourceVersion`: the API server sent it
-/// again for a change the trim dropped (a heartbeat, a Pod condition), and
+/// `event` trimmed, as the store is to take it, and whether it was
+/// [`resent`]; with `keep`, an object resent is the one the store holds.
+fn taken<K>(
+    event: watcher::Event<K>,
+    store: &Store<K>,
+    trim: fn(&mut K),
+    keep: bool,
+) -> (watcher::Event<K>, bool)
+where
+    K: Resource<DynamicType = ()> + Clone + PartialEq,
+{
+    let mut event = event.modify(trim);
+    let held = resent(store, &event);
+    let was = held.is_some();
+    if keep && let (Some(held), watcher::Event::Apply(object)) = (held, &mut event) {
+        *object = Arc::unwrap_or_clone(held);
+    }
+    (event, was)
+}
+
+/// The object the store holds when `event` applies one with the same
+/// content, but for its `resourceVersion`: the API server sent it again
+/// for a change the trim dropped (a heartbeat, a Pod condition), and
 /// nothing the daemon plans from changed, so the loop is not woken.
 /// Objects of a new list always wake it.
-fn resent<K>(store: &Store<K>, event: &watcher::Event<K>) -> bool
+fn resent<K>(store: &Store<K>, event: &watcher::Event<K>) -> Option<Arc<K>>
 where
     K: Resource<DynamicType = ()> + Clone + PartialEq,
 {
     let watcher::Event::Apply(object) = event else {
-        return false;
+        return None;
     };
-    store.get(&ObjectRef::from_obj(object)).is_some_and(|old| {
-        let mut old = (*old).clone();
-        old.meta_mut()
-            .resource_version
-            .clone_from(&object.meta().resource_version);
-        old == *object
-    })
+    let held = store.get(&ObjectRef::from_obj(object))?;
+    let mut old = (*held).clone();
+    old.meta_mut()
+        .resource_version
+        .clone_from(&object.meta().resource_version);
+    (old == *object).then_some(held)
 }
 
 /// What a daemon keeps of a watched object: what the planner reads
@@ -974,15 +1007,15 @@ mod tests {
         let first = tunnel("1", "2026-11-27T10:00:00Z", "0x26000000");
         writer.apply_watcher_event(&watcher::Event::Apply(first));
         let heartbeat = tunnel("2", "2026-11-27T10:00:30Z", "0x26000000");
-        assert!(resent(&store, &watcher::Event::Apply(heartbeat.clone())));
+        assert!(resent(&store, &watcher::Event::Apply(heartbeat.clone())).is_some());
         let moved = tunnel("3", "2026-11-27T10:00:30Z", "0x26000001");
-        assert!(!resent(&store, &watcher::Event::Apply(moved)));
-        assert!(!resent(&store, &watcher::Event::Delete(heartbeat.clone())));
-        assert!(!resent(&store, &watcher::Event::InitApply(heartbeat)));
+        assert!(resent(&store, &watcher::Event::Apply(moved)).is_none());
+        assert!(resent(&store, &watcher::Event::Delete(heartbeat.clone())).is_none());
+        assert!(resent(&store, &watcher::Event::InitApply(heartbeat)).is_none());
         let other = tunnel("4", "2026-11-27T10:00:30Z", "0x26000000");
         let mut other = other;
         other.metadata.name = Some("node-2".into());
-        assert!(!resent(&store, &watcher::Event::Apply(other)));
+        assert!(resent(&store, &watcher::Event::Apply(other)).is_none());
     }
 
     /// The controller's count of a policy's Pods (its `Ready` message)
@@ -1015,9 +1048,33 @@ mod tests {
             "node-1",
         )));
         let counted = kept("2", "4 pod(s) leave", "node-1");
-        assert!(resent(&store, &watcher::Event::Apply(counted)));
+        assert!(resent(&store, &watcher::Event::Apply(counted)).is_some());
         let moved = kept("3", "4 pod(s) leave", "node-2");
-        assert!(!resent(&store, &watcher::Event::Apply(moved)));
+        assert!(resent(&store, &watcher::Event::Apply(moved)).is_none());
+
+        // An agent stores a policy resent as the object it holds; a policy
+        // changed, and every policy the controller takes, anew.
+        let held = || {
+            let stored = store.get(&ObjectRef::new("web").within("team-a"));
+            match stored.as_deref() {
+                Some(Decoded::Ok(object)) => Arc::clone(object),
+                other => panic!("{other:?}"),
+            }
+        };
+        let taken_by = |agent: bool, version: &str, node: &str| {
+            let selection = Selection::<Decoded<EgressPolicy>>::policies(agent);
+            let event = watcher::Event::Apply(policy(version, "5 pod(s) leave", node));
+            match taken(event, &store, selection.trim, selection.keep_resent) {
+                (watcher::Event::Apply(Decoded::Ok(object)), resent) => (object, resent),
+                other => panic!("{other:?}"),
+            }
+        };
+        let (object, resent) = taken_by(true, "4", "node-1");
+        assert!(resent && Arc::ptr_eq(&object, &held()));
+        let (object, resent) = taken_by(true, "5", "node-2");
+        assert!(!resent && !Arc::ptr_eq(&object, &held()));
+        let (object, _) = taken_by(false, "6", "node-1");
+        assert!(!Arc::ptr_eq(&object, &held()));
 
         let controller = Selection::<Decoded<EgressPolicy>>::policies(false).trim;
         let mut whole = policy("2", "4 pod(s) leave", "node-1");
@@ -1184,8 +1241,8 @@ mod tests {
             "True",
         )));
         let renewed = node("2", "2026-11-27T10:05:00Z", "True");
-        assert!(resent(&store, &watcher::Event::Apply(renewed)));
+        assert!(resent(&store, &watcher::Event::Apply(renewed)).is_some());
         let not_ready = node("3", "2026-11-27T10:05:00Z", "False");
-        assert!(!resent(&store, &watcher::Event::Apply(not_ready)));
+        assert!(resent(&store, &watcher::Event::Apply(not_ready)).is_none());
     }
 }
