@@ -804,7 +804,7 @@ where
     K: Resource<DynamicType = ()> + Clone + PartialEq,
 {
     let mut event = event.modify(trim);
-    let held = resent(store, &event);
+    let held = resent(store, &mut event);
     let was = held.is_some();
     if keep && let (Some(held), watcher::Event::Apply(object)) = (held, &mut event) {
         *object = Arc::unwrap_or_clone(held);
@@ -816,8 +816,10 @@ where
 /// content, but for its `resourceVersion`: the API server sent it again
 /// for a change the trim dropped (a heartbeat, a Pod condition), and
 /// nothing the daemon plans from changed, so the loop is not woken.
-/// Objects of a new list always wake it.
-fn resent<K>(store: &Store<K>, event: &watcher::Event<K>) -> Option<Arc<K>>
+/// Objects of a new list always wake it. The two are compared without
+/// copying either: the event's object takes the held one's version for
+/// the comparison, and gets its own back.
+fn resent<K>(store: &Store<K>, event: &mut watcher::Event<K>) -> Option<Arc<K>>
 where
     K: Resource<DynamicType = ()> + Clone + PartialEq,
 {
@@ -825,11 +827,13 @@ where
         return None;
     };
     let held = store.get(&ObjectRef::from_obj(object))?;
-    let mut old = (*held).clone();
-    old.meta_mut()
-        .resource_version
-        .clone_from(&object.meta().resource_version);
-    (old == *object).then_some(held)
+    let version = std::mem::replace(
+        &mut object.meta_mut().resource_version,
+        held.meta().resource_version.clone(),
+    );
+    let same = *held == *object;
+    object.meta_mut().resource_version = version;
+    same.then_some(held)
 }
 
 /// What a daemon keeps of a watched object: what the planner reads
@@ -1007,15 +1011,15 @@ mod tests {
         let first = tunnel("1", "2026-11-27T10:00:00Z", "0x26000000");
         writer.apply_watcher_event(&watcher::Event::Apply(first));
         let heartbeat = tunnel("2", "2026-11-27T10:00:30Z", "0x26000000");
-        assert!(resent(&store, &watcher::Event::Apply(heartbeat.clone())).is_some());
+        assert!(resent(&store, &mut watcher::Event::Apply(heartbeat.clone())).is_some());
         let moved = tunnel("3", "2026-11-27T10:00:30Z", "0x26000001");
-        assert!(resent(&store, &watcher::Event::Apply(moved)).is_none());
-        assert!(resent(&store, &watcher::Event::Delete(heartbeat.clone())).is_none());
-        assert!(resent(&store, &watcher::Event::InitApply(heartbeat)).is_none());
+        assert!(resent(&store, &mut watcher::Event::Apply(moved)).is_none());
+        assert!(resent(&store, &mut watcher::Event::Delete(heartbeat.clone())).is_none());
+        assert!(resent(&store, &mut watcher::Event::InitApply(heartbeat)).is_none());
         let other = tunnel("4", "2026-11-27T10:00:30Z", "0x26000000");
         let mut other = other;
         other.metadata.name = Some("node-2".into());
-        assert!(resent(&store, &watcher::Event::Apply(other)).is_none());
+        assert!(resent(&store, &mut watcher::Event::Apply(other)).is_none());
     }
 
     /// The controller's count of a policy's Pods (its `Ready` message)
@@ -1048,9 +1052,9 @@ mod tests {
             "node-1",
         )));
         let counted = kept("2", "4 pod(s) leave", "node-1");
-        assert!(resent(&store, &watcher::Event::Apply(counted)).is_some());
+        assert!(resent(&store, &mut watcher::Event::Apply(counted)).is_some());
         let moved = kept("3", "4 pod(s) leave", "node-2");
-        assert!(resent(&store, &watcher::Event::Apply(moved)).is_none());
+        assert!(resent(&store, &mut watcher::Event::Apply(moved)).is_none());
 
         // An agent stores a policy resent as the object it holds; a policy
         // changed, and every policy the controller takes, anew.
@@ -1075,6 +1079,8 @@ mod tests {
         assert!(!resent && !Arc::ptr_eq(&object, &held()));
         let (object, _) = taken_by(false, "6", "node-1");
         assert!(!Arc::ptr_eq(&object, &held()));
+        // Compared with the held one, it keeps its own version.
+        assert_eq!(object.metadata.resource_version.as_deref(), Some("6"));
 
         let controller = Selection::<Decoded<EgressPolicy>>::policies(false).trim;
         let mut whole = policy("2", "4 pod(s) leave", "node-1");
@@ -1241,8 +1247,8 @@ mod tests {
             "True",
         )));
         let renewed = node("2", "2026-11-27T10:05:00Z", "True");
-        assert!(resent(&store, &watcher::Event::Apply(renewed)).is_some());
+        assert!(resent(&store, &mut watcher::Event::Apply(renewed)).is_some());
         let not_ready = node("3", "2026-11-27T10:05:00Z", "False");
-        assert!(resent(&store, &watcher::Event::Apply(not_ready)).is_none());
+        assert!(resent(&store, &mut watcher::Event::Apply(not_ready)).is_none());
     }
 }
