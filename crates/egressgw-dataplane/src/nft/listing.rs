@@ -104,16 +104,30 @@ fn walk(json: &str, what: &str, take: Take<'_>) -> Result<()> {
         .ok_or_else(|| bad("no \"nftables\" array".into()))
 }
 
+/// Each part of the listing is read by its visitor: the seed asks the
+/// deserializer for what that visitor takes.
+macro_rules! seeds {
+    ($($part:ty => $value:ty, $how:ident;)+) => {$(
+        impl<'de> DeserializeSeed<'de> for $part {
+            type Value = $value;
+
+            fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<$value, D::Error> {
+                d.$how(self)
+            }
+        }
+    )+};
+}
+
+seeds! {
+    Root<'_> => bool, deserialize_map;
+    Items<'_> => (), deserialize_seq;
+    One<'_> => (), deserialize_map;
+    Set<'_> => (), deserialize_map;
+    Elems<'_, '_> => (), deserialize_seq;
+}
+
 /// The listing's root object; whether it has the `nftables` array.
 struct Root<'t>(Take<'t>);
-
-impl<'de> DeserializeSeed<'de> for Root<'_> {
-    type Value = bool;
-
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
-        d.deserialize_map(self)
-    }
-}
 
 impl<'de> Visitor<'de> for Root<'_> {
     type Value = bool;
@@ -139,14 +153,6 @@ impl<'de> Visitor<'de> for Root<'_> {
 /// The `nftables` array.
 struct Items<'t>(Take<'t>);
 
-impl<'de> DeserializeSeed<'de> for Items<'_> {
-    type Value = ();
-
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        d.deserialize_seq(self)
-    }
-}
-
 impl<'de> Visitor<'de> for Items<'_> {
     type Value = ();
 
@@ -162,14 +168,6 @@ impl<'de> Visitor<'de> for Items<'_> {
 
 /// One item: an object whose key says its kind.
 struct One<'t>(Take<'t>);
-
-impl<'de> DeserializeSeed<'de> for One<'_> {
-    type Value = ();
-
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        d.deserialize_map(self)
-    }
-}
 
 impl<'de> Visitor<'de> for One<'_> {
     type Value = ();
@@ -196,14 +194,6 @@ impl<'de> Visitor<'de> for One<'_> {
 /// the set of the name read before them (nft prints the name first); any
 /// read before a name are held until the set ends.
 struct Set<'t>(Take<'t>);
-
-impl<'de> DeserializeSeed<'de> for Set<'_> {
-    type Value = ();
-
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        d.deserialize_map(self)
-    }
-}
 
 impl<'de> Visitor<'de> for Set<'_> {
     type Value = ();
@@ -246,14 +236,6 @@ struct Elems<'a, 't> {
     /// The elements read before the name.
     held: &'a mut Vec<Value>,
     take: Take<'t>,
-}
-
-impl<'de> DeserializeSeed<'de> for Elems<'_, '_> {
-    type Value = ();
-
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        d.deserialize_seq(self)
-    }
 }
 
 impl<'de> Visitor<'de> for Elems<'_, '_> {

@@ -358,6 +358,14 @@ fn a_failing_op_is_reported_and_the_others_still_land() {
     assert_eq!(shown(&retry), [bad]);
 }
 
+/// `obs`'s NAT elements, as `key : nat`.
+fn shown_nat(obs: &Observed) -> Vec<String> {
+    obs.nat
+        .iter()
+        .map(|(k, v)| format!("{k} : {v:?}"))
+        .collect()
+}
+
 #[test]
 fn observed_elements_read_back_from_prefixes_ranges_and_addresses() {
     let json = r#"{"nftables": [{"metainfo": {"version": "1.0.6"}},
@@ -393,11 +401,7 @@ fn observed_elements_read_back_from_prefixes_ranges_and_addresses() {
         obs.classify.values().nth(2),
         Some(&Verdict::Other("other".into()))
     );
-    let nat: Vec<String> = obs
-        .nat
-        .iter()
-        .map(|(k, v)| format!("{k} : {v:?}"))
-        .collect();
+    let nat = shown_nat(&obs);
     assert_eq!(
         nat,
         [
@@ -435,11 +439,7 @@ fn elements_listed_before_their_sets_name_are_taken_into_that_set() {
       {"set": {"name": "masq4", "elem": [{"concat": ["10.244.1.3", {"prefix": {"addr": "0.0.0.0", "len": 0}}]}]}},
       {"counter": {"name": "policy_1", "packets": 1, "bytes": 2}}], "trailing": {"ignored": [1, 2]}}"#;
     let obs = parse_table(json).unwrap();
-    let nat: Vec<String> = obs
-        .nat
-        .iter()
-        .map(|(k, v)| format!("{k} : {v:?}"))
-        .collect();
+    let nat = shown_nat(&obs);
     assert_eq!(
         nat,
         [
