@@ -29,6 +29,7 @@
 //! plan's drop is not timed.
 
 use std::hint::black_box;
+use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{BatchSize, Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
@@ -138,7 +139,8 @@ fn policy_edits(cluster: &Snapshot) -> Vec<PolicyChange> {
         .flat_map(|k| {
             let old = cluster.policies[k * count / 10].clone();
             let mut new = old.clone();
-            new.dest_subnets
+            Arc::make_mut(&mut new)
+                .dest_subnets
                 .push("192.0.2.0/24".parse().expect("a prefix"));
             [PolicyChange::Set(new), PolicyChange::Set(old)]
         })

@@ -198,7 +198,7 @@ fn planner_changes(
     for k in 0..10.min(count) {
         for add in [true, false] {
             let mut cluster = planner.cluster().clone();
-            let policy = &mut cluster.policies[k * count / 10];
+            let policy = cluster.policy_mut(k * count / 10).expect("a policy");
             if add {
                 policy
                     .dest_subnets
@@ -206,16 +206,14 @@ fn planner_changes(
             } else {
                 policy.dest_subnets.pop();
             }
-            let change = egressgw_core::PolicyChange::Set(policy.clone());
+            let change = egressgw_core::PolicyChange::Set(policy.clone().into());
             let start = Instant::now();
             planner.set_cluster(cluster);
             edits.push(start.elapsed());
             // The edit undone and made again, as a change.
-            let undo = egressgw_core::PolicyChange::Set(planner_policy_before(
-                &planner,
-                k * count / 10,
-                add,
-            ));
+            let undo = egressgw_core::PolicyChange::Set(
+                planner_policy_before(&planner, k * count / 10, add).into(),
+            );
             planner.change_policies([undo]);
             let start = Instant::now();
             planner.change_policies([change]);
@@ -246,7 +244,7 @@ fn planner_policy_before(
     k: usize,
     added: bool,
 ) -> egressgw_core::model::Policy {
-    let mut policy = planner.cluster().policies[k].clone();
+    let mut policy = egressgw_core::model::Policy::clone(&planner.cluster().policies[k]);
     if added {
         policy.dest_subnets.pop();
     } else {
@@ -326,16 +324,19 @@ fn policy_edits(publisher: &mut egressgw_core::Publisher) -> String {
     for &k in &chosen {
         let original = publisher.cluster().clone();
         let mut destination = original.clone();
-        destination.policies[k]
+        destination
+            .policy_mut(k)
+            .expect("a policy")
             .dest_subnets
             .push("192.0.2.0/24".parse().expect("a prefix"));
         let mut selector = original.clone();
-        selector.policies[k].pods = PodMatch::Selector(LabelSelector::eq("app", "no-such-app"));
+        selector.policy_mut(k).expect("a policy").pods =
+            PodMatch::Selector(LabelSelector::eq("app", "no-such-app"));
         let mut added = original.clone();
-        let mut copy = added.policies[k].clone();
+        let mut copy = egressgw_core::model::Policy::clone(&added.policies[k]);
         copy.id.name.push_str("-copy");
         copy.age.uid.push_str("-copy");
-        added.policies.push(copy);
+        added.policies.push(copy.into());
         for (edited, times) in [destination, selector, added].into_iter().zip(&mut times) {
             for cluster in [edited, original.clone()] {
                 let start = Instant::now();

@@ -12,6 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
 
 use egressgw_core::model::{
     Age, Allocator, Config, EgressIpSpec, Gateway, Labels, Namespace, Node, Pod, PodMatch, Policy,
@@ -121,7 +122,7 @@ pub fn synthetic_cluster_where(
         namespaces: namespaces.into_iter().map(|ns| ns.namespace).collect(),
         pods,
         gateways,
-        policies,
+        policies: policies.into_iter().map(Arc::new).collect(),
         tunnels: Vec::new(),
         invalid: Vec::new(),
         eips_in_use: BTreeMap::new(),
@@ -840,6 +841,7 @@ mod tests {
             .policies
             .iter()
             .filter(|p| p.id.namespace.is_some() && matches!(p.pods, PodMatch::Selector(_)))
+            .map(|p| &**p)
             .collect();
         let selecting = app_policies
             .iter()

@@ -133,7 +133,9 @@ impl SnapshotBuilder {
         I: IntoIterator,
         I::Item: Borrow<EgressPolicy>,
     {
-        self.convert_all(policies, EgressPolicy::to_model, |s, p| s.policies.push(p))
+        self.convert_all(policies, EgressPolicy::to_model, |s, p| {
+            s.policies.push(p.into());
+        })
     }
 
     /// Adds cluster policies; invalid ones go to [`Snapshot::invalid`].
@@ -143,8 +145,18 @@ impl SnapshotBuilder {
         I::Item: Borrow<EgressClusterPolicy>,
     {
         self.convert_all(policies, EgressClusterPolicy::to_model, |s, p| {
-            s.policies.push(p);
+            s.policies.push(p.into());
         })
+    }
+
+    /// Adds policies converted already (valid ones), shared rather than
+    /// copied.
+    pub fn converted<I>(mut self, policies: I) -> Self
+    where
+        I: IntoIterator<Item = std::sync::Arc<model::Policy>>,
+    {
+        self.snapshot.policies.extend(policies);
+        self
     }
 
     /// Converts each object with `convert`, adding what converts with `add`

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
@@ -163,8 +164,10 @@ pub struct Snapshot {
     pub pods: Vec<Pod>,
     /// All egress gateways.
     pub gateways: Vec<Gateway>,
-    /// All valid egress policies, namespaced and cluster-wide.
-    pub policies: Vec<Policy>,
+    /// All valid egress policies, namespaced and cluster-wide. Each is
+    /// shared: with the watch that converted it, and with a planner's
+    /// indexes, rather than copied into each.
+    pub policies: Vec<Arc<Policy>>,
     /// Tunnel identities allocated earlier (from `EgressTunnel` objects).
     pub tunnels: Vec<Tunnel>,
     /// Policies and tunnels that failed validation; they get a status and
@@ -173,6 +176,18 @@ pub struct Snapshot {
     /// EIPs that an agent found answered for by another host on the
     /// segment, with who answered, as its node reports it.
     pub eips_in_use: BTreeMap<IpAddr, String>,
+}
+
+impl Snapshot {
+    /// Policy `i`, to change: copied first while it is shared.
+    pub fn policy_mut(&mut self, i: usize) -> Option<&mut Policy> {
+        self.policies.get_mut(i).map(Arc::make_mut)
+    }
+
+    /// Every policy, to change: each copied first while it is shared.
+    pub fn policies_mut(&mut self) -> impl Iterator<Item = &mut Policy> {
+        self.policies.iter_mut().map(Arc::make_mut)
+    }
 }
 
 /// A node as the planner needs it.

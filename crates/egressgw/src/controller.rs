@@ -1426,7 +1426,7 @@ spec:
 
     /// `snapshot` as the objects read once `status` is written.
     fn written(mut snapshot: Snapshot, status: &ClusterStatus) -> Snapshot {
-        for p in &mut snapshot.policies {
+        for p in snapshot.policies_mut() {
             let s = status.policies.iter().find(|s| s.policy == p.id).unwrap();
             p.previous_eips = [s.eip_ipv4.map(IpAddr::V4), s.eip_ipv6.map(IpAddr::V6)]
                 .into_iter()

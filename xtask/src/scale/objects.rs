@@ -60,13 +60,13 @@ impl Objects {
                 .policies
                 .iter()
                 .filter(|p| p.id.namespace.is_some())
-                .map(policy)
+                .map(|p| policy(p))
                 .collect(),
             cluster_policies: snapshot
                 .policies
                 .iter()
                 .filter(|p| p.id.namespace.is_none())
-                .map(cluster_policy)
+                .map(|p| cluster_policy(p))
                 .collect(),
             pods: snapshot.pods.iter().map(pod).collect(),
         }
@@ -327,14 +327,14 @@ mod tests {
         for g in &mut expected.gateways {
             g.age = Age::default();
         }
-        for p in &mut expected.policies {
+        for p in expected.policies_mut() {
             p.age = Age::default();
         }
         let mut read = read;
         for g in &mut read.gateways {
             g.age = Age::default();
         }
-        for p in &mut read.policies {
+        for p in read.policies_mut() {
             p.age = Age::default();
         }
         let by_id = |s: &Snapshot| {

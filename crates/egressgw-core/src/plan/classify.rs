@@ -209,7 +209,7 @@ pub(super) fn select<'a>(
 
 /// Selects pods and counts them, compiling no table: what the status needs.
 pub(super) fn count<'a>(snapshot: &'a Snapshot, works: &[Work<'a>]) -> Classified<'a> {
-    let policies: Vec<&Policy> = works.iter().map(|w| w.policy).collect();
+    let policies: Vec<&Policy> = works.iter().map(|w| &**w.policy).collect();
     Classified {
         sources: Vec::new(),
         pod_counts: select(&snapshot.pods, &policies, &snapshot.namespaces).counts,
@@ -222,7 +222,7 @@ pub(super) fn classify<'a>(
     works: &[Work<'a>],
     cluster_cidrs: &[IpNet],
 ) -> Classified<'a> {
-    let policies: Vec<&Policy> = works.iter().map(|w| w.policy).collect();
+    let policies: Vec<&Policy> = works.iter().map(|w| &**w.policy).collect();
     let selection = select(&snapshot.pods, &policies, &snapshot.namespaces);
     let mut tables = Tables::new(works, cluster_cidrs);
     let mut active: Vec<usize> = Vec::new();

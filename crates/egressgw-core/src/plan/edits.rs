@@ -7,6 +7,8 @@
 //! stages decided as it was: a planner kept between changes takes it
 //! without running them again ([`super::Planner`], [`super::Publisher`]).
 
+use std::sync::Arc;
+
 use crate::model::{Policy, PolicyRef, Snapshot};
 
 /// Past this many policies edited at once, a planner runs the stages
@@ -59,13 +61,10 @@ pub(super) fn edited_policies(old: &Snapshot, new: &Snapshot) -> Option<Vec<usiz
 /// A change to one policy, for [`super::Planner::change_policies`] and
 /// [`super::Publisher::change_policies`].
 #[derive(Debug, Clone, PartialEq)]
-#[expect(
-    clippy::large_enum_variant,
-    reason = "nearly every change sets a policy: boxing it would allocate once more for each"
-)]
 pub enum PolicyChange {
-    /// A policy added, or replacing the policies of its identity.
-    Set(Policy),
+    /// A policy added, or replacing the policies of its identity; shared
+    /// with whoever converted it.
+    Set(Arc<Policy>),
     /// The policies of this identity deleted.
     Removed(PolicyRef),
 }
@@ -85,7 +84,7 @@ impl PolicyChange {
 pub(super) struct Applied {
     /// The policies edited in what the stages do not read, as they are
     /// now, in the order of the changes.
-    pub edited: Vec<Policy>,
+    pub edited: Vec<Arc<Policy>>,
     /// Whether the stages must run again: a policy added or deleted, or
     /// edited in what they read.
     pub restage: bool,
@@ -111,7 +110,7 @@ pub(super) fn apply(
                     continue;
                 }
                 if same_allocation(&policies[k], &policy) {
-                    applied.edited.push(policy.clone());
+                    applied.edited.push(Arc::clone(&policy));
                 } else {
                     applied.restage = true;
                 }
@@ -162,8 +161,8 @@ mod tests {
     use crate::model::PodMatch;
     use crate::selector::LabelSelector;
 
-    fn policy(name: &str) -> Policy {
-        Policy {
+    fn policy(name: &str) -> Arc<Policy> {
+        Arc::new(Policy {
             id: PolicyRef {
                 namespace: Some("shop".into()),
                 name: name.into(),
@@ -178,7 +177,7 @@ mod tests {
             age: Default::default(),
             previous_eips: Vec::new(),
             previous_node: None,
-        }
+        })
     }
 
     fn cluster() -> Snapshot {
@@ -192,9 +191,9 @@ mod tests {
     fn selectors_destinations_and_priority_are_edits_the_stages_do_not_see() {
         let old = cluster();
         let mut new = old.clone();
-        new.policies[1].dest_subnets = vec!["192.0.2.0/24".parse().unwrap()];
-        new.policies[2].priority = 7;
-        new.policies[2].pods = PodMatch::Selector(LabelSelector::eq("app", "db"));
+        new.policy_mut(1).unwrap().dest_subnets = vec!["192.0.2.0/24".parse().unwrap()];
+        new.policy_mut(2).unwrap().priority = 7;
+        new.policy_mut(2).unwrap().pods = PodMatch::Selector(LabelSelector::eq("app", "db"));
         assert_eq!(edited_policies(&old, &new), Some(vec![1, 2]));
         assert_eq!(edited_policies(&old, &old), Some(vec![]));
     }
@@ -203,7 +202,7 @@ mod tests {
     fn changes_are_carried_out_in_order_and_say_whether_the_stages_run_again() {
         let mut cluster = cluster();
         let mut web = cluster.policies[1].clone();
-        web.priority = 4;
+        Arc::make_mut(&mut web).priority = 4;
         let applied = apply(&mut cluster, [PolicyChange::Set(web.clone())]);
         assert_eq!(applied.edited, vec![web.clone()]);
         assert!(!applied.restage);
@@ -221,7 +220,7 @@ mod tests {
         assert!(applied.edited.is_empty() && !applied.restage);
 
         let mut moved = web.clone();
-        moved.gateway = Some("gw2".into());
+        Arc::make_mut(&mut moved).gateway = Some("gw2".into());
         let added = policy("bb");
         let first = cluster.policies[0].id.clone();
         let applied = apply(
@@ -246,22 +245,22 @@ mod tests {
     fn what_the_stages_read_or_another_object_changed_is_no_such_edit() {
         let old = cluster();
         let mut gateway = old.clone();
-        gateway.policies[0].gateway = Some("gw2".into());
+        gateway.policy_mut(0).unwrap().gateway = Some("gw2".into());
         let mut placed = old.clone();
-        placed.policies[0].previous_node = Some("node-1".into());
+        placed.policy_mut(0).unwrap().previous_node = Some("node-1".into());
         let mut deleted = old.clone();
         deleted.policies.pop();
         let mut renamed = old.clone();
-        renamed.policies[0].id.name = "z".into();
+        renamed.policy_mut(0).unwrap().id.name = "z".into();
         let mut namespace = old.clone();
         namespace.namespaces.push(crate::model::Namespace {
             name: "shop".into(),
             labels: Default::default(),
         });
         let mut twice = old.clone();
-        twice.policies[1].id.name = "a".into();
+        twice.policy_mut(1).unwrap().id.name = "a".into();
         let mut twice_edited = twice.clone();
-        twice_edited.policies[1].priority = 3;
+        twice_edited.policy_mut(1).unwrap().priority = 3;
         for new in [gateway, placed, deleted, renamed, namespace] {
             assert_eq!(edited_policies(&old, &new), None, "{new:?}");
         }

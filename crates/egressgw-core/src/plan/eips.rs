@@ -17,6 +17,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 
@@ -48,7 +49,7 @@ pub(super) fn allocate<'a>(
             .find(|n| n.external_addresses.contains(&ip))
             .map(|n| format!("is node {}'s ExternalIP", n.name))
     };
-    let mut policies: Vec<&Policy> = snapshot.policies.iter().collect();
+    let mut policies: Vec<&Arc<Policy>> = snapshot.policies.iter().collect();
     // One policy per identity (the oldest copy), then oldest first.
     policies.sort_by(|a, b| (&a.id, &a.age).cmp(&(&b.id, &b.age)));
     policies.dedup_by(|a, b| a.id == b.id);
@@ -256,7 +257,7 @@ fn round_robin(
 }
 
 fn resolve_gateway<'a>(
-    policy: &'a Policy,
+    policy: &'a Arc<Policy>,
     gateways: &Gateways<'a>,
     namespaces: &HashMap<&str, &Labels>,
 ) -> Work<'a> {

@@ -133,7 +133,7 @@ impl Frame {
             Some(node),
         );
         let tables = Tables::new(&works, &cluster_cidrs);
-        let policies: Vec<Policy> = works.iter().map(|w| w.policy.clone()).collect();
+        let policies = works.iter().map(|w| Arc::clone(w.policy)).collect();
         Frame {
             matcher: Matcher::new(policies, &cluster.namespaces),
             tables,
@@ -188,14 +188,17 @@ impl Frame {
     /// edited policies' Pods, and those of the namespaces where their
     /// selectors changed. `None`, changing nothing, when one of them is
     /// not planned.
-    fn edit<'p>(&mut self, edited: impl IntoIterator<Item = &'p Policy>) -> Option<FrameChanges> {
+    fn edit<'p>(
+        &mut self,
+        edited: impl IntoIterator<Item = &'p Arc<Policy>>,
+    ) -> Option<FrameChanges> {
         let edited = edited
             .into_iter()
             .map(|p| Some((self.matcher.position(&p.id)?, p)))
             .collect::<Option<Vec<_>>>()?;
         let mut changes = FrameChanges::default();
         for (i, policy) in edited {
-            let old = std::mem::replace(&mut self.matcher.policies[i], policy.clone());
+            let old = std::mem::replace(&mut self.matcher.policies[i], Arc::clone(policy));
             if !selects_alike(&old, policy) {
                 changes.reselect_for(policy);
             }

@@ -2,6 +2,7 @@
 //! does for each Pod that changes ([`super::Planner`], [`super::Publisher`]).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use crate::model::{Labels, Namespace, Pod, Policy, PolicyRef};
 
@@ -17,8 +18,9 @@ pub(super) fn selects_alike(a: &Policy, b: &Policy) -> bool {
 /// at.
 #[derive(Debug)]
 pub(super) struct Matcher {
-    /// The policies, by index in the stages' order.
-    pub policies: Vec<Policy>,
+    /// The policies, by index in the stages' order: those of the
+    /// snapshot planned, shared.
+    pub policies: Vec<Arc<Policy>>,
     /// Namespaced policies by namespace, ascending.
     namespaced: HashMap<String, Vec<usize>>,
     /// Cluster policies, ascending.
@@ -27,7 +29,7 @@ pub(super) struct Matcher {
 }
 
 impl Matcher {
-    pub fn new(policies: Vec<Policy>, namespaces: &[Namespace]) -> Self {
+    pub fn new(policies: Vec<Arc<Policy>>, namespaces: &[Namespace]) -> Self {
         let mut namespaced: HashMap<String, Vec<usize>> = HashMap::new();
         let mut cluster_wide = Vec::new();
         for (i, p) in policies.iter().enumerate() {
@@ -141,7 +143,7 @@ impl Matcher {
         pods: impl IntoIterator<Item = &'a Pod>,
         namespaces: &[Namespace],
     ) -> (HashMap<*const Pod, Vec<usize>>, Vec<usize>) {
-        let policies: Vec<&Policy> = self.policies.iter().collect();
+        let policies: Vec<&Policy> = self.policies.iter().map(|p| &**p).collect();
         let selection = classify::select(pods, &policies, namespaces);
         let selected = selection
             .pods

@@ -34,6 +34,7 @@ pub use scope::{PodScope, gateways_selecting, pod_scope, scoped};
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use serde::Serialize;
@@ -108,7 +109,7 @@ pub fn plan_published(snapshot: &Snapshot) -> Published<'_> {
         policies,
         placed,
     } = stages(snapshot, Placement::Own);
-    let selecting: Vec<&Policy> = policies.iter().map(|w| w.policy).collect();
+    let selecting: Vec<&Policy> = policies.iter().map(|w| &**w.policy).collect();
     let selection = classify::select(&snapshot.pods, &selecting, &snapshot.namespaces);
     let gateway_pods = scope::gateway_pods(&selection, &policies);
     let classified = classify::Classified {
@@ -225,7 +226,7 @@ fn build_with(snapshot: &Snapshot, states: States<'_>, placement: Placement, rep
 /// A policy on its way through the stages, in precedence-neutral age order.
 #[derive(Debug)]
 struct Work<'a> {
-    policy: &'a Policy,
+    policy: &'a Arc<Policy>,
     /// The gateway it uses, once resolved.
     gateway: Option<&'a str>,
     /// Why it cannot be allocated, if it cannot.
@@ -272,6 +273,7 @@ pub fn remember(snapshot: &mut Snapshot, status: &ClusterStatus) {
         status.policies.iter().map(|s| (&s.policy, s)).collect();
     for policy in &mut snapshot.policies {
         if let Some(s) = by_policy.get(&policy.id) {
+            let policy = Arc::make_mut(policy);
             policy.previous_eips = s
                 .eip_ipv4
                 .map(IpAddr::V4)

@@ -147,7 +147,8 @@ impl Publisher {
         // Policies edited in what the stages and the status do not read:
         // only their selection may change.
         if let Some(edited) = super::edits::edited_policies(&self.cluster, &cluster)
-            && let Some(edits) = self.placed(edited.iter().map(|k| cluster.policies[*k].clone()))
+            && let Some(edits) =
+                self.placed(edited.iter().map(|k| Arc::clone(&cluster.policies[*k])))
         {
             self.cluster = cluster;
             self.edit(edits);
@@ -172,7 +173,10 @@ impl Publisher {
 
     /// `policies`, each with the matcher's index of its identity; `None`
     /// when one is not there.
-    fn placed(&self, policies: impl IntoIterator<Item = Policy>) -> Option<Vec<(usize, Policy)>> {
+    fn placed(
+        &self,
+        policies: impl IntoIterator<Item = Arc<Policy>>,
+    ) -> Option<Vec<(usize, Arc<Policy>)>> {
         policies
             .into_iter()
             .map(|p| Some((self.matcher.position(&p.id)?, p)))
@@ -459,12 +463,12 @@ impl Publisher {
     /// there, edited in what the stages do not read (`super::edits`); the
     /// Pods of the namespaces where one's selection may have changed are
     /// selected again.
-    fn edit(&mut self, edits: Vec<(usize, Policy)>) {
+    fn edit(&mut self, edits: Vec<(usize, Arc<Policy>)>) {
         let mut changed: Vec<&Policy> = Vec::new();
         for (i, policy) in &edits {
             let old = &self.matcher.policies[*i];
             if !selects_alike(old, policy) {
-                changed.extend([old, policy]);
+                changed.extend([&**old, &**policy]);
             }
         }
         let namespaces: BTreeSet<String> = self
@@ -714,7 +718,7 @@ fn planned(cluster: &Snapshot) -> Planned {
         .map(|w| at.get(&w.policy.id).copied())
         .collect();
     let gateway_of = policies.iter().map(|w| w.gateway.map(Arc::from)).collect();
-    let selecting = policies.iter().map(|w| w.policy.clone()).collect();
+    let selecting = policies.iter().map(|w| Arc::clone(w.policy)).collect();
     Planned {
         matcher: Matcher::new(selecting, &cluster.namespaces),
         gateway_of,

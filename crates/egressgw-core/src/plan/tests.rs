@@ -82,7 +82,7 @@ impl Cluster {
     }
 
     fn policy(mut self, p: Policy) -> Self {
-        self.0.policies.push(p);
+        self.0.policies.push(Arc::new(p));
         self
     }
 
@@ -589,7 +589,7 @@ fn an_unknown_gateway_or_a_missing_default_is_a_condition_not_an_error() {
     );
     assert!(entries(&plan, "n1", "10.244.1.5").is_empty());
     c.0.gateways[0].cluster_default = false;
-    c.0.policies[0].gateway = None;
+    c.0.policy_mut(0).unwrap().gateway = None;
     assert_eq!(
         condition(
             &c.plan(),
@@ -1005,7 +1005,7 @@ fn build_snapshot(
             1 => p.egress_ip.allocator = Allocator::RoundRobin,
             _ => p.gateway = Some(format!("gw{}", i % 3)),
         }
-        s.policies.push(p);
+        s.policies.push(Arc::new(p));
     }
     s
 }
@@ -1239,8 +1239,7 @@ fn a_policy_that_fails_for_a_while_gets_its_rr_eip_back() {
         gateway("other", "198.51.100.50", false, 5),
         "g1",
     ));
-    c.0.policies
-        .iter_mut()
+    c.0.policies_mut()
         .find(|p| p.id.name == "r2")
         .unwrap()
         .gateway = Some("missing".into());
@@ -1256,8 +1255,7 @@ fn a_policy_that_fails_for_a_while_gets_its_rr_eip_back() {
         st.conditions[0].message
     );
     remember(&mut c.0, &broken.status);
-    c.0.policies
-        .iter_mut()
+    c.0.policies_mut()
         .find(|p| p.id.name == "r2")
         .unwrap()
         .gateway = None;
@@ -1642,7 +1640,7 @@ fn arb_selection() -> impl Strategy<Value = Snapshot> {
                     };
                 }
                 p.age.created = i as i64;
-                s.policies.push(p);
+                s.policies.push(Arc::new(p));
             }
             s
         })
@@ -1845,7 +1843,7 @@ fn apply_step_as(planner: &mut impl Follows, step: &Step, by_policies: bool) {
             }
         }
         Step::Policy(p, app) => {
-            if let Some(policy) = cluster.policies.get_mut(p) {
+            if let Some(policy) = cluster.policy_mut(p) {
                 policy.pods = PodMatch::Selector(LabelSelector::eq("app", &format!("app{app}")));
             }
         }
@@ -1856,7 +1854,7 @@ fn apply_step_as(planner: &mut impl Follows, step: &Step, by_policies: bool) {
                 vec![net("203.0.0.0/8")],
                 vec![net("203.0.113.128/25"), net("198.18.0.0/15")],
             ];
-            if let Some(policy) = cluster.policies.get_mut(p) {
+            if let Some(policy) = cluster.policy_mut(p) {
                 policy.dest_subnets = dests[d].clone();
             }
         }
@@ -1866,13 +1864,13 @@ fn apply_step_as(planner: &mut impl Follows, step: &Step, by_policies: bool) {
                 vec![net("203.0.113.0/26")],
                 vec![net("198.18.0.0/16")],
             ];
-            if let Some(policy) = cluster.policies.get_mut(p) {
+            if let Some(policy) = cluster.policy_mut(p) {
                 policy.priority = priority;
                 policy.exclude_subnets = excludes[x].clone();
             }
         }
         Step::Scope(p, team) => {
-            if let Some(policy) = cluster.policies.get_mut(p)
+            if let Some(policy) = cluster.policy_mut(p)
                 && policy.id.namespace.is_none()
             {
                 policy.namespace_selector = team.map(|t| LabelSelector::eq("team", ["a", "b"][t]));
@@ -1883,26 +1881,26 @@ fn apply_step_as(planner: &mut impl Follows, step: &Step, by_policies: bool) {
             node.ready = !node.ready;
         }
         Step::Recreated(p) => {
-            if let Some(policy) = cluster.policies.get_mut(p) {
+            if let Some(policy) = cluster.policy_mut(p) {
                 policy.id.name.push('x');
                 policy.age.uid.push('x');
             }
         }
         Step::Gateway(p, g) => {
-            if let Some(policy) = cluster.policies.get_mut(p) {
+            if let Some(policy) = cluster.policy_mut(p) {
                 policy.gateway = g.map(|g| format!("gw{g}"));
             }
         }
         Step::Copied(p, n) => {
             if let Some(policy) = cluster.policies.get(p) {
-                let mut copy = policy.clone();
+                let mut copy = Policy::clone(policy);
                 let k = cluster.policies.len();
                 copy.id.name = format!("{}-copy{k}", copy.id.name);
                 copy.age.uid = format!("{}-copy{k}", copy.age.uid);
                 if copy.id.namespace.is_some() {
                     copy.id.namespace = Some(ns(n));
                 }
-                cluster.policies.push(copy);
+                cluster.policies.push(Arc::new(copy));
             }
         }
         Step::Tunnel(n) => {

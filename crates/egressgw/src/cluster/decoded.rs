@@ -10,10 +10,17 @@
 //! A decoded object is held behind an [`Arc`]: the store copies every
 //! object it takes, and that copy is then one count more, not the object's
 //! every string and map again.
+//!
+//! An agent keeps less of a policy: it plans from the policy converted
+//! into the planner's terms, so it converts the policy as the watch takes
+//! it and keeps that, with the metadata a store needs
+//! ([`Decoded::Converted`]), not the object. The planner's snapshot and
+//! its indexes share that one converted policy.
 
 use std::borrow::Cow;
 use std::sync::Arc;
 
+use egressgw_core::model::Policy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use serde::de::DeserializeOwned;
@@ -24,6 +31,15 @@ use serde::{Deserialize, Deserializer};
 pub enum Decoded<K> {
     /// It decoded.
     Ok(Arc<K>),
+    /// It decoded and converted, and only the converted policy is kept,
+    /// with the object's name, namespace and version ([`Decoded::convert`]).
+    Converted {
+        /// The name, namespace and `resourceVersion`.
+        meta: Box<ObjectMeta>,
+        /// The policy in the planner's terms, shared with the snapshots
+        /// planned from it.
+        policy: Arc<Policy>,
+    },
     /// It did not: its metadata and why.
     Undecodable {
         /// The object's metadata (default when even that did not decode).
@@ -38,8 +54,43 @@ impl<K> Decoded<K> {
     pub fn ok(&self) -> Option<&K> {
         match self {
             Decoded::Ok(k) => Some(k),
-            Decoded::Undecodable { .. } => None,
+            Decoded::Converted { .. } | Decoded::Undecodable { .. } => None,
         }
+    }
+
+    /// The policy converted, when it was ([`Decoded::convert`]).
+    pub fn converted(&self) -> Option<&Arc<Policy>> {
+        match self {
+            Decoded::Converted { policy, .. } => Some(policy),
+            Decoded::Ok(_) | Decoded::Undecodable { .. } => None,
+        }
+    }
+
+    /// Keeps only `convert`'s result and the metadata a store needs (the
+    /// name, namespace and `resourceVersion`), when the object decoded
+    /// and converts; otherwise changes nothing: an object that does not
+    /// convert is kept whole, for its problems to be reported.
+    pub fn convert<E>(&mut self, convert: impl FnOnce(&K) -> Result<Policy, E>)
+    where
+        K: Resource,
+    {
+        let Decoded::Ok(object) = self else {
+            return;
+        };
+        let Ok(policy) = convert(object) else {
+            return;
+        };
+        let meta = object.meta();
+        let meta = ObjectMeta {
+            name: meta.name.clone(),
+            namespace: meta.namespace.clone(),
+            resource_version: meta.resource_version.clone(),
+            ..ObjectMeta::default()
+        };
+        *self = Decoded::Converted {
+            meta: Box::new(meta),
+            policy: Arc::new(policy),
+        };
     }
 }
 
@@ -48,7 +99,7 @@ impl<K: Clone> Decoded<K> {
     pub fn ok_mut(&mut self) -> Option<&mut K> {
         match self {
             Decoded::Ok(k) => Some(Arc::make_mut(k)),
-            Decoded::Undecodable { .. } => None,
+            Decoded::Converted { .. } | Decoded::Undecodable { .. } => None,
         }
     }
 }
@@ -89,14 +140,14 @@ impl<K: Resource<DynamicType = ()> + Clone> Resource for Decoded<K> {
     fn meta(&self) -> &ObjectMeta {
         match self {
             Decoded::Ok(k) => k.meta(),
-            Decoded::Undecodable { meta, .. } => meta,
+            Decoded::Converted { meta, .. } | Decoded::Undecodable { meta, .. } => meta,
         }
     }
 
     fn meta_mut(&mut self) -> &mut ObjectMeta {
         match self {
             Decoded::Ok(k) => Arc::make_mut(k).meta_mut(),
-            Decoded::Undecodable { meta, .. } => meta,
+            Decoded::Converted { meta, .. } | Decoded::Undecodable { meta, .. } => meta,
         }
     }
 }

@@ -10,9 +10,11 @@
 //! objects runs the cluster-wide stages again and plans again the Pods
 //! they reach ([`Planner::set_cluster`]); another set of Pods watched plans
 //! the node whole. When only policies changed, the stored policies are
-//! taken the way Pods are: only those stored anew are converted, and they
-//! go to the planner as changes ([`Planner::change_policies`]), without
-//! converting or comparing every other object.
+//! taken the way Pods are: only those stored anew go to the planner, as
+//! changes ([`Planner::change_policies`]), without converting or comparing
+//! every other object. An agent's store holds its policies converted
+//! already ([`Decoded::Converted`]): the planner takes each as stored,
+//! shared rather than copied.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -119,6 +121,7 @@ fn seen_of<K: PolicyKind>(state: Vec<Arc<Decoded<K>>>, planned: &HashSet<&Policy
         .map(|object| {
             let id = match &*object {
                 Decoded::Ok(policy) => Some(K::id_of(policy.meta())),
+                Decoded::Converted { policy, .. } => Some(policy.id.clone()),
                 Decoded::Undecodable { .. } => None,
             };
             let id = id.filter(|id| planned.contains(id));
@@ -134,7 +137,7 @@ fn changes_of<K: PolicyKind>(
     seen: &mut Seen<K>,
     state: Vec<Arc<Decoded<K>>>,
     gone: &mut Vec<PolicyRef>,
-    set: &mut Vec<egressgw_core::model::Policy>,
+    set: &mut Vec<Arc<egressgw_core::model::Policy>>,
 ) -> Option<()> {
     let mut next = HashMap::with_capacity(state.len());
     for object in state {
@@ -143,10 +146,11 @@ fn changes_of<K: PolicyKind>(
             next.insert(at, entry);
             continue;
         }
-        let Decoded::Ok(policy) = &*object else {
-            return None;
+        let policy = match &*object {
+            Decoded::Converted { policy, .. } => Arc::clone(policy),
+            Decoded::Ok(policy) => Arc::new(policy.to_model().ok()?),
+            Decoded::Undecodable { .. } => return None,
         };
-        let policy = policy.to_model().ok()?;
         next.insert(at, (object, Some(policy.id.clone())));
         set.push(policy);
     }
@@ -157,14 +161,15 @@ fn changes_of<K: PolicyKind>(
     Some(())
 }
 
-/// Where a stored policy's object is: the decoded object, which a store
-/// may hold again in a new entry when the API server sent it again with
-/// nothing an agent keeps changed (see `Selection::policies`), or the
-/// entry of one that did not decode. The entry kept in [`Seen`] holds the
+/// Where a stored policy's object is: the decoded object, or the policy
+/// an agent converted it to, which a store may hold again in a new entry
+/// when the API server sent it again with nothing an agent keeps changed
+/// (see `Selection::policies`); or the entry of one that did not decode. The entry kept in [`Seen`] holds the
 /// object, so that the address is not reused while it is there.
 fn address<K>(stored: &Arc<Decoded<K>>) -> usize {
     match &**stored {
         Decoded::Ok(object) => Arc::as_ptr(object) as usize,
+        Decoded::Converted { policy, .. } => Arc::as_ptr(policy) as usize,
         Decoded::Undecodable { .. } => Arc::as_ptr(stored) as usize,
     }
 }
@@ -589,7 +594,7 @@ spec:
         assert_eq!(step(&mut following, &cluster, &pods), Replanned::Pods(0));
         // Another object than a Pod changed.
         let mut edited = cluster.clone();
-        edited.policies[0].dest_subnets = vec!["203.0.113.0/24".parse().unwrap()];
+        edited.policy_mut(0).unwrap().dest_subnets = vec!["203.0.113.0/24".parse().unwrap()];
         assert_eq!(step(&mut following, &edited, &pods), Replanned::Cluster(0));
         // The same objects read in another order are the same objects.
         let mut reordered = edited.clone();
@@ -597,12 +602,14 @@ spec:
         assert_eq!(step(&mut following, &reordered, &pods), Replanned::Pods(0));
     }
 
-    /// A stored policy of the cluster as an agent reads it: `spec` (YAML
-    /// flow), and the placement the controller wrote for `p1`.
+    /// A stored policy of the cluster: `spec` (YAML flow), and the
+    /// placement the controller wrote for `p1`; `converted` as an agent
+    /// keeps it, else whole.
     fn stored_policy(
         name: &str,
         spec: &str,
         placed: &egressgw_core::model::Policy,
+        converted: bool,
     ) -> Arc<Decoded<EgressPolicy>> {
         let eip = placed.previous_eips[0];
         let node = placed.previous_node.as_deref().unwrap();
@@ -611,7 +618,20 @@ spec:
              metadata: {{name: {name}, namespace: shop}}\nspec: {spec}\n\
              status: {{eip: {{ipv4: \"{eip}\"}}, node: {node}}}"
         );
-        Arc::new(Decoded::Ok(Arc::new(serde_yaml::from_str(&yaml).unwrap())))
+        let mut stored = Decoded::Ok(Arc::new(serde_yaml::from_str(&yaml).unwrap()));
+        if converted {
+            stored.convert(EgressPolicy::to_model);
+        }
+        Arc::new(stored)
+    }
+
+    /// A stored policy in the planner's terms, as the agent has it or
+    /// converted from the object.
+    fn model_of(stored: &Arc<Decoded<EgressPolicy>>) -> Arc<egressgw_core::model::Policy> {
+        match stored.converted() {
+            Some(policy) => Arc::clone(policy),
+            None => Arc::new(stored.ok().unwrap().to_model().unwrap()),
+        }
     }
 
     /// Policies stored anew alone are converted and planned as changes,
@@ -619,12 +639,26 @@ spec:
     /// convert leaves the caller to plan whole.
     #[test]
     fn only_the_policies_stored_anew_are_converted_and_planned_as_changes() {
+        policies_stored_anew_are_planned_as_changes(false);
+    }
+
+    /// As above, with the policies converted as the agent's watch
+    /// converts them: the planner takes each one as it is stored.
+    #[test]
+    fn policies_kept_converted_are_planned_as_stored() {
+        policies_stored_anew_are_planned_as_changes(true);
+    }
+
+    fn policies_stored_anew_are_planned_as_changes(converted: bool) {
+        let stored_policy = |name: &str, spec: &str, placed: &egressgw_core::model::Policy| {
+            stored_policy(name, spec, placed, converted)
+        };
         let cluster = cluster();
         let placed = cluster.policies[0].clone();
         let web = "{appliedTo: {podSelector: {matchLabels: {app: web}}}}";
         let p1 = stored_policy("p1", web, &placed);
-        let converted = p1.ok().unwrap().to_model().unwrap();
-        assert_eq!(converted, placed, "the stored policy is the cluster's");
+        assert_eq!(model_of(&p1), placed, "the stored policy is the cluster's");
+        assert_eq!(p1.converted().is_some(), converted);
         let states = |policies: &[&Arc<Decoded<EgressPolicy>>]| PolicyStates {
             namespaced: policies.iter().map(|p| Arc::clone(p)).collect(),
             cluster: Vec::new(),
@@ -643,10 +677,7 @@ spec:
         // Checks the state against the whole plan of `policies`.
         let check = |following: &Following, policies: &[&Arc<Decoded<EgressPolicy>>]| {
             let mut whole = cluster.clone();
-            whole.policies = policies
-                .iter()
-                .map(|p| p.ok().unwrap().to_model().unwrap())
-                .collect();
+            whole.policies = policies.iter().map(|p| model_of(p)).collect();
             assert_plans_the_whole(following, whole, &pods);
         };
         let unchanged = following.update_policies(states(&[&p1]), PodScope::Cluster, pods.clone());
@@ -673,6 +704,14 @@ spec:
             following.update_policies(states(&[&p2, &p1]), PodScope::Cluster, pods.clone());
         assert_eq!(replanned, Some(Replanned::Policies(2, 0)));
         check(&following, &[&p1, &p2]);
+        if converted {
+            // The planner holds the policies stored, not copies.
+            let planned = &following.planner.as_ref().unwrap().cluster().policies;
+            for p in [&p1, &p2] {
+                let p = p.converted().unwrap();
+                assert!(planned.iter().any(|q| Arc::ptr_eq(q, p)), "{p:?}");
+            }
+        }
         assert!(
             following
                 .state()
@@ -864,7 +903,7 @@ spec:
         assert_eq!(update(&mut publishing, None, &pods), ["gw1"]);
         // The policy's status written back changes no selection.
         let mut written = cluster.clone();
-        written.policies[0].previous_node = Some("n2".into());
+        written.policy_mut(0).unwrap().previous_node = Some("n2".into());
         assert!(update(&mut publishing, Some(written), &pods).is_empty());
         pods.clear();
         assert_eq!(update(&mut publishing, None, &pods), ["gw1"]);

@@ -230,6 +230,12 @@ impl Stores {
             .gateways(self.gateways.state())
             .policies(policies.iter().filter_map(|p| p.ok()))
             .cluster_policies(cluster_policies.iter().filter_map(|p| p.ok()))
+            .converted(policies.iter().filter_map(|p| p.converted().cloned()))
+            .converted(
+                cluster_policies
+                    .iter()
+                    .filter_map(|p| p.converted().cloned()),
+            )
             .tunnels(self.tunnels.state());
         let builder = undecodable(builder, policies);
         undecodable(builder, cluster_policies).build()
@@ -514,7 +520,7 @@ fn undecodable<K: Resource<DynamicType = ()>>(
     objects: &[Arc<Decoded<K>>],
 ) -> SnapshotBuilder {
     objects.iter().fold(builder, |b, object| match &**object {
-        Decoded::Ok(_) => b,
+        Decoded::Ok(_) | Decoded::Converted { .. } => b,
         Decoded::Undecodable { meta, error } => b.undecodable(
             &K::kind(&()),
             meta.namespace.as_deref(),
@@ -656,11 +662,7 @@ impl<P: PolicyKind> Selection<'_, Decoded<P>> {
         Self {
             fields: None,
             labels: None,
-            trim: if agent {
-                without_conditions
-            } else {
-                Trim::trim
-            },
+            trim: if agent { as_planned } else { Trim::trim },
             keep_resent: agent,
         }
     }
@@ -723,13 +725,17 @@ impl PolicyKind for EgressClusterPolicy {
     }
 }
 
-/// What an agent keeps of a policy: its status without the conditions.
-/// The controller rewrites the `Ready` condition's message whenever the
-/// count of Pods the policy selects changes, and an agent plans from the
-/// spec and the placement (`status.eip`, `status.node`) alone: a Pod
-/// created anywhere would otherwise wake every agent of the cluster.
-fn without_conditions<P: PolicyKind>(policy: &mut Decoded<P>) {
+/// What an agent keeps of a policy: the policy converted into the
+/// planner's terms ([`Decoded::convert`]), which the snapshot and the
+/// planner then share; one that does not convert, whole but for its
+/// status's conditions. The controller rewrites the `Ready` condition's
+/// message whenever the count of Pods the policy selects changes, and an
+/// agent plans from the spec and the placement (`status.eip`,
+/// `status.node`) alone: a Pod created anywhere would otherwise wake every
+/// agent of the cluster.
+fn as_planned<P: PolicyKind>(policy: &mut Decoded<P>) {
     policy.trim();
+    policy.convert(P::to_model);
     if let Some(status) = policy.ok_mut().and_then(PolicyKind::status_mut) {
         status.conditions.clear();
     }
@@ -1056,12 +1062,13 @@ mod tests {
         let moved = kept("3", "4 pod(s) leave", "node-2");
         assert!(resent(&store, &mut watcher::Event::Apply(moved)).is_none());
 
-        // An agent stores a policy resent as the object it holds; a policy
-        // changed, and every policy the controller takes, anew.
+        // An agent keeps a policy converted, and stores one resent as the
+        // policy it holds; a policy changed anew. The controller takes
+        // every policy anew, whole.
         let held = || {
             let stored = store.get(&ObjectRef::new("web").within("team-a"));
             match stored.as_deref() {
-                Some(Decoded::Ok(object)) => Arc::clone(object),
+                Some(Decoded::Converted { policy, .. }) => Arc::clone(policy),
                 other => panic!("{other:?}"),
             }
         };
@@ -1069,16 +1076,32 @@ mod tests {
             let selection = Selection::<Decoded<EgressPolicy>>::policies(agent);
             let event = watcher::Event::Apply(policy(version, "5 pod(s) leave", node));
             match taken(event, &store, selection.trim, selection.keep_resent) {
-                (watcher::Event::Apply(Decoded::Ok(object)), resent) => (object, resent),
+                (watcher::Event::Apply(object), resent) => (object, resent),
                 other => panic!("{other:?}"),
             }
         };
         let (object, resent) = taken_by(true, "4", "node-1");
-        assert!(resent && Arc::ptr_eq(&object, &held()));
+        let converted = object.converted().expect("converted");
+        assert!(resent && Arc::ptr_eq(converted, &held()));
+        assert_eq!(converted.previous_node.as_deref(), Some("node-1"));
         let (object, resent) = taken_by(true, "5", "node-2");
-        assert!(!resent && !Arc::ptr_eq(&object, &held()));
+        let converted = object.converted().expect("converted");
+        assert!(!resent && !Arc::ptr_eq(converted, &held()));
+        assert_eq!(converted.previous_node.as_deref(), Some("node-2"));
+        // What it keeps of the object: its name, namespace and version.
+        assert_eq!(
+            *object.meta(),
+            ObjectMeta {
+                name: Some("web".into()),
+                namespace: Some("team-a".into()),
+                resource_version: Some("5".into()),
+                ..ObjectMeta::default()
+            }
+        );
         let (object, _) = taken_by(false, "6", "node-1");
-        assert!(!Arc::ptr_eq(&object, &held()));
+        let Decoded::Ok(object) = object else {
+            panic!("the controller keeps the object: {object:?}")
+        };
         // Compared with the held one, it keeps its own version.
         assert_eq!(object.metadata.resource_version.as_deref(), Some("6"));
 
@@ -1089,6 +1112,26 @@ mod tests {
             panic!("the policy decodes")
         };
         assert_eq!(whole.status.as_ref().expect("a status").conditions.len(), 1);
+
+        // A policy that does not convert is kept whole for its problems
+        // to be named, without its conditions.
+        let mut invalid = policy("7", "5 pod(s) leave", "node-1");
+        if let Some(p) = invalid.ok_mut() {
+            p.spec.dest_subnet = vec!["nonsense".into()];
+        }
+        agent(&mut invalid);
+        let Decoded::Ok(invalid) = invalid else {
+            panic!("kept whole: {invalid:?}")
+        };
+        assert!(invalid.to_model().is_err());
+        assert!(
+            invalid
+                .status
+                .as_ref()
+                .expect("a status")
+                .conditions
+                .is_empty()
+        );
     }
 
     fn slice(
