@@ -31,9 +31,10 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 RUST_TOOLCHAIN="$(sed -n 's/^channel *= *"\(.*\)"/\1/p' "$ROOT/rust-toolchain.toml")"
 [[ -n "$RUST_TOOLCHAIN" ]] || { echo "setup: error: no channel in rust-toolchain.toml" >&2; exit 1; }
 RUST_COMPONENTS=(rustfmt clippy)
-# Debian packages needed right now: a C toolchain for rustc to link with, and
+# Debian packages needed right now: a C toolchain for rustc to link with
+# (and make, for the allocator the binary builds in: tikv-jemalloc-sys), and
 # what it takes to download rustup.
-APT_PACKAGES=(ca-certificates curl gcc libc6-dev)
+APT_PACKAGES=(ca-certificates curl gcc libc6-dev make)
 # What the privileged dataplane tests (crates/egressgw/tests/dataplane.rs)
 # run: ip, bridge and ss (iproute2), nft (nftables), iptables-nft and
 # iptables-legacy (both in Debian 12's iptables), ethtool, iperf3, sysctl

@@ -12,10 +12,6 @@
 //!
 //! Every type is `#[repr(C)]` with no implicit padding, so both sides agree
 //! on its bytes.
-//!
-//! With the `user` feature, [`heap`] holds the daemons' one call into the C
-//! library, for the same reason: unsafe code stays in this crate and the
-//! program's.
 
 #![no_std]
 
@@ -210,8 +206,8 @@ pub struct Counter {
 
 // aya's `Pod` is an unsafe marker trait: each implementation promises a
 // `Copy`, `#[repr(C)]` type without padding, for which any bytes are a
-// valid value. With `heap::give_back`, this is the project's only unsafe
-// code outside the eBPF program.
+// valid value. This is the project's only unsafe code outside the eBPF
+// program.
 #[cfg(feature = "user")]
 #[allow(unsafe_code)]
 mod user {
@@ -227,34 +223,4 @@ mod user {
     unsafe impl aya::Pod for super::Flow4 {}
     unsafe impl aya::Pod for super::Flow6 {}
     unsafe impl aya::Pod for super::PodLink {}
-}
-
-/// The C allocator's free memory, given back to the system.
-#[cfg(feature = "user")]
-pub mod heap {
-    /// Asks glibc to give the system back every free page of its heaps
-    /// (`malloc_trim(0)`), not only those at the top of each heap, which is
-    /// all it gives back by itself. Returns whether it gave any back. Live
-    /// allocations stay where they are; glibc locks each heap in turn while
-    /// it walks its free chunks, so callers run it between bursts of work.
-    /// Elsewhere than on glibc it does nothing and returns false.
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    #[expect(unsafe_code, reason = "a call into glibc, which Rust cannot check")]
-    #[must_use]
-    pub fn give_back() -> bool {
-        unsafe extern "C" {
-            fn malloc_trim(pad: usize) -> i32;
-        }
-        // SAFETY: `malloc_trim` takes no pointer and leaves every live
-        // allocation in place; glibc serializes it with the other calls of
-        // its allocator, which is the one Rust's global allocator calls.
-        unsafe { malloc_trim(0) == 1 }
-    }
-
-    /// Elsewhere than on glibc: nothing to do.
-    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-    #[must_use]
-    pub fn give_back() -> bool {
-        false
-    }
 }

@@ -50,7 +50,6 @@ use crate::cluster::stored::StoredPod;
 use crate::cluster::watch::{Changed, ClusterVersion, PolicyStates, Stores, Wanted};
 use crate::cluster::{self, ClusterArgs, lease};
 use crate::failover::{Held, Liveness, Memory};
-use crate::heap::Trim;
 use crate::load_config;
 
 /// Field manager of everything the agent writes.
@@ -306,18 +305,13 @@ async fn agent(args: &AgentArgs, config: Config, running: &Running) -> anyhow::R
     agent.health.expect_beats(LIVE_WITHIN);
     let mut traffic = tokio::time::interval(TRAFFIC_EVERY);
     traffic.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut heap = Trim::default();
     loop {
-        if replan {
-            heap.worked();
-        }
         let wait = if agent.reconcile(replan).await {
             retry.reset();
             agent.memory.recheck_in().map_or(RESYNC, |d| d.min(RESYNC))
         } else {
             retry.next()
         };
-        heap.tick();
         let until = tokio::time::Instant::now() + wait;
         replan = loop {
             tokio::select! {
@@ -330,7 +324,6 @@ async fn agent(args: &AgentArgs, config: Config, running: &Running) -> anyhow::R
                 _ = traffic.tick() => {
                     agent.refresh_metrics();
                     agent.health.beat();
-                    heap.tick();
                 }
             }
         };

@@ -47,7 +47,6 @@ use crate::cluster::lease::{self, Elector, Liveness};
 use crate::cluster::metrics::{ApiRequests, ControllerMetrics, REQUEST_TIMEOUT, Verb};
 use crate::cluster::watch::{ClusterVersion, Stores, watch as watch_kind};
 use crate::cluster::{self, ClusterArgs};
-use crate::heap::Trim;
 use crate::load_config;
 use crate::slices::{self, SliceWrite};
 use crate::writes::{self, Stored, Urgency, Write};
@@ -210,15 +209,11 @@ async fn controller(args: &ControllerArgs, config: Config) -> anyhow::Result<()>
     };
     let mut last_run = Instant::now();
     let mut pending = true;
-    let mut heap = Trim::default();
     loop {
-        heap.tick();
         tokio::select! {
             () = changed.notified() => {
                 tokio::time::sleep(DEBOUNCE).await;
                 pending = true;
-                // The stores' old objects were freed, leader or not.
-                heap.worked();
             }
             result = leading.changed() => {
                 result.context("the leader election stopped")?;
@@ -256,7 +251,6 @@ async fn controller(args: &ControllerArgs, config: Config) -> anyhow::Result<()>
         }
         if pending || last_run.elapsed() > RESYNC {
             pending = !control.reconcile(&unavailable).await;
-            heap.worked();
             control.unavailable = unavailable;
             last_run = Instant::now();
         }
