@@ -177,12 +177,22 @@ pub fn alive(pid: u32) -> bool {
     })
 }
 
+/// Whether `pid` or one of its threads has not exited yet. A killed
+/// process's leader shows as a zombie while its other threads are still
+/// exiting, and they hold its files, listening sockets included, until
+/// the last of them is gone: a process started again on the same ports
+/// before that fails to bind them.
+fn exiting(pid: u32) -> bool {
+    alive(pid) || fs::read_dir(format!("/proc/{pid}/task")).is_ok_and(|tasks| tasks.count() > 1)
+}
+
 /// SIGKILL to the process group led by `pid` (or the process alone), with
-/// no chance to clean up; waits until it is gone. Fails if it survives.
+/// no chance to clean up; waits until it and every thread of it are gone.
+/// Fails if it survives.
 pub fn kill_now(pid: u32) -> anyhow::Result<()> {
     signal_all(&[pid], "KILL");
     let deadline = Instant::now() + STOP_GRACE;
-    while alive(pid) {
+    while exiting(pid) {
         anyhow::ensure!(Instant::now() < deadline, "pid {pid} survived SIGKILL");
         thread::sleep(Duration::from_millis(20));
     }
