@@ -164,8 +164,9 @@ fn changes_of<K: PolicyKind>(
 /// Where a stored policy's object is: the decoded object, or the policy
 /// an agent converted it to, which a store may hold again in a new entry
 /// when the API server sent it again with nothing an agent keeps changed
-/// (see `Selection::policies`); or the entry of one that did not decode. The entry kept in [`Seen`] holds the
-/// object, so that the address is not reused while it is there.
+/// (see `Selection::policies`); or the entry of one that did not decode.
+/// The entry kept in [`Seen`] holds the object, so that the address is not
+/// reused while it is there.
 fn address<K>(stored: &Arc<Decoded<K>>) -> usize {
     match &**stored {
         Decoded::Ok(object) => Arc::as_ptr(object) as usize,
