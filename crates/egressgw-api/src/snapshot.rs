@@ -429,6 +429,9 @@ pub fn pod(pod: &Pod) -> Option<model::Pod> {
 
 /// [`pod`] of a Pod as the daemons keep it.
 pub fn watched_pod(pod: &WatchedPod) -> Option<model::Pod> {
+    if let Some(converted) = &pod.converted {
+        return Some(model::Pod::clone(converted));
+    }
     if pod.metadata.deletion_timestamp.is_some() {
         return None;
     }

@@ -6,7 +6,16 @@
 //! decoded straight from the API server's JSON with the fields the planner
 //! reads ([`crate::snapshot::watched_pod`]); the rest is skipped while
 //! decoding and never held.
+//!
+//! A daemon's watch then converts it ([`WatchedPod::convert`]): it keeps
+//! the Pod in the planner's terms, shared with the planner, and of the
+//! object only the name, namespace and version a store needs. The
+//! controller, which holds every Pod, held each twice before: the
+//! object, its labels in a map, and the planner's copy.
 
+use std::sync::Arc;
+
+use egressgw_core::model;
 use k8s_openapi::api::core::v1::{Pod, PodIP};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
@@ -19,6 +28,34 @@ pub struct WatchedPod {
     pub spec: Option<WatchedPodSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<WatchedPodStatus>,
+    /// The Pod in the planner's terms, once converted
+    /// ([`WatchedPod::convert`]); `spec` and `status` are then dropped.
+    #[serde(skip)]
+    pub converted: Option<Arc<model::Pod>>,
+}
+
+impl WatchedPod {
+    /// Keeps the Pod in the planner's terms alone, with the name,
+    /// namespace and `resourceVersion`, when the planner takes it. A Pod
+    /// it does not take (finished, or being deleted) is kept as it is.
+    pub fn convert(&mut self) {
+        if self.converted.is_some() {
+            return;
+        }
+        let Some(pod) = crate::snapshot::watched_pod(self) else {
+            return;
+        };
+        let meta = std::mem::take(&mut self.metadata);
+        self.metadata = ObjectMeta {
+            name: meta.name,
+            namespace: meta.namespace,
+            resource_version: meta.resource_version,
+            ..ObjectMeta::default()
+        };
+        self.spec = None;
+        self.status = None;
+        self.converted = Some(Arc::new(pod));
+    }
 }
 
 /// `spec.nodeName` and `spec.hostNetwork`.
@@ -77,6 +114,7 @@ impl From<&Pod> for WatchedPod {
                 pod_ip: s.pod_ip.clone(),
                 pod_ips: s.pod_ips.clone(),
             }),
+            converted: None,
         }
     }
 }
@@ -142,6 +180,56 @@ mod tests {
             assert_eq!(WatchedPod::from(&whole), watched, "{case}");
         }
         assert!(size_of::<WatchedPod>() * 4 < size_of::<Pod>());
+    }
+
+    /// Converted, a Pod the planner takes keeps what it planned from, and
+    /// of the object the name, namespace and version alone; one it does
+    /// not take stays as it was.
+    #[test]
+    fn a_converted_pod_plans_as_before_and_keeps_its_name() {
+        for (phase, deleting, taken) in [
+            ("Running", false, true),
+            ("Pending", false, true),
+            ("Succeeded", false, false),
+            ("Failed", false, false),
+            ("Running", true, false),
+        ] {
+            let case = format!("{phase} deleting={deleting}");
+            let watched: WatchedPod =
+                serde_json::from_value(pod_json(phase, false, deleting)).expect("a watched Pod");
+            let mut converted = watched.clone();
+            converted.convert();
+            assert_eq!(
+                snapshot::watched_pod(&converted),
+                snapshot::watched_pod(&watched),
+                "{case}"
+            );
+            if !taken {
+                assert_eq!(converted, watched, "{case}");
+                continue;
+            }
+            assert!(converted.spec.is_none() && converted.status.is_none(), "{case}");
+            assert_eq!(
+                converted.metadata,
+                ObjectMeta {
+                    name: Some("web-1".into()),
+                    namespace: Some("team-a".into()),
+                    resource_version: Some("42".into()),
+                    ..ObjectMeta::default()
+                },
+                "{case}"
+            );
+            // Converting again changes nothing.
+            let again = {
+                let mut again = converted.clone();
+                again.convert();
+                again
+            };
+            assert!(Arc::ptr_eq(
+                again.converted.as_ref().unwrap(),
+                converted.converted.as_ref().unwrap()
+            ));
+        }
     }
 
     /// A Pod with `podIP` only (an older kubelet) keeps it.

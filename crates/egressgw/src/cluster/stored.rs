@@ -7,7 +7,8 @@
 //! server sends a new version of it, and keeps it otherwise. A published
 //! Pod is read where the slice holds it, not copied out of it: a gateway
 //! node's agent holds each of the Pods it carries once, in its slice,
-//! shared with the planner.
+//! shared with the planner; a watched Pod is held converted
+//! ([`WatchedPod::convert`]), shared the same way.
 
 use std::sync::Arc;
 
@@ -69,7 +70,10 @@ impl StoredPod {
     /// slice, not copied.
     pub fn planned(&self) -> Option<Arc<model::Pod>> {
         match &self.0 {
-            Stored::Watched(pod) => egressgw_api::snapshot::watched_pod(pod).map(Arc::new),
+            Stored::Watched(pod) => match &pod.converted {
+                Some(converted) => Some(Arc::clone(converted)),
+                None => egressgw_api::snapshot::watched_pod(pod).map(Arc::new),
+            },
             Stored::Published(slice, at) => Some(Arc::clone(&slice.spec.pods[*at].0)),
         }
     }

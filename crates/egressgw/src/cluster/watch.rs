@@ -877,13 +877,16 @@ impl Trim for Lease {}
 impl<K: Resource<DynamicType = ()> + Clone> Trim for Decoded<K> {}
 
 /// A Pod is decoded with what the planner reads alone ([`WatchedPod`]);
-/// of its metadata, its owners go too.
+/// of its metadata, its owners go too. What the planner takes of it is
+/// then kept converted, with the name, namespace and version alone
+/// ([`WatchedPod::convert`]).
 impl Trim for WatchedPod {
     fn trim(&mut self) {
         let meta = self.meta_mut();
         meta.managed_fields = None;
         meta.annotations = None;
         meta.owner_references = None;
+        self.convert();
     }
 }
 
@@ -965,6 +968,11 @@ mod tests {
         assert_eq!(snapshot::watched_pod(&pod), planned);
         assert!(planned.is_some());
         assert!(size(&pod) * 4 < before, "{}", size(&pod));
+        // Kept converted: the planner takes the Pod the store holds.
+        let stored = StoredPod::from(Arc::new(pod));
+        let (a, b) = (stored.planned().unwrap(), stored.planned().unwrap());
+        assert!(Arc::ptr_eq(&a, &b));
+        assert_eq!(Some(&*a), planned.as_ref());
     }
 
     #[test]
