@@ -208,7 +208,10 @@ mod tests {
                 assert_eq!(converted, watched, "{case}");
                 continue;
             }
-            assert!(converted.spec.is_none() && converted.status.is_none(), "{case}");
+            assert!(
+                converted.spec.is_none() && converted.status.is_none(),
+                "{case}"
+            );
             assert_eq!(
                 converted.metadata,
                 ObjectMeta {
