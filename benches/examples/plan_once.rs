@@ -12,7 +12,8 @@
 //! `PLAN_ONCE_DIGEST=1`, a digest of the whole plan, to check that a change
 //! to the planner plans the same. With `PLAN_ONCE_CHANGES=N` beside
 //! `PLAN_ONCE_AGENT=worker|gateway`, the agent's incremental planner is
-//! built and N of its Pods changed one by one, each timed. With
+//! built, N of its Pods changed one by one and policies edited, deleted
+//! and added back, each timed. With
 //! `PLAN_ONCE_CONTROLLER=N`, the controller's `egressgw_core::Publisher`
 //! is built from every Pod, N selected Pods are changed one by one, each
 //! timed with the status that follows, then ten policies edited three
@@ -168,7 +169,8 @@ fn scoped_agent(kind: &str, size: (usize, usize, usize)) {
 /// Pods it watches), then `changes` Pods whose change reaches the node's
 /// state each relabelled out of their policies' reach and back, deleted
 /// and added again, then ten policies edited (a destination added and
-/// taken back); prints the time of each kind of change and the peak
+/// taken back), then ten policies deleted and added back; prints the time
+/// of each kind of change and the peak
 /// memory of the process, which holds the planner's copy of the objects.
 fn planner_changes(
     kind: &str,
@@ -220,11 +222,26 @@ fn planner_changes(
             changes.push(start.elapsed());
         }
     }
+    // Policies deleted and added back one at a time, as changes.
+    let (mut deleted, mut added, mut reached) = (Vec::new(), Vec::new(), 0);
+    for k in 0..10.min(count) {
+        let policy = planner.cluster().policies[k * count / 10].clone();
+        let start = Instant::now();
+        planner.change_policies([egressgw_core::PolicyChange::Removed(policy.id.clone())]);
+        deleted.push(start.elapsed());
+        let whole = planner.last_change().whole;
+        let start = Instant::now();
+        planner.change_policies([egressgw_core::PolicyChange::Set(policy)]);
+        added.push(start.elapsed());
+        reached += usize::from(whole || planner.last_change().whole);
+    }
     let [away, back, delete, add] = &mut times;
     println!(
         "{nodes} nodes, {policies} policies, {pods} pods, {kind} {node} ({watched} pods watched), \
          planner: whole {whole:.2?}; {} Pods changed: relabel {}, relabel back {}, \
-         delete {}, add {}; {} policy edits: as a cluster {}, as a change {}; {:.0} MiB at the peak",
+         delete {}, add {}; {} policy edits: as a cluster {}, as a change {}; \
+         {} policies deleted {} and added back {} ({reached} of them planning the node whole); \
+         {:.0} MiB at the peak",
         changing.len(),
         quantiles(away),
         quantiles(back),
@@ -233,6 +250,9 @@ fn planner_changes(
         edits.len(),
         quantiles(&mut edits),
         quantiles(&mut changes),
+        deleted.len(),
+        quantiles(&mut deleted),
+        quantiles(&mut added),
         rss("VmHWM:")
     );
 }

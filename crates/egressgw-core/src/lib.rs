@@ -17,8 +17,9 @@ pub mod status;
 
 pub use model::Snapshot;
 pub use plan::{
-    Plan, Planner, PodChange, PodScope, PolicyChange, Published, Publisher, gateways_selecting,
-    plan, plan_node, plan_node_published, plan_published, plan_status, pod_scope, remember,
+    LastChange, Plan, Planner, PodChange, PodScope, PolicyChange, Published, Publisher,
+    gateways_selecting, plan, plan_node, plan_node_published, plan_published, plan_status,
+    pod_scope, remember,
 };
 
 /// 64-bit FNV-1a of `bytes`: the same in every build and every release, for

@@ -19,6 +19,9 @@ use super::{Work, fi};
 /// A compiled table: (destination prefix, deciding policy index or `None`).
 pub(super) type Table = Arc<Vec<(IpNet, Option<usize>)>>;
 
+/// The address of a compiled table, to find it by.
+pub(super) type TableAt = *const Vec<(IpNet, Option<usize>)>;
+
 /// One classified pod address.
 #[derive(Debug)]
 pub(super) struct Source<'a> {
@@ -57,10 +60,10 @@ pub(super) struct Tables {
 }
 
 impl Tables {
-    /// Whether what compiling policy `i`'s tables needs, and the
-    /// in-cluster prefixes, are those of `other`.
-    pub fn same_policy(&self, other: &Tables, i: usize) -> bool {
-        self.dests.get(i) == other.dests.get(i) && self.usable.get(i) == other.usable.get(i)
+    /// Whether what compiling policy `i`'s tables needs is what it needs
+    /// of policy `j` of `other`.
+    pub fn same_policy(&self, i: usize, other: &Tables, j: usize) -> bool {
+        self.dests.get(i) == other.dests.get(j) && self.usable.get(i) == other.usable.get(j)
     }
 
     /// Whether the in-cluster prefixes are those of `other`.
@@ -86,6 +89,43 @@ impl Tables {
             cluster_cidrs: cluster_cidrs.to_vec(),
             compiled: Default::default(),
         }
+    }
+
+    /// Takes over the tables of `old` that none of the policies `changed`
+    /// (indexes here) took part in, reading each policy index `j` of `old`
+    /// as `to_new[j]`. The policies kept their order, so each table taken
+    /// over is what compiling it here would give. Returns them by the
+    /// address of the table of `old` each replaces.
+    pub fn adopt(
+        &mut self,
+        old: &Tables,
+        to_new: &[Option<usize>],
+        changed: &HashSet<usize>,
+    ) -> FoldMap<TableAt, Table> {
+        let mut adopted = FoldMap::default();
+        for (compiled, old_compiled) in self.compiled.iter_mut().zip(&old.compiled) {
+            for (active, table) in old_compiled {
+                let Some(now) = active
+                    .iter()
+                    .map(|j| to_new[*j].filter(|i| !changed.contains(i)))
+                    .collect::<Option<Vec<usize>>>()
+                else {
+                    continue;
+                };
+                let moved: Table = Arc::new(
+                    table
+                        .iter()
+                        .map(|(net, w)| {
+                            let w = w.map(|j| to_new[j].expect("its policies are all kept"));
+                            (*net, w)
+                        })
+                        .collect(),
+                );
+                adopted.insert(Arc::as_ptr(table), Arc::clone(&moved));
+                compiled.insert(now, moved);
+            }
+        }
+        adopted
     }
 
     /// Takes policy `i` edited in what the stages do not read (see

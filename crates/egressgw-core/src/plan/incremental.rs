@@ -2,11 +2,12 @@
 //! the entries of that Pod's addresses.
 //!
 //! The cluster-wide stages (gateways, tunnel identities, EIPs, placement)
-//! read no Pod. [`Planner`] runs them, and pod selection and the node's
-//! state as a whole, when anything but a Pod changes. It keeps what they
-//! decided ([`Serving`]), which policies select each Pod, which Pods claim
-//! each address, and the compiled tables. A Pod added, changed or deleted
-//! is then matched against the policies of its namespace and the cluster
+//! read no Pod. [`Planner`] runs them when anything but a Pod changes
+//! (but for policies edited in what they do not read), and plans again
+//! the Pods their outcome reaches. It keeps what they decided
+//! ([`Serving`]), which policies select each Pod, which Pods claim each
+//! address, and the compiled tables. A Pod added, changed or deleted is
+//! then matched against the policies of its namespace and the cluster
 //! policies alone, and only its addresses' classification, SNAT and reply
 //! entries are taken out of the node's state and put back.
 //!
@@ -17,11 +18,11 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use crate::model::{Pod, Policy, Snapshot};
+use crate::model::{Pod, Policy, PolicyRef, Snapshot};
 use crate::net::Family;
 use crate::state::{ClassifyEntry, Group, NodeState, ReplyRoute, SnatEntry};
 
-use super::classify::{Table, Tables};
+use super::classify::{Table, TableAt, Tables};
 use super::edits::PolicyChange;
 use super::matching::{Matcher, selects_alike};
 use super::nodes::{self, Entry, Serving};
@@ -54,6 +55,17 @@ pub struct Planner {
     /// change copies it only while it is, so that the node's state is held
     /// once between changes, not twice.
     state: Option<Arc<NodeState>>,
+    last: LastChange,
+}
+
+/// How much of the node the last change planned again.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LastChange {
+    /// The node was planned whole.
+    pub whole: bool,
+    /// The Pods planned again: matched against the policies, or their
+    /// entries taken out and put back (every Pod when whole).
+    pub pods: usize,
 }
 
 /// The Pods claiming one address, ascending: almost always one.
@@ -89,6 +101,88 @@ struct FrameChanges {
     nodes: HashSet<String>,
     /// The node's state without Pods changed.
     base: bool,
+    /// Where the policies planned before are now, when some were added or
+    /// deleted; `None` when they are the same ones in the same order.
+    moved: Option<Moved>,
+}
+
+/// The policies added or deleted since the last frame, the others in the
+/// same order: a Pod's policies are found again by index.
+#[derive(Debug)]
+struct Moved {
+    /// Per policy of the last frame, by index: its index now, `None` when
+    /// it was deleted.
+    to_new: Vec<Option<usize>>,
+    /// The policies added, by index now.
+    added: Vec<usize>,
+    /// The last frame's tables that the change leaves as they were, with
+    /// the indexes of now, by the address of the table they replace.
+    tables: FoldMap<TableAt, Table>,
+}
+
+impl Moved {
+    /// Where each of `old` is in `new`, and which of `new` are added, when
+    /// the policies kept in both are in the same order; `None` otherwise.
+    fn between(old: &[Arc<Policy>], new: &[Arc<Policy>]) -> Option<Self> {
+        let at: FoldMap<&PolicyRef, usize> =
+            new.iter().enumerate().map(|(i, p)| (&p.id, i)).collect();
+        let to_new: Vec<Option<usize>> = old.iter().map(|p| at.get(&p.id).copied()).collect();
+        let mut kept = to_new.iter().flatten();
+        let mut last = kept.next();
+        for i in kept {
+            if last.is_some_and(|l| l >= i) {
+                return None;
+            }
+            last = Some(i);
+        }
+        if at.len() != new.len() {
+            return None;
+        }
+        let mut was = vec![false; new.len()];
+        for i in to_new.iter().flatten() {
+            was[*i] = true;
+        }
+        Some(Self {
+            to_new,
+            added: (0..new.len()).filter(|i| !was[*i]).collect(),
+            tables: FoldMap::default(),
+        })
+    }
+
+    /// Gives `planned` the indexes of now, and the policies added that
+    /// select it; whether its entries may change: a policy selecting it
+    /// was deleted or added, or one of its tables was not taken over.
+    fn follow(&self, matcher: &Matcher, planned: &mut Planned) -> bool {
+        let mut lost = false;
+        planned.selecting.retain_mut(|i| match self.to_new[*i] {
+            Some(now) => {
+                *i = now;
+                true
+            }
+            None => {
+                lost = true;
+                false
+            }
+        });
+        let mut gained = false;
+        for a in self.added.iter().copied() {
+            if matcher.selects(a, &planned.pod) {
+                let at = planned.selecting.partition_point(|i| *i < a);
+                planned.selecting.insert(at, a);
+                gained = true;
+            }
+        }
+        if lost || gained {
+            return true;
+        }
+        for table in planned.tables.iter_mut().flatten() {
+            match self.tables.get(&Arc::as_ptr(table)) {
+                Some(now) => *table = Arc::clone(now),
+                None => return true,
+            }
+        }
+        false
+    }
 }
 
 impl FrameChanges {
@@ -142,33 +236,48 @@ impl Frame {
     }
 
     /// What changed from `old` to this frame, as far as planned Pods are
-    /// concerned; `None` when the node must be planned whole: the
-    /// policies are not the same ones in the same order, the in-cluster
-    /// prefixes or the reply rule changed, or `node` came or went.
-    fn changes_since(&self, old: &Frame, node: &str) -> Option<FrameChanges> {
+    /// concerned, taking over the tables it leaves as they were; `None`
+    /// when the node must be planned whole: the policies kept are not in
+    /// the same order, the in-cluster prefixes or the reply rule changed,
+    /// or `node` came or went.
+    fn changes_since(&mut self, old: &Frame, node: &str) -> Option<FrameChanges> {
         let (policies, old_policies) = (&self.matcher.policies, &old.matcher.policies);
         let same_ids = policies.len() == old_policies.len()
             && policies.iter().zip(old_policies).all(|(a, b)| a.id == b.id);
         let same_node = self.serving.base.contains_key(node) == old.serving.base.contains_key(node);
-        if !same_ids
-            || !same_node
+        if !same_node
             || !self.tables.same_cluster(&old.tables)
             || !self.serving.same_replies(&old.serving)
         {
             return None;
         }
+        let mut moved = match same_ids {
+            true => None,
+            false => Some(Moved::between(old_policies, policies)?),
+        };
+        let to_new = |j: usize| moved.as_ref().map_or(Some(j), |m| m.to_new[j]);
         let mut changes = FrameChanges::default();
-        for (i, (new, was)) in policies.iter().zip(old_policies).enumerate() {
+        for (j, was) in old_policies.iter().enumerate() {
+            let Some(i) = to_new(j) else {
+                continue;
+            };
+            let new = &policies[i];
             if !selects_alike(new, was) {
                 changes.reselect_for(new);
             }
             if new != was
-                || !self.serving.same_policy(&old.serving, i)
-                || !self.tables.same_policy(&old.tables, i)
+                || !self.serving.same_policy(i, &old.serving, j)
+                || !self.tables.same_policy(i, &old.tables, j)
             {
                 changes.steering.insert(i);
             }
         }
+        if let Some(moved) = &mut moved {
+            moved.tables = self
+                .tables
+                .adopt(&old.tables, &moved.to_new, &changes.steering);
+        }
+        changes.moved = moved;
         // A relabelled namespace may be taken or left by a cluster policy's
         // namespace selector.
         changes
@@ -266,6 +375,7 @@ impl Planner {
             claims: FoldMap::default(),
             classify: BTreeMap::new(),
             state: None,
+            last: LastChange::default(),
         };
         for pod in pods {
             // Of two Pods of one name, the first stays, as in a whole plan.
@@ -283,6 +393,11 @@ impl Planner {
     /// The node's state; `None` while the node is not in the cluster.
     pub fn state(&self) -> Option<&NodeState> {
         self.state.as_deref()
+    }
+
+    /// How much of the node the last change planned again.
+    pub fn last_change(&self) -> LastChange {
+        self.last
     }
 
     /// The node's state, shared rather than copied.
@@ -307,11 +422,12 @@ impl Planner {
     /// destinations, exclusions or priority, what the cluster-wide stages
     /// decided stays and the Pods those policies select, or may now
     /// select, are planned again. Otherwise the cluster-wide stages run
-    /// again; the Pods whose selection
-    /// or entries they change are planned again, or the node as a whole
-    /// when the policies are not the same ones in the same order, or the
-    /// settings or the in-cluster prefixes changed.
+    /// again, and the Pods whose selection or entries they change are
+    /// planned again (those of a policy added or deleted among them); the
+    /// node as a whole when the policies kept are not in the same order,
+    /// or the settings or the in-cluster prefixes changed.
     pub fn set_cluster(&mut self, mut cluster: Snapshot) {
+        self.last = LastChange::default();
         cluster.pods = Vec::new();
         // Policies edited in what the stages do not read: what they
         // decided stays, and only the Pods the edits reach are planned.
@@ -335,6 +451,7 @@ impl Planner {
     /// added, deleted, or edited in what the cluster-wide stages read runs
     /// them again. The caller need not read or compare every other object.
     pub fn change_policies(&mut self, changes: impl IntoIterator<Item = PolicyChange>) {
+        self.last = LastChange::default();
         let applied = super::edits::apply(&mut self.cluster, changes);
         if !applied.restage
             && let Some(changes) = self.frame.edit(&applied.edited)
@@ -351,11 +468,11 @@ impl Planner {
     fn restage(&mut self, same_config: bool) {
         let frame = Frame::new(&self.cluster, &self.node);
         let old = std::mem::replace(&mut self.frame, frame);
-        match self
-            .frame
-            .changes_since(&old, &self.node)
-            .filter(|_| same_config)
-        {
+        let changes = match same_config {
+            true => self.frame.changes_since(&old, &self.node),
+            false => None,
+        };
+        match changes {
             Some(changes) => self.replan(&changes),
             None => self.rebuild(),
         }
@@ -364,16 +481,23 @@ impl Planner {
     /// Plans again the Pods `changes` reach.
     fn replan(&mut self, changes: &FrameChanges) {
         let mut touched = Vec::new();
+        let mut pods = 0;
         let frame = &mut self.frame;
         for (key, planned) in &mut self.pods {
             let pod = &planned.pod;
             let reselect =
                 changes.reselect_all || changes.reselect.contains(pod.namespace.as_str());
-            let reached = reselect
+            let mut reached = reselect
                 || pod
                     .node
                     .as_deref()
-                    .is_some_and(|n| changes.nodes.contains(n))
+                    .is_some_and(|n| changes.nodes.contains(n));
+            if let Some(moved) = &changes.moved
+                && !reselect
+            {
+                reached |= moved.follow(&frame.matcher, planned);
+            }
+            let reached = reached
                 || planned
                     .selecting
                     .iter()
@@ -381,6 +505,8 @@ impl Planner {
             if !reached {
                 continue;
             }
+            pods += 1;
+            let pod = &planned.pod;
             unclaim(&mut self.claims, key, &pod.ips);
             if reselect {
                 planned.selecting = frame.matcher.select(pod);
@@ -397,6 +523,7 @@ impl Planner {
                 *state = next;
             }
         }
+        self.last = LastChange { whole: false, pods };
         self.refresh(touched);
     }
 
@@ -434,7 +561,9 @@ impl Planner {
     /// once per batch, not once per Pod.
     pub fn change_pods(&mut self, changes: impl IntoIterator<Item = PodChange>) {
         let mut touched = Vec::new();
+        let mut pods = 0;
         for change in changes {
+            pods += 1;
             match change {
                 PodChange::Set(pod) => {
                     let key = Arc::new((pod.namespace.clone(), pod.name.clone()));
@@ -456,6 +585,7 @@ impl Planner {
                 }
             }
         }
+        self.last = LastChange { whole: false, pods };
         if !touched.is_empty() {
             self.refresh(touched);
         }
@@ -491,6 +621,10 @@ impl Planner {
             .base
             .get(&self.node)
             .map(|(state, _)| Arc::new(state.clone()));
+        self.last = LastChange {
+            whole: true,
+            pods: self.pods.len(),
+        };
         self.fill();
     }
 

@@ -97,6 +97,13 @@ impl Matcher {
         }
     }
 
+    /// Whether policy `i` selects `pod`, as [`Matcher::select`] would say.
+    pub fn selects(&self, i: usize, pod: &Pod) -> bool {
+        classify::eligible(pod)
+            && self.takes_namespace(i, &pod.namespace)
+            && classify::selects(&self.policies[i].pods, pod)
+    }
+
     /// The index of the policy `id`.
     pub fn position(&self, id: &PolicyRef) -> Option<usize> {
         self.policies.iter().position(|p| p.id == *id)

@@ -28,7 +28,7 @@ mod scope;
 mod tunnels;
 
 pub use edits::PolicyChange;
-pub use incremental::{Planner, PodChange};
+pub use incremental::{LastChange, Planner, PodChange};
 pub use publish::Publisher;
 pub use scope::{PodScope, gateways_selecting, pod_scope, scoped};
 

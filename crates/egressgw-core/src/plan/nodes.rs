@@ -190,9 +190,10 @@ pub(super) fn serving<'a>(
 }
 
 impl Serving {
-    /// Whether policy `i`'s traffic is carried the same way by `other`.
-    pub fn same_policy(&self, other: &Serving, i: usize) -> bool {
-        self.policies.get(i) == other.policies.get(i)
+    /// Whether policy `i`'s traffic is carried the same way as that of
+    /// policy `j` of `other`.
+    pub fn same_policy(&self, i: usize, other: &Serving, j: usize) -> bool {
+        self.policies.get(i) == other.policies.get(j)
     }
 
     /// The pod nodes whose tunnel facts differ in `other`.

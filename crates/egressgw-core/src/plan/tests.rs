@@ -1692,6 +1692,83 @@ proptest! {
 
 // ---- the incremental planner against the whole plan ----
 
+/// The actions of `state`'s classification entries of the source `src`.
+fn actions(state: Option<&NodeState>, src: &str) -> Vec<Action> {
+    let src = ip(src);
+    state
+        .into_iter()
+        .flat_map(|s| &s.classify)
+        .filter(|e| e.src == src)
+        .map(|e| e.action.clone())
+        .collect()
+}
+
+#[test]
+fn a_policy_added_or_deleted_plans_again_only_the_pods_it_selects() {
+    let mut s = Cluster::new()
+        .pod("a", "web-1", "n1", "10.244.1.10", "web")
+        .pod("a", "web-2", "n1", "10.244.1.11", "web")
+        .pod("a", "db-1", "n1", "10.244.1.12", "db")
+        .pod("b", "web-1", "n1", "10.244.1.20", "web")
+        .pod("b", "web-2", "n1", "10.244.1.21", "web")
+        .policy(policy("a", "db", "db"))
+        .policy(policy("b", "web", "web"))
+        .0;
+    // Each policy as the controller placed and published it.
+    let mut placed = s.clone();
+    placed.policies.push(Arc::new(policy("a", "web", "web")));
+    let mut everywhere = policy("", "db-everywhere", "db");
+    everywhere.id = PolicyRef::cluster("db-everywhere");
+    placed.policies.push(Arc::new(everywhere));
+    let status = plan(&placed).status;
+    remember(&mut placed, &status);
+    remember(&mut s, &status);
+    let published = |id: PolicyRef| {
+        let p = placed.policies.iter().find(|p| p.id == id);
+        Arc::clone(p.expect("placed"))
+    };
+    let mut planner = Planner::new(s, "n1");
+    let planned_as_whole = |planner: &Planner| {
+        let whole = plan_node_published(&planner.snapshot(), "n1");
+        assert_eq!(planner.state(), whole.as_ref());
+    };
+    assert!(planner.last_change().whole);
+    assert!(actions(planner.state(), "10.244.1.10").is_empty());
+
+    // Added: the two Pods it selects, and no other, are planned again.
+    let web = PolicyRef::namespaced("a", "web");
+    planner.change_policies([PolicyChange::Set(published(web.clone()))]);
+    let only = |pods| LastChange { whole: false, pods };
+    assert_eq!(planner.last_change(), only(2));
+    planned_as_whole(&planner);
+    assert!(matches!(
+        actions(planner.state(), "10.244.1.10")[..],
+        [Action::Tunnel { .. }]
+    ));
+    // A cluster policy: the Pods it selects in every namespace.
+    let everywhere = PolicyRef::cluster("db-everywhere");
+    planner.change_policies([PolicyChange::Set(published(everywhere))]);
+    assert_eq!(planner.last_change(), only(1));
+    planned_as_whole(&planner);
+
+    // Deleted: the Pods it selected.
+    planner.change_policies([PolicyChange::Removed(PolicyRef::namespaced("b", "web"))]);
+    assert_eq!(planner.last_change(), only(2));
+    assert!(actions(planner.state(), "10.244.1.20").is_empty());
+    planned_as_whole(&planner);
+    // The same, given as a whole cluster.
+    let mut cluster = planner.snapshot();
+    cluster.policies.retain(|p| p.id != web);
+    planner.set_cluster(cluster);
+    assert_eq!(planner.last_change(), only(2));
+    assert!(actions(planner.state(), "10.244.1.10").is_empty());
+    planned_as_whole(&planner);
+    assert!(matches!(
+        actions(planner.state(), "10.244.1.12")[..],
+        [Action::Tunnel { .. }]
+    ));
+}
+
 /// One change to a cluster, as an agent's watches see them.
 #[derive(Debug, Clone)]
 enum Step {
@@ -1724,6 +1801,11 @@ enum Step {
     /// A policy like another created under a new name, a namespaced one in
     /// the given namespace: a policy that was not there.
     Copied(usize, usize),
+    /// A policy deleted.
+    Deleted(usize),
+    /// A manifest applied again: one policy deleted, and another one's
+    /// destinations edited, in one change.
+    Reapplied(usize, usize, usize),
 }
 
 fn arb_step() -> impl Strategy<Value = Step> {
@@ -1742,6 +1824,8 @@ fn arb_step() -> impl Strategy<Value = Step> {
         1 => (0usize..8).prop_map(Step::Recreated),
         1 => (0usize..8, prop::option::of(0usize..3)).prop_map(|(p, g)| Step::Gateway(p, g)),
         1 => (0usize..8, 0usize..2).prop_map(|(p, n)| Step::Copied(p, n)),
+        1 => (0usize..8).prop_map(Step::Deleted),
+        1 => (0usize..8, 0usize..8, 0usize..4).prop_map(|(p, q, d)| Step::Reapplied(p, q, d)),
     ]
 }
 
@@ -1848,14 +1932,8 @@ fn apply_step_as(planner: &mut impl Follows, step: &Step, by_policies: bool) {
             }
         }
         Step::Destinations(p, d) => {
-            let dests = [
-                vec![],
-                vec![net("203.0.113.0/24")],
-                vec![net("203.0.0.0/8")],
-                vec![net("203.0.113.128/25"), net("198.18.0.0/15")],
-            ];
             if let Some(policy) = cluster.policy_mut(p) {
-                policy.dest_subnets = dests[d].clone();
+                policy.dest_subnets = destinations(d);
             }
         }
         Step::Precedence(p, priority, x) => {
@@ -1903,6 +1981,19 @@ fn apply_step_as(planner: &mut impl Follows, step: &Step, by_policies: bool) {
                 cluster.policies.push(Arc::new(copy));
             }
         }
+        Step::Deleted(p) => {
+            if p < cluster.policies.len() {
+                cluster.policies.remove(p);
+            }
+        }
+        Step::Reapplied(p, q, d) => {
+            if let Some(policy) = cluster.policy_mut(q) {
+                policy.dest_subnets = destinations(d);
+            }
+            if p != q && p < cluster.policies.len() {
+                cluster.policies.remove(p);
+            }
+        }
         Step::Tunnel(n) => {
             let name = format!("node-{}", n % nodes);
             for tunnel in cluster.tunnels.iter_mut().filter(|t| t.node == name) {
@@ -1923,6 +2014,17 @@ fn apply_step_as(planner: &mut impl Follows, step: &Step, by_policies: bool) {
         }
         _ => planner.set_cluster(cluster),
     }
+}
+
+/// The `d`th of a few destination lists, nested and overlapping.
+fn destinations(d: usize) -> Vec<IpNet> {
+    let dests = [
+        vec![],
+        vec![net("203.0.113.0/24")],
+        vec![net("203.0.0.0/8")],
+        vec![net("203.0.113.128/25"), net("198.18.0.0/15")],
+    ];
+    dests[d].clone()
 }
 
 /// The changes of policies from `before` to `after`, deletions first.
