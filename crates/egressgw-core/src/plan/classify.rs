@@ -94,8 +94,10 @@ impl Tables {
     /// Takes over the tables of `old` that none of the policies `changed`
     /// (indexes here) took part in, reading each policy index `j` of `old`
     /// as `to_new[j]`. The policies kept their order, so each table taken
-    /// over is what compiling it here would give. Returns them by the
-    /// address of the table of `old` each replaces.
+    /// over is what compiling it here would give: the same table when its
+    /// policies' indexes stay, a renumbered copy otherwise. A table no Pod
+    /// holds any more is left behind. Returns each table taken over by the
+    /// address of the table of `old` it replaces.
     pub fn adopt(
         &mut self,
         old: &Tables,
@@ -105,6 +107,10 @@ impl Tables {
         let mut adopted = FoldMap::default();
         for (compiled, old_compiled) in self.compiled.iter_mut().zip(&old.compiled) {
             for (active, table) in old_compiled {
+                // Held by the old cache alone.
+                if Arc::strong_count(table) == 1 {
+                    continue;
+                }
                 let Some(now) = active
                     .iter()
                     .map(|j| to_new[*j].filter(|i| !changed.contains(i)))
@@ -112,17 +118,17 @@ impl Tables {
                 else {
                     continue;
                 };
-                let moved: Table = Arc::new(
-                    table
-                        .iter()
-                        .map(|(net, w)| {
-                            let w = w.map(|j| to_new[j].expect("its policies are all kept"));
-                            (*net, w)
-                        })
-                        .collect(),
-                );
-                adopted.insert(Arc::as_ptr(table), Arc::clone(&moved));
-                compiled.insert(now, moved);
+                let taken = if now == *active {
+                    Arc::clone(table)
+                } else {
+                    let renumbered = table.iter().map(|(net, w)| {
+                        let w = w.map(|j| to_new[j].expect("its policies are all kept"));
+                        (*net, w)
+                    });
+                    Arc::new(renumbered.collect())
+                };
+                adopted.insert(Arc::as_ptr(table), Arc::clone(&taken));
+                compiled.insert(now, taken);
             }
         }
         adopted

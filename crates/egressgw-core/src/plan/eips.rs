@@ -35,6 +35,14 @@ pub(super) fn allocate<'a>(
     gateways: &Gateways<'a>,
     cluster: &[IpNet],
 ) -> Vec<Work<'a>> {
+    // Nodes' ExternalIPs, each of the first node that has it: looked up
+    // for every policy's EIP.
+    let mut external: HashMap<IpAddr, &str> = HashMap::new();
+    for node in &snapshot.nodes {
+        for ip in &node.external_addresses {
+            external.entry(*ip).or_insert(&node.name);
+        }
+    }
     // Where an address is the cluster's own, said for a status message.
     let in_cluster = |ip: IpAddr| -> Option<String> {
         if let Some(net) = cluster.iter().find(|net| net.contains(&ip)) {
@@ -43,17 +51,16 @@ pub(super) fn allocate<'a>(
                  addresses)"
             ));
         }
-        snapshot
-            .nodes
-            .iter()
-            .find(|n| n.external_addresses.contains(&ip))
-            .map(|n| format!("is node {}'s ExternalIP", n.name))
+        external
+            .get(&ip)
+            .map(|node| format!("is node {node}'s ExternalIP"))
     };
     let mut policies: Vec<&Arc<Policy>> = snapshot.policies.iter().collect();
     // One policy per identity (the oldest copy), then oldest first.
     policies.sort_by(|a, b| (&a.id, &a.age).cmp(&(&b.id, &b.age)));
     policies.dedup_by(|a, b| a.id == b.id);
-    policies.sort_by(|a, b| (&a.age, &a.id).cmp(&(&b.age, &b.id)));
+    // Identities are unique now: an unstable sort orders them alike.
+    policies.sort_unstable_by(|a, b| (&a.age, &a.id).cmp(&(&b.age, &b.id)));
     let namespaces: HashMap<&str, &Labels> = snapshot
         .namespaces
         .iter()
@@ -73,22 +80,25 @@ pub(super) fn allocate<'a>(
         let gw = gateways.by_name[w.gateway.expect("resolved")].gateway;
         w.failure = check_pools(w, gw, &families).or_else(|| {
             families.iter().find_map(|family| {
-                let (ip, field) = match pinned(w.policy, *family) {
-                    Some(ip) => (ip, format!("spec.egressIP.{family}")),
+                let pinned = pinned(w.policy, *family);
+                let ip = match pinned {
+                    Some(ip) => ip,
                     None if w.policy.egress_ip.allocator == Allocator::Default
                         && !w.policy.egress_ip.use_node_ip =>
                     {
-                        let ip = gw.default_eip(*family)?;
-                        let field = format!(
-                            "the default EIP of EgressGateway {} (spec.ippools.{family}DefaultEIP, \
-                             else the pool's first address)",
-                            gw.name
-                        );
-                        (ip, field)
+                        gw.default_eip(*family)?
                     }
                     None => return None,
                 };
                 let whose = in_cluster(ip)?;
+                let field = match pinned {
+                    Some(_) => format!("spec.egressIP.{family}"),
+                    None => format!(
+                        "the default EIP of EgressGateway {} (spec.ippools.{family}DefaultEIP, \
+                         else the pool's first address)",
+                        gw.name
+                    ),
+                };
                 Some((
                     Reason::EipInCluster,
                     format!("{field}: {ip} {whose}; an EIP must be an address only egressgw uses"),

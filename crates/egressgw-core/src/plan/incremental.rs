@@ -120,6 +120,10 @@ struct Moved {
     tables: FoldMap<TableAt, Table>,
 }
 
+/// Past this many policies added at once, the node is planned whole:
+/// matching each Pod against each of them would cost more.
+const MAX_ADDED: usize = 64;
+
 impl Moved {
     /// Where each of `old` is in `new`, and which of `new` are added, when
     /// the policies kept in both are in the same order; `None` otherwise.
@@ -142,9 +146,10 @@ impl Moved {
         for i in to_new.iter().flatten() {
             was[*i] = true;
         }
-        Some(Self {
+        let added: Vec<usize> = (0..new.len()).filter(|i| !was[*i]).collect();
+        (added.len() <= MAX_ADDED).then_some(Self {
             to_new,
-            added: (0..new.len()).filter(|i| !was[*i]).collect(),
+            added,
             tables: FoldMap::default(),
         })
     }
@@ -255,10 +260,10 @@ impl Frame {
             true => None,
             false => Some(Moved::between(old_policies, policies)?),
         };
-        let to_new = |j: usize| moved.as_ref().map_or(Some(j), |m| m.to_new[j]);
+        let index_now = |j: usize| moved.as_ref().map_or(Some(j), |m| m.to_new[j]);
         let mut changes = FrameChanges::default();
         for (j, was) in old_policies.iter().enumerate() {
-            let Some(i) = to_new(j) else {
+            let Some(i) = index_now(j) else {
                 continue;
             };
             let new = &policies[i];
@@ -272,10 +277,19 @@ impl Frame {
                 changes.steering.insert(i);
             }
         }
+        // The tables are taken over whether or not the policies moved: a
+        // Pod planned later finds the one it shares with the others.
+        let kept: Vec<Option<usize>>;
+        let to_new = match &moved {
+            Some(moved) => &moved.to_new,
+            None => {
+                kept = (0..old_policies.len()).map(Some).collect();
+                &kept
+            }
+        };
+        let adopted = self.tables.adopt(&old.tables, to_new, &changes.steering);
         if let Some(moved) = &mut moved {
-            moved.tables = self
-                .tables
-                .adopt(&old.tables, &moved.to_new, &changes.steering);
+            moved.tables = adopted;
         }
         changes.moved = moved;
         // A relabelled namespace may be taken or left by a cluster policy's
@@ -563,9 +577,9 @@ impl Planner {
         let mut touched = Vec::new();
         let mut pods = 0;
         for change in changes {
-            pods += 1;
             match change {
                 PodChange::Set(pod) => {
+                    pods += 1;
                     let key = Arc::new((pod.namespace.clone(), pod.name.clone()));
                     touched.extend(self.forget(&key));
                     let selecting = self.frame.matcher.select(&pod);
@@ -581,7 +595,7 @@ impl Planner {
                 PodChange::Removed { namespace, name } => {
                     let key = (namespace, name);
                     touched.extend(self.forget(&key));
-                    self.pods.remove(&key);
+                    pods += usize::from(self.pods.remove(&key).is_some());
                 }
             }
         }

@@ -1734,6 +1734,12 @@ fn a_policy_added_or_deleted_plans_again_only_the_pods_it_selects() {
     };
     assert!(planner.last_change().whole);
     assert!(actions(planner.state(), "10.244.1.10").is_empty());
+    // The stages run again with the same policies (a node labelled): no
+    // Pod is reached, and their tables stay theirs for the next change.
+    let mut labelled = planner.snapshot();
+    labelled.nodes[0].labels.insert("zone".into(), "z1".into());
+    planner.set_cluster(labelled);
+    assert_eq!(planner.last_change(), LastChange::default());
 
     // Added: the two Pods it selects, and no other, are planned again.
     let web = PolicyRef::namespaced("a", "web");
