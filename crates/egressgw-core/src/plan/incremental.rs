@@ -126,7 +126,8 @@ const MAX_ADDED: usize = 64;
 
 impl Moved {
     /// Where each of `old` is in `new`, and which of `new` are added, when
-    /// the policies kept in both are in the same order; `None` otherwise.
+    /// the policies kept in both are in the same order and no more than
+    /// [`MAX_ADDED`] were added; `None` otherwise.
     fn between(old: &[Arc<Policy>], new: &[Arc<Policy>]) -> Option<Self> {
         let at: FoldMap<&PolicyRef, usize> =
             new.iter().enumerate().map(|(i, p)| (&p.id, i)).collect();
@@ -243,8 +244,9 @@ impl Frame {
     /// What changed from `old` to this frame, as far as planned Pods are
     /// concerned, taking over the tables it leaves as they were; `None`
     /// when the node must be planned whole: the policies kept are not in
-    /// the same order, the in-cluster prefixes or the reply rule changed,
-    /// or `node` came or went.
+    /// the same order or more than [`MAX_ADDED`] were added, the
+    /// in-cluster prefixes or the reply rule changed, or `node` came or
+    /// went.
     fn changes_since(&mut self, old: &Frame, node: &str) -> Option<FrameChanges> {
         let (policies, old_policies) = (&self.matcher.policies, &old.matcher.policies);
         let same_ids = policies.len() == old_policies.len()
@@ -439,7 +441,8 @@ impl Planner {
     /// again, and the Pods whose selection or entries they change are
     /// planned again (those of a policy added or deleted among them); the
     /// node as a whole when the policies kept are not in the same order,
-    /// or the settings or the in-cluster prefixes changed.
+    /// many policies were added at once, or the settings or the in-cluster
+    /// prefixes changed.
     pub fn set_cluster(&mut self, mut cluster: Snapshot) {
         self.last = LastChange::default();
         cluster.pods = Vec::new();
