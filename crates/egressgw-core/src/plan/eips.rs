@@ -15,17 +15,22 @@
 //!    not the default EIP. Pinned policies are served first, then `rr`
 //!    policies keeping their EIP, then new `rr` policies oldest first.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
+
+use foldhash::fast::RandomState;
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use ipnet::IpNet;
 
-use crate::model::{Allocator, Gateway, Labels, Policy, Snapshot};
+use crate::model::{Allocator, Gateway, Labels, Policy, PolicyRef, Snapshot};
 use crate::net::Family;
 use crate::status::Reason;
 
 use super::gateways::Gateways;
+
+/// A hash map with a fast hasher: the keys are addresses and names.
+type FoldMap<K, V> = HashMap<K, V, RandomState>;
 use super::{Work, fi};
 
 /// Resolves gateways and allocates EIPs for every valid policy; the result
@@ -37,7 +42,7 @@ pub(super) fn allocate<'a>(
 ) -> Vec<Work<'a>> {
     // Nodes' ExternalIPs, each of the first node that has it: looked up
     // for every policy's EIP.
-    let mut external: HashMap<IpAddr, &str> = HashMap::new();
+    let mut external: FoldMap<IpAddr, &str> = FoldMap::default();
     for node in &snapshot.nodes {
         for ip in &node.external_addresses {
             external.entry(*ip).or_insert(&node.name);
@@ -56,12 +61,14 @@ pub(super) fn allocate<'a>(
             .map(|node| format!("is node {node}'s ExternalIP"))
     };
     let mut policies: Vec<&Arc<Policy>> = snapshot.policies.iter().collect();
-    // One policy per identity (the oldest copy), then oldest first.
-    policies.sort_by(|a, b| (&a.id, &a.age).cmp(&(&b.id, &b.age)));
-    policies.dedup_by(|a, b| a.id == b.id);
-    // Identities are unique now: an unstable sort orders them alike.
-    policies.sort_unstable_by(|a, b| (&a.age, &a.id).cmp(&(&b.age, &b.id)));
-    let namespaces: HashMap<&str, &Labels> = snapshot
+    // Oldest first (a stable sort, quick on policies already in that
+    // order), then one policy per identity: its oldest copy.
+    policies.sort_by(|a, b| (&a.age, &a.id).cmp(&(&b.age, &b.id)));
+    let mut seen: HashSet<&PolicyRef, RandomState> =
+        HashSet::with_capacity_and_hasher(policies.len(), RandomState::default());
+    policies.retain(|p| seen.insert(&p.id));
+    drop(seen);
+    let namespaces: FoldMap<&str, &Labels> = snapshot
         .namespaces
         .iter()
         .map(|n| (n.name.as_str(), &n.labels))
@@ -111,13 +118,13 @@ pub(super) fn allocate<'a>(
     // overlap, so an address names its gateway. A policy that cannot be
     // served now keeps its previous EIPs reserved, so it gets them back
     // once it can, instead of finding them handed to another policy.
-    let mut held: HashSet<IpAddr> = HashSet::new();
+    let mut held: HashSet<IpAddr, RandomState> = HashSet::default();
     for w in works.iter_mut().filter(|w| w.failure.is_some()) {
         w.reserved.clone_from(&w.policy.previous_eips);
         held.extend(w.reserved.iter().copied());
     }
     // Who owned each address at the last status write.
-    let mut owners: BTreeMap<IpAddr, Vec<Option<&str>>> = BTreeMap::new();
+    let mut owners: FoldMap<IpAddr, Vec<Option<&str>>> = FoldMap::default();
     for w in &works {
         for ip in &w.policy.previous_eips {
             owners
@@ -128,7 +135,7 @@ pub(super) fn allocate<'a>(
     }
     // Pins are granted oldest first; an address granted to one owner is
     // refused to the others.
-    let mut granted: HashMap<IpAddr, Option<&str>> = HashMap::new();
+    let mut granted: FoldMap<IpAddr, Option<&str>> = FoldMap::default();
     for w in works.iter_mut().filter(|w| w.failure.is_none()) {
         let gw = gateways.by_name[w.gateway.expect("resolved")].gateway;
         let owner = w.policy.id.namespace.as_deref();
@@ -218,7 +225,7 @@ fn round_robin(
     w: &mut Work<'_>,
     gw: &Gateway,
     families: &[Family],
-    held: &mut HashSet<IpAddr>,
+    held: &mut HashSet<IpAddr, RandomState>,
     keep_previous: bool,
     in_cluster: &dyn Fn(IpAddr) -> Option<String>,
 ) {
@@ -269,7 +276,7 @@ fn round_robin(
 fn resolve_gateway<'a>(
     policy: &'a Arc<Policy>,
     gateways: &Gateways<'a>,
-    namespaces: &HashMap<&str, &Labels>,
+    namespaces: &FoldMap<&str, &Labels>,
 ) -> Work<'a> {
     let mut work = Work {
         policy,

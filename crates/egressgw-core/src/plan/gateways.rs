@@ -234,11 +234,4 @@ impl<'a> Gateways<'a> {
         }
         self
     }
-
-    /// Whether `node` is selected by some usable gateway (and so needs a mark).
-    pub fn is_gateway_capable(&self, node: &str) -> bool {
-        self.by_name
-            .values()
-            .any(|g| g.problem.is_none() && g.selected.binary_search(&node).is_ok())
-    }
 }

@@ -215,7 +215,9 @@ struct Frame {
 }
 
 impl Frame {
-    fn new(cluster: &Snapshot, node: &str) -> Self {
+    /// The frame of `node` in `cluster`; what it would build alike of
+    /// `earlier` (the last frame of the node) is taken over.
+    fn new(cluster: &Snapshot, node: &str, earlier: Option<&Frame>) -> Self {
         // An agent follows the published placement.
         let Stages {
             tunnels,
@@ -231,11 +233,12 @@ impl Frame {
             &placed,
             &cluster_cidrs,
             Some(node),
+            earlier.map(|e| &e.serving),
         );
         let tables = Tables::new(&works, &cluster_cidrs);
         let policies = works.iter().map(|w| Arc::clone(w.policy)).collect();
         Frame {
-            matcher: Matcher::new(policies, &cluster.namespaces),
+            matcher: Matcher::new(policies, &cluster.namespaces, earlier.map(|e| &e.matcher)),
             tables,
             serving,
         }
@@ -382,7 +385,7 @@ impl Planner {
         // A filtered iterator's lower bound is 0: its upper one sizes the
         // table once rather than growing it by doubling.
         let (low, high) = pods.size_hint();
-        let frame = Frame::new(&snapshot, node);
+        let frame = Frame::new(&snapshot, node, None);
         let mut planner = Planner {
             node: node.to_owned(),
             cluster: snapshot,
@@ -483,7 +486,7 @@ impl Planner {
     /// again what their outcome changed; the node whole when it cannot
     /// tell (`same_config` false: the settings changed).
     fn restage(&mut self, same_config: bool) {
-        let frame = Frame::new(&self.cluster, &self.node);
+        let frame = Frame::new(&self.cluster, &self.node, Some(&self.frame));
         let old = std::mem::replace(&mut self.frame, frame);
         let changes = match same_config {
             true => self.frame.changes_since(&old, &self.node),

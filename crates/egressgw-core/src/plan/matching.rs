@@ -26,23 +26,46 @@ pub(super) struct Matcher {
     namespaced: HashMap<String, Vec<usize>>,
     /// Cluster policies, ascending.
     cluster_wide: Vec<usize>,
-    namespace_labels: HashMap<String, Labels>,
+    /// Shared with the matcher it was taken over from, while alike.
+    namespace_labels: Arc<HashMap<String, Labels>>,
 }
 
 impl Matcher {
-    pub fn new(policies: Vec<Arc<Policy>>, namespaces: &[Namespace]) -> Self {
+    /// The matcher of `policies` with `namespaces` labelled as they are;
+    /// the labels of `earlier` are taken over when they are those.
+    pub fn new(
+        policies: Vec<Arc<Policy>>,
+        namespaces: &[Namespace],
+        earlier: Option<&Matcher>,
+    ) -> Self {
         let mut namespaced: HashMap<String, Vec<usize>> = HashMap::new();
         let mut cluster_wide = Vec::new();
         for (i, p) in policies.iter().enumerate() {
             match &p.id.namespace {
-                Some(ns) => namespaced.entry(ns.clone()).or_default().push(i),
+                Some(ns) => match namespaced.get_mut(ns) {
+                    Some(of) => of.push(i),
+                    None => {
+                        namespaced.insert(ns.clone(), vec![i]);
+                    }
+                },
                 None => cluster_wide.push(i),
             }
         }
-        let namespace_labels = namespaces
-            .iter()
-            .map(|n| (n.name.clone(), n.labels.clone()))
-            .collect();
+        let alike = |labels: &HashMap<String, Labels>| {
+            labels.len() == namespaces.len()
+                && namespaces
+                    .iter()
+                    .all(|n| labels.get(&n.name) == Some(&n.labels))
+        };
+        let namespace_labels = match earlier.filter(|e| alike(&e.namespace_labels)) {
+            Some(earlier) => Arc::clone(&earlier.namespace_labels),
+            None => Arc::new(
+                namespaces
+                    .iter()
+                    .map(|n| (n.name.clone(), n.labels.clone()))
+                    .collect(),
+            ),
+        };
         Self {
             policies,
             namespaced,
@@ -67,6 +90,9 @@ impl Matcher {
     /// The namespaces labelled otherwise in `other`, or in one of the two
     /// only.
     pub fn relabelled(&self, other: &Matcher) -> Vec<String> {
+        if Arc::ptr_eq(&self.namespace_labels, &other.namespace_labels) {
+            return Vec::new();
+        }
         let one_way = |a: &Matcher, b: &Matcher| {
             a.namespace_labels
                 .iter()

@@ -203,8 +203,15 @@ fn build_with(snapshot: &Snapshot, states: States<'_>, placement: Placement, rep
                 States::One(node) => Some(node),
                 _ => None,
             };
-            let serving =
-                nodes::serving(snapshot, &tunnels, &policies, &placed, &cluster_cidrs, only);
+            let serving = nodes::serving(
+                snapshot,
+                &tunnels,
+                &policies,
+                &placed,
+                &cluster_cidrs,
+                only,
+                None,
+            );
             nodes::build(&serving, &classified)
         }
     };
@@ -236,7 +243,7 @@ struct Work<'a> {
     /// Families it leaves with the node IP (`useNodeIP`).
     node_ip: [bool; 2],
     /// Active gateway node per family, once placed.
-    nodes: [Option<String>; 2],
+    nodes: [Option<&'a str>; 2],
     /// EIPs kept for a policy that cannot be served now (its previous ones).
     reserved: Vec<IpAddr>,
     /// Whether its gateway fails closed (`spec.failClosed`).

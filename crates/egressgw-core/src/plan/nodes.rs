@@ -15,7 +15,7 @@ use std::sync::Arc;
 use foldhash::fast::RandomState;
 use ipnet::IpNet;
 
-use crate::model::{Config, PolicyRef, Snapshot};
+use crate::model::{Config, Policy, Snapshot};
 use crate::net::Family;
 use crate::state::{
     Action, Candidate, ClassifyEntry, Group, NodeState, OwnedEip, Peer, ReplyRoute, Route, Rule,
@@ -43,6 +43,9 @@ pub(super) struct Serving {
     facts: FoldMap<String, ([bool; 2], [Option<IpAddr>; 2])>,
     /// Per policy (by index) and family: how its traffic is carried.
     policies: Vec<[Option<Served>; 2]>,
+    /// The groups of EIPs, by gateway and EIP: a later frame takes over
+    /// those it would build alike.
+    eip_groups: FoldMap<String, FoldMap<IpAddr, Arc<Carried>>>,
     /// The reply rule, on nodes with reply routes.
     reply_rule: Rule,
     /// The reply table.
@@ -50,14 +53,26 @@ pub(super) struct Serving {
 }
 
 /// How one policy's traffic of one family is carried.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 struct Served {
-    policy: PolicyRef,
+    /// The policy, shared with the snapshot planned.
+    policy: Arc<Policy>,
     fail_closed: bool,
     to: SnatTo,
     /// Its unit's failover group, `None` when no node can carry it and
     /// the gateway fails closed.
     group: Option<Arc<Carried>>,
+}
+
+impl PartialEq for Served {
+    /// Alike when they carry the traffic alike for the same policy,
+    /// whatever else of the policy differs.
+    fn eq(&self, other: &Self) -> bool {
+        (Arc::ptr_eq(&self.policy, &other.policy) || self.policy.id == other.policy.id)
+            && self.fail_closed == other.fail_closed
+            && self.to == other.to
+            && self.group == other.group
+    }
 }
 
 /// A unit's failover group (the `id` is set per node), and which of its
@@ -80,7 +95,8 @@ pub(super) enum Entry {
 }
 
 /// Resolves the cluster-wide stages for the nodes' states: of every node,
-/// or of `only` that one.
+/// or of `only` that one. A failover group built alike in `earlier` (the
+/// last frame of the same nodes) is taken over rather than built again.
 pub(super) fn serving<'a>(
     snapshot: &Snapshot,
     tunnels: &Tunnels,
@@ -88,13 +104,43 @@ pub(super) fn serving<'a>(
     placed: &Placed<'a>,
     cluster_cidrs: &[IpNet],
     only: Option<&str>,
+    earlier: Option<&Serving>,
 ) -> Serving {
     let cfg = &snapshot.config;
     let base = base_states(snapshot, tunnels, cluster_cidrs, only);
     let built: FoldMap<&str, ()> = base.iter().map(|s| (s.node.as_str(), ())).collect();
-    let mut groups: BTreeMap<&Unit<'a>, Arc<Carried>> = BTreeMap::new();
+    let mut groups: FoldMap<&Unit<'a>, Arc<Carried>> = FoldMap::default();
+    let mut eip_groups: FoldMap<String, FoldMap<IpAddr, Arc<Carried>>> = FoldMap::default();
+    let mut keep = |gateway: &str, ip: IpAddr, carried: &Arc<Carried>| {
+        let of = match eip_groups.get_mut(gateway) {
+            Some(of) => of,
+            None => eip_groups.entry(gateway.to_owned()).or_default(),
+        };
+        of.insert(ip, Arc::clone(carried));
+    };
+    // Every gateway candidate's mark.
+    let marks: FoldMap<&str, u32> = tunnels
+        .by_node
+        .iter()
+        .filter_map(|(node, t)| Some((node.as_str(), t.mark?)))
+        .collect();
+    let mark = |node: &str| *marks.get(node).expect("gateway candidates have a mark");
     for (unit, candidates) in &placed.candidates {
         let first_user = placed.users[unit][0];
+        let fail_closed = works[first_user].fail_closed;
+        if let Unit::Eip(gateway, ip) = unit {
+            let alike = candidates
+                .iter()
+                .map(|node| (*node, mark(node), built.contains_key(node)));
+            let kept = earlier
+                .and_then(|e| e.eip_groups.get(*gateway)?.get(ip))
+                .filter(|old| old.alike(fail_closed, alike));
+            if let Some(old) = kept {
+                keep(gateway, *ip, old);
+                groups.insert(unit, Arc::clone(old));
+                continue;
+            }
+        }
         let group = Group {
             id: 0,
             key: group_key(unit, works),
@@ -106,21 +152,24 @@ pub(super) fn serving<'a>(
             candidates: candidates
                 .iter()
                 .map(|node| Candidate {
-                    node: node.clone(),
-                    mark: tunnels.mark(node).expect("gateway candidates have a mark"),
+                    node: (*node).to_owned(),
+                    mark: mark(node),
                 })
                 .collect(),
-            fail_closed: works[first_user].fail_closed,
+            fail_closed,
         };
-        let carried = Carried {
+        let carried = Arc::new(Carried {
             built: group
                 .candidates
                 .iter()
                 .map(|c| built.contains_key(c.node.as_str()))
                 .collect(),
             group: Arc::new(group),
-        };
-        groups.insert(unit, Arc::new(carried));
+        });
+        if let Unit::Eip(gateway, ip) = unit {
+            keep(gateway, *ip, &carried);
+        }
+        groups.insert(unit, carried);
     }
     let policies = works
         .iter()
@@ -129,7 +178,7 @@ pub(super) fn serving<'a>(
             Family::ALL.map(|family| {
                 let unit = unit_for(i, w, family)?;
                 Some(Served {
-                    policy: w.policy.id.clone(),
+                    policy: Arc::clone(w.policy),
                     fail_closed: w.fail_closed,
                     to: w.eips[fi(family)].map_or(SnatTo::NodeIp, SnatTo::Eip),
                     group: groups.get(&unit).cloned(),
@@ -179,6 +228,7 @@ pub(super) fn serving<'a>(
         base,
         facts,
         policies,
+        eip_groups,
         reply_rule: Rule {
             priority: cfg.rule_priority,
             mark: cfg.reply_mark(),
@@ -186,6 +236,26 @@ pub(super) fn serving<'a>(
             table: cfg.reply_table(),
         },
         reply_table: cfg.reply_table(),
+    }
+}
+
+impl Carried {
+    /// Whether this is the group an EIP's unit would have with the gateway
+    /// failing closed or not, and these candidates: (node, mark, whether
+    /// its state is built).
+    fn alike<'n>(
+        &self,
+        fail_closed: bool,
+        mut candidates: impl ExactSizeIterator<Item = (&'n str, u32, bool)>,
+    ) -> bool {
+        self.group.fail_closed == fail_closed
+            && self.group.candidates.len() == candidates.len()
+            && self
+                .group
+                .candidates
+                .iter()
+                .zip(&self.built)
+                .all(|(c, built)| candidates.next() == Some((c.node.as_str(), c.mark, *built)))
     }
 }
 
@@ -264,7 +334,7 @@ impl Serving {
             let Some(carried) = &served.group else {
                 // No node at all, and the gateway fails closed.
                 if here {
-                    let policy = Some(served.policy.clone());
+                    let policy = Some(served.policy.id.clone());
                     to(node, classify(Action::Drop, policy, None));
                 }
                 continue;
@@ -287,7 +357,7 @@ impl Serving {
                     };
                     (action, Some(Arc::clone(group)))
                 };
-                let policy = Some(served.policy.clone());
+                let policy = Some(served.policy.id.clone());
                 to(node, classify(action, policy, group_of));
             }
             if !local && !can_send {
@@ -316,7 +386,7 @@ impl Serving {
                     dst: *dst,
                     to: served.to,
                     origin: node.to_owned(),
-                    policy: served.policy.clone(),
+                    policy: served.policy.id.clone(),
                 };
                 to(gateway, Entry::Snat(snat));
             }

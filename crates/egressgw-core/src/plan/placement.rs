@@ -20,10 +20,13 @@ use crate::model::Snapshot;
 use crate::net::Family;
 
 use super::gateways::Gateways;
+
+/// A hash map with a fast hasher, for lookups by name and address.
+type FoldMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 use super::{Work, fi};
 
 /// What gets a gateway node.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(super) enum Unit<'a> {
     /// An EIP of a gateway, shared by the policies that use it.
     Eip(&'a str, IpAddr),
@@ -44,10 +47,10 @@ impl Unit<'_> {
 #[derive(Debug, Default)]
 pub(super) struct Placed<'a> {
     /// Unit -> node; a unit without an eligible node is absent.
-    pub nodes: BTreeMap<Unit<'a>, String>,
+    pub nodes: BTreeMap<Unit<'a>, &'a str>,
     /// Unit -> its candidates, the active node first; a unit without a
     /// node is absent.
-    pub candidates: BTreeMap<Unit<'a>, Vec<String>>,
+    pub candidates: BTreeMap<Unit<'a>, Vec<&'a str>>,
     /// Unit -> indexes of the policies using it.
     pub users: BTreeMap<Unit<'a>, Vec<usize>>,
 }
@@ -56,18 +59,26 @@ pub(super) struct Placed<'a> {
 /// `place_new`, a unit stays where it was or goes nowhere (an agent
 /// following the controller's placement).
 pub(super) fn place<'a>(
-    snapshot: &Snapshot,
+    snapshot: &'a Snapshot,
     gateways: &Gateways<'a>,
     works: &mut [Work<'a>],
     place_new: bool,
 ) -> Placed<'a> {
-    let mut users: BTreeMap<Unit<'a>, Vec<usize>> = BTreeMap::new();
+    // Units and their users sorted once, then grouped; the maps are built
+    // from them in order at the end, cheaper than trees built by insertion.
+    let mut by_unit: Vec<(Unit<'a>, usize)> = Vec::with_capacity(works.len());
     for (i, w) in works.iter().enumerate() {
-        for unit in units_of(i, w) {
-            users.entry(unit).or_default().push(i);
+        by_unit.extend(units_of(i, w).map(|u| (u, i)));
+    }
+    by_unit.sort_unstable();
+    let mut users: Vec<(Unit<'a>, Vec<usize>)> = Vec::new();
+    for (unit, i) in by_unit {
+        match users.last_mut() {
+            Some((last, of)) if *last == unit => of.push(i),
+            _ => users.push((unit, vec![i])),
         }
     }
-    let addresses: HashMap<&str, &[IpAddr]> = snapshot
+    let addresses: FoldMap<&str, &[IpAddr]> = snapshot
         .nodes
         .iter()
         .map(|n| (n.name.as_str(), n.addresses.as_slice()))
@@ -111,9 +122,10 @@ pub(super) fn place<'a>(
         }
     }
 
-    let mut nodes: BTreeMap<Unit<'a>, String> = BTreeMap::new();
-    let mut load: HashMap<String, usize> = HashMap::new();
-    for unit in users.keys() {
+    // Per unit (as in `users`): its node.
+    let mut nodes: Vec<Option<&'a str>> = vec![None; users.len()];
+    let mut load: FoldMap<&'a str, usize> = FoldMap::default();
+    for ((unit, _), at) in users.iter().zip(&mut nodes) {
         let previous = match unit {
             Unit::Eip(g, ip) => reported.get(ip).copied().flatten().or_else(|| {
                 gateways.by_name[g]
@@ -125,58 +137,98 @@ pub(super) fn place<'a>(
             Unit::NodeIp(_, i) => works[*i].policy.previous_node.as_deref(),
         };
         if let Some(node) = previous.filter(|n| candidate(unit, n)) {
-            *load.entry(node.to_owned()).or_default() += 1;
-            nodes.insert(unit.clone(), node.to_owned());
+            *load.entry(node).or_default() += 1;
+            *at = Some(node);
         }
     }
-    for (unit, policy_idxs) in users.iter().filter(|_| place_new) {
-        if nodes.contains_key(unit) {
+    for k in (0..users.len()).filter(|_| place_new) {
+        let (unit, policy_idxs) = &users[k];
+        if nodes[k].is_some() {
             continue;
         }
+        let node_of = |u: &Unit<'_>| {
+            let at = users.binary_search_by(|(o, _)| o.cmp(u)).ok()?;
+            nodes[at]
+        };
         let partner = policy_idxs
             .iter()
             .flat_map(|i| units_of(*i, &works[*i]))
-            .filter_map(|u| nodes.get(&u))
-            .find(|n| eligible(unit, n))
-            .cloned();
+            .filter_map(|u| node_of(&u))
+            .find(|n| eligible(unit, n));
         let choice = partner.or_else(|| {
             gateways.by_name[unit.gateway()]
                 .selected
                 .iter()
                 .filter(|n| eligible(unit, n))
                 .min_by_key(|n| (load.get(**n).copied().unwrap_or(0), **n))
-                .map(|n| (*n).to_owned())
+                .copied()
         });
         if let Some(node) = choice {
-            *load.entry(node.clone()).or_default() += 1;
-            nodes.insert(unit.clone(), node);
+            *load.entry(node).or_default() += 1;
+            nodes[k] = Some(node);
         }
     }
 
-    let mut candidates: BTreeMap<Unit<'a>, Vec<String>> = BTreeMap::new();
-    for (unit, active) in &nodes {
-        let mut standbys: Vec<(bool, usize, &str)> = gateways.by_name[unit.gateway()]
+    // The candidates of a unit, each with whether it is not ready: the
+    // same for every EIP of one gateway and family, so found once for them.
+    let fitting = |unit: &Unit<'_>| -> Vec<(bool, &'a str)> {
+        gateways.by_name[unit.gateway()]
             .selected
             .iter()
-            .filter(|n| **n != active && candidate(unit, n))
-            .map(|n| (!eligible(unit, n), load.get(*n).copied().unwrap_or(0), *n))
-            .collect();
-        standbys.sort_unstable();
-        let order = std::iter::once(active.clone())
-            .chain(standbys.into_iter().map(|(_, _, n)| n.to_owned()))
-            .collect();
-        candidates.insert(unit.clone(), order);
-    }
+            .filter(|n| candidate(unit, n))
+            .map(|n| (!eligible(unit, n), *n))
+            .collect()
+    };
+    let mut of_eips: FoldMap<(&str, Family), Vec<(bool, &'a str)>> = FoldMap::default();
+    let candidates: BTreeMap<Unit<'a>, Vec<&'a str>> = users
+        .iter()
+        .zip(&nodes)
+        .filter_map(|((unit, _), active)| Some((unit, (*active)?)))
+        .map(|(unit, active)| {
+            let node_ip;
+            let fit: &[(bool, &'a str)] = match unit {
+                Unit::Eip(g, ip) => of_eips
+                    .entry((*g, Family::of(*ip)))
+                    .or_insert_with(|| fitting(unit)),
+                Unit::NodeIp(..) => {
+                    node_ip = fitting(unit);
+                    &node_ip
+                }
+            };
+            let mut standbys: Vec<(bool, usize, &'a str)> = fit
+                .iter()
+                .filter(|(_, n)| *n != active)
+                .map(|(not_ready, n)| (*not_ready, load.get(n).copied().unwrap_or(0), *n))
+                .collect();
+            standbys.sort_unstable();
+            let order = std::iter::once(active)
+                .chain(standbys.into_iter().map(|(_, _, n)| n))
+                .collect();
+            (unit.clone(), order)
+        })
+        .collect();
 
-    for (i, w) in works.iter_mut().enumerate() {
-        for family in Family::ALL {
-            w.nodes[fi(family)] = unit_for(i, w, family).and_then(|u| nodes.get(&u).cloned());
+    for w in works.iter_mut() {
+        w.nodes = [None, None];
+    }
+    for ((unit, of), node) in users.iter().zip(&nodes) {
+        for i in of.iter().copied() {
+            for family in Family::ALL {
+                if unit_for(i, &works[i], family).as_ref() == Some(unit) {
+                    works[i].nodes[fi(family)] = *node;
+                }
+            }
         }
     }
+    let nodes = users
+        .iter()
+        .zip(nodes)
+        .filter_map(|((unit, _), node)| Some((unit.clone(), node?)))
+        .collect();
     Placed {
         nodes,
         candidates,
-        users,
+        users: users.into_iter().collect(),
     }
 }
 
@@ -192,11 +244,10 @@ pub(super) fn unit_for<'a>(i: usize, w: &Work<'a>, family: Family) -> Option<Uni
     w.eips[fi(family)].map(|ip| Unit::Eip(gateway, ip))
 }
 
-fn units_of<'a>(i: usize, w: &Work<'a>) -> Vec<Unit<'a>> {
-    let mut units: Vec<Unit<'a>> = Family::ALL
-        .into_iter()
-        .filter_map(|f| unit_for(i, w, f))
-        .collect();
-    units.dedup();
-    units
+/// The units of policy `i`: one per family it uses, one for both when
+/// they share it.
+fn units_of<'a>(i: usize, w: &Work<'a>) -> impl Iterator<Item = Unit<'a>> {
+    let [v4, v6] = Family::ALL.map(|f| unit_for(i, w, f));
+    let v6 = v6.filter(|u| v4.as_ref() != Some(u));
+    v4.into_iter().chain(v6)
 }

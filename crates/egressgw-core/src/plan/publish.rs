@@ -720,7 +720,7 @@ fn planned(cluster: &Snapshot) -> Planned {
     let gateway_of = policies.iter().map(|w| w.gateway.map(Arc::from)).collect();
     let selecting = policies.iter().map(|w| Arc::clone(w.policy)).collect();
     Planned {
-        matcher: Matcher::new(selecting, &cluster.namespaces),
+        matcher: Matcher::new(selecting, &cluster.namespaces, None),
         gateway_of,
         status,
         position,

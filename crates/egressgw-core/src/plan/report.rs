@@ -70,7 +70,7 @@ pub(super) fn status(
         .nodes
         .iter()
         .filter_map(|(unit, node)| match unit {
-            Unit::Eip(_, ip) => Some((*ip, node.clone())),
+            Unit::Eip(_, ip) => Some((*ip, (*node).to_owned())),
             Unit::NodeIp(..) => None,
         })
         .collect();
@@ -104,7 +104,7 @@ fn policy_status(
     in_use: &BTreeMap<IpAddr, String>,
     why: &dyn Fn(&str) -> String,
 ) -> PolicyStatus {
-    let node = w.nodes[0].clone().or_else(|| w.nodes[1].clone());
+    let node = w.nodes[0].or(w.nodes[1]).map(str::to_owned);
     let conditions = match &w.failure {
         Some((reason, message)) => {
             let mut message = message.clone();
@@ -160,12 +160,7 @@ fn policy_status(
                     format!("{}; {then}", no_ready_node(&gateways.by_name[gateway], why)),
                 )
             } else {
-                let nodes = w
-                    .nodes
-                    .iter()
-                    .flatten()
-                    .map(String::as_str)
-                    .collect::<Vec<_>>();
+                let nodes = w.nodes.iter().flatten().copied().collect::<Vec<_>>();
                 let mut nodes = nodes;
                 nodes.dedup();
                 condition(
@@ -299,7 +294,7 @@ fn gateway_status(
 ) -> GatewayStatus {
     let name = info.gateway.name.as_str();
     let mut on_node: BTreeMap<&str, BTreeMap<Option<IpAddr>, Vec<PolicyRef>>> = BTreeMap::new();
-    let mut standbys: BTreeMap<Option<IpAddr>, &[String]> = BTreeMap::new();
+    let mut standbys: BTreeMap<Option<IpAddr>, &[&str]> = BTreeMap::new();
     for (unit, node) in placed.nodes.iter().filter(|(u, _)| u.gateway() == name) {
         let ip = match unit {
             Unit::Eip(_, ip) => Some(*ip),
@@ -317,7 +312,7 @@ fn gateway_status(
             .flatten()
             .map(|i| works[*i].policy.id.clone());
         on_node
-            .entry(node.as_str())
+            .entry(node)
             .or_default()
             .entry(ip)
             .or_default()
@@ -358,7 +353,10 @@ fn gateway_status(
                     EipStatus {
                         ip: *ip,
                         policies,
-                        standbys: standbys.get(ip).map(|s| s.to_vec()).unwrap_or_default(),
+                        standbys: standbys
+                            .get(ip)
+                            .map(|s| s.iter().map(|n| (*n).to_owned()).collect())
+                            .unwrap_or_default(),
                     }
                 })
                 .collect(),

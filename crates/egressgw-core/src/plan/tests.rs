@@ -1978,7 +1978,12 @@ fn apply_step_as(planner: &mut impl Follows, step: &Step, by_policies: bool) {
         Step::Copied(p, n) => {
             if let Some(policy) = cluster.policies.get(p) {
                 let mut copy = Policy::clone(policy);
-                let k = cluster.policies.len();
+                // A name no policy has: the API server holds one object
+                // of a name, and a change is known by it.
+                let taken = |name: &str| cluster.policies.iter().any(|p| p.id.name == name);
+                let k = (cluster.policies.len()..)
+                    .find(|k| !taken(&format!("{}-copy{k}", copy.id.name)))
+                    .expect("a free name");
                 copy.id.name = format!("{}-copy{k}", copy.id.name);
                 copy.age.uid = format!("{}-copy{k}", copy.age.uid);
                 if copy.id.namespace.is_some() {

@@ -47,11 +47,6 @@ impl Tunnels {
             Family::Ipv6 => t.ipv6.map(IpAddr::V6),
         }
     }
-
-    /// The mark of `node`, if it has one.
-    pub fn mark(&self, node: &str) -> Option<u32> {
-        self.by_node.get(node).and_then(|t| t.mark)
-    }
 }
 
 /// What a node keeps from its previous identity: IPv4, IPv6 (as numbers), MAC, mark index.
@@ -80,6 +75,13 @@ pub(super) fn allocate(snapshot: &Snapshot, gateways: &Gateways<'_>) -> Tunnels 
     );
     let mut marks = Pool::new(0, u128::from(cfg.mark_capacity()) + 1);
     let mut macs: HashSet<Mac> = HashSet::new();
+    // Nodes a usable gateway selects, found once.
+    let capable: HashSet<&str, foldhash::fast::RandomState> = gateways
+        .by_name
+        .values()
+        .filter(|g| g.problem.is_none())
+        .flat_map(|g| g.selected.iter().copied())
+        .collect();
     let mut kept: BTreeMap<&str, Kept> = BTreeMap::new();
     for node in &nodes {
         let prev = previous.get(node.name.as_str());
@@ -96,7 +98,7 @@ pub(super) fn allocate(snapshot: &Snapshot, gateways: &Gateways<'_>) -> Tunnels 
             .and_then(|t| t.mark)
             .and_then(|m| cfg.mark_index(m))
             .map(u128::from)
-            .filter(|i| gateways.is_gateway_capable(&node.name) && marks.claim(*i));
+            .filter(|i| capable.contains(node.name.as_str()) && marks.claim(*i));
         kept.insert(node.name.as_str(), (keep_v4, keep_v6, keep_mac, keep_mark));
     }
 
@@ -114,7 +116,7 @@ pub(super) fn allocate(snapshot: &Snapshot, gateways: &Gateways<'_>) -> Tunnels 
         } else {
             None
         };
-        let mark = if gateways.is_gateway_capable(&node.name) {
+        let mark = if capable.contains(node.name.as_str()) {
             keep_mark.or_else(|| marks.next_free())
         } else {
             None
