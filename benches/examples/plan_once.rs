@@ -222,6 +222,25 @@ fn planner_changes(
             changes.push(start.elapsed());
         }
     }
+    // Namespaces relabelled one at a time and back, as a whole cluster.
+    let mut relabels = Vec::new();
+    let namespaces = planner.cluster().namespaces.len();
+    for k in 0..10.min(namespaces) {
+        for away in [true, false] {
+            let mut cluster = planner.cluster().clone();
+            let namespace = &mut cluster.namespaces[k * namespaces / 10];
+            let before = namespace.labels.clone();
+            if away {
+                namespace.labels.insert("relabelled".into(), "yes".into());
+            } else {
+                namespace.labels.remove("relabelled");
+            }
+            assert_ne!(before, namespace.labels, "a relabel changes the labels");
+            let start = Instant::now();
+            planner.set_cluster(cluster);
+            relabels.push(start.elapsed());
+        }
+    }
     // Policies deleted and added back one at a time, as changes.
     let (mut deleted, mut added, mut reached) = (Vec::new(), Vec::new(), 0);
     for k in 0..10.min(count) {
@@ -240,6 +259,7 @@ fn planner_changes(
         "{nodes} nodes, {policies} policies, {pods} pods, {kind} {node} ({watched} pods watched), \
          planner: whole {whole:.2?}; {} Pods changed: relabel {}, relabel back {}, \
          delete {}, add {}; {} policy edits: as a cluster {}, as a change {}; \
+         {} namespaces relabelled and back {}; \
          {} policies deleted {} and added back {} ({reached} of them planning the node whole); \
          {:.0} MiB at the peak",
         changing.len(),
@@ -250,6 +270,8 @@ fn planner_changes(
         edits.len(),
         quantiles(&mut edits),
         quantiles(&mut changes),
+        relabels.len() / 2,
+        quantiles(&mut relabels),
         deleted.len(),
         quantiles(&mut deleted),
         quantiles(&mut added),

@@ -58,6 +58,34 @@ pub(super) fn edited_policies(old: &Snapshot, new: &Snapshot) -> Option<Vec<usiz
     edited.iter().all(unique).then_some(edited)
 }
 
+/// Whether only the namespaces changed from `old` to `new` (labelled,
+/// added or deleted) and no gateway admits namespaces by their labels: the
+/// cluster-wide stages read a namespace's labels only for a gateway's
+/// `namespaceSelector`, so their outcome stays as it was.
+pub(super) fn namespaces_only(old: &Snapshot, new: &Snapshot) -> bool {
+    // Every field named, so that a new one is not left out of the check.
+    let Snapshot {
+        config,
+        nodes,
+        namespaces,
+        pods: _,
+        gateways,
+        policies,
+        tunnels,
+        invalid,
+        eips_in_use,
+    } = new;
+    *namespaces != old.namespaces
+        && gateways.iter().all(|g| g.namespace_selector.is_none())
+        && *config == old.config
+        && *gateways == old.gateways
+        && *invalid == old.invalid
+        && *eips_in_use == old.eips_in_use
+        && *nodes == old.nodes
+        && *tunnels == old.tunnels
+        && *policies == old.policies
+}
+
 /// A change to one policy, for [`super::Planner::change_policies`] and
 /// [`super::Publisher::change_policies`].
 #[derive(Debug, Clone, PartialEq)]

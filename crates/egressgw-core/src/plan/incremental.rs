@@ -440,7 +440,9 @@ impl Planner {
     /// read). When only policies changed, and only in their selectors,
     /// destinations, exclusions or priority, what the cluster-wide stages
     /// decided stays and the Pods those policies select, or may now
-    /// select, are planned again. Otherwise the cluster-wide stages run
+    /// select, are planned again; likewise the Pods of the namespaces
+    /// relabelled, added or deleted when nothing else changed and no
+    /// gateway admits namespaces by their labels. Otherwise the cluster-wide stages run
     /// again, and the Pods whose selection or entries they change are
     /// planned again (those of a policy added or deleted among them); the
     /// node as a whole when the policies kept are not in the same order,
@@ -456,6 +458,23 @@ impl Planner {
                 .frame
                 .edit(edited.iter().map(|k| &cluster.policies[*k]))
         {
+            self.cluster = cluster;
+            self.replan(&changes);
+            return;
+        }
+        // Namespaces relabelled (or added, or deleted) where no gateway
+        // reads their labels: only the Pods of those namespaces may be
+        // selected otherwise.
+        if super::edits::namespaces_only(&self.cluster, &cluster) {
+            let changes = FrameChanges {
+                reselect: self
+                    .frame
+                    .matcher
+                    .relabel(&cluster.namespaces)
+                    .into_iter()
+                    .collect(),
+                ..FrameChanges::default()
+            };
             self.cluster = cluster;
             self.replan(&changes);
             return;
@@ -492,6 +511,8 @@ impl Planner {
             true => self.frame.changes_since(&old, &self.node),
             false => None,
         };
+        // Freed before the Pods are planned again, not after.
+        drop(old);
         match changes {
             Some(changes) => self.replan(&changes),
             None => self.rebuild(),

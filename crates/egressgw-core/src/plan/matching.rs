@@ -15,6 +15,33 @@ pub(super) fn selects_alike(a: &Policy, b: &Policy) -> bool {
     std::ptr::eq(a, b) || (a.pods == b.pods && a.namespace_selector == b.namespace_selector)
 }
 
+/// Each namespace's labels, by name.
+fn labels_of(namespaces: &[Namespace]) -> Arc<HashMap<String, Labels>> {
+    Arc::new(
+        namespaces
+            .iter()
+            .map(|n| (n.name.clone(), n.labels.clone()))
+            .collect(),
+    )
+}
+
+/// The namespaces labelled otherwise in `a` and `b`, or in one of the two
+/// only.
+fn relabelled(a: &Arc<HashMap<String, Labels>>, b: &Arc<HashMap<String, Labels>>) -> Vec<String> {
+    if Arc::ptr_eq(a, b) {
+        return Vec::new();
+    }
+    let one_way = |a: &HashMap<String, Labels>, b: &HashMap<String, Labels>| {
+        a.iter()
+            .filter(|(ns, labels)| b.get(*ns) != Some(*labels))
+            .map(|(ns, _)| ns.clone())
+            .collect::<Vec<_>>()
+    };
+    let mut out = one_way(a, b);
+    out.extend(one_way(b, a));
+    out
+}
+
 /// The policies in the stages' order, indexed by the namespaces they look
 /// at.
 #[derive(Debug)]
@@ -59,12 +86,7 @@ impl Matcher {
         };
         let namespace_labels = match earlier.filter(|e| alike(&e.namespace_labels)) {
             Some(earlier) => Arc::clone(&earlier.namespace_labels),
-            None => Arc::new(
-                namespaces
-                    .iter()
-                    .map(|n| (n.name.clone(), n.labels.clone()))
-                    .collect(),
-            ),
+            None => labels_of(namespaces),
         };
         Self {
             policies,
@@ -90,19 +112,14 @@ impl Matcher {
     /// The namespaces labelled otherwise in `other`, or in one of the two
     /// only.
     pub fn relabelled(&self, other: &Matcher) -> Vec<String> {
-        if Arc::ptr_eq(&self.namespace_labels, &other.namespace_labels) {
-            return Vec::new();
-        }
-        let one_way = |a: &Matcher, b: &Matcher| {
-            a.namespace_labels
-                .iter()
-                .filter(|(ns, labels)| b.namespace_labels.get(*ns) != Some(*labels))
-                .map(|(ns, _)| ns.clone())
-                .collect::<Vec<_>>()
-        };
-        let mut out = one_way(self, other);
-        out.extend(one_way(other, self));
-        out
+        relabelled(&self.namespace_labels, &other.namespace_labels)
+    }
+
+    /// Takes the labels of `namespaces`; the namespaces labelled otherwise
+    /// than before, or there before or now only.
+    pub fn relabel(&mut self, namespaces: &[Namespace]) -> Vec<String> {
+        let before = std::mem::replace(&mut self.namespace_labels, labels_of(namespaces));
+        relabelled(&self.namespace_labels, &before)
     }
 
     /// Whether policy `i` may select Pods of `namespace`: a namespaced

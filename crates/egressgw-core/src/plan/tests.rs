@@ -1775,6 +1775,69 @@ fn a_policy_added_or_deleted_plans_again_only_the_pods_it_selects() {
     ));
 }
 
+#[test]
+fn a_namespace_relabelled_plans_again_only_its_pods() {
+    let cp = with(policy("x", "cp", "web"), |p| {
+        p.id = PolicyRef::cluster("cp");
+        p.namespace_selector = Some(LabelSelector::eq("team", "b"));
+    });
+    let mut s = Cluster::new()
+        .pod("a", "web-1", "n1", "10.244.1.10", "web")
+        .pod("a", "web-2", "n1", "10.244.1.11", "web")
+        .pod("a", "db-1", "n1", "10.244.1.12", "db")
+        .pod("b", "web-1", "n1", "10.244.1.20", "web")
+        .policy(cp)
+        .0;
+    let status = plan(&s).status;
+    remember(&mut s, &status);
+    let mut planner = Planner::new(s, "n1");
+    let planned_as_whole = |planner: &Planner| {
+        let whole = plan_node_published(&planner.snapshot(), "n1");
+        assert_eq!(planner.state(), whole.as_ref());
+    };
+    let only = |pods| LastChange { whole: false, pods };
+    let steered = |planner: &Planner, src| {
+        matches!(actions(planner.state(), src)[..], [Action::Tunnel { .. }])
+    };
+    assert!(!steered(&planner, "10.244.1.10"));
+    assert!(steered(&planner, "10.244.1.20"));
+
+    // Namespace a taken by the policy's selector: its three Pods are
+    // matched again, b's Pod is not.
+    let mut cluster = planner.snapshot();
+    cluster.namespaces[0].labels = labels(&[("team", "b")]);
+    planner.set_cluster(cluster);
+    assert_eq!(planner.last_change(), only(3));
+    assert!(steered(&planner, "10.244.1.10"));
+    assert!(!steered(&planner, "10.244.1.12"));
+    planned_as_whole(&planner);
+    // A namespace added with no Pods: none.
+    let mut cluster = planner.snapshot();
+    cluster.namespaces.push(Namespace {
+        name: "c".into(),
+        labels: labels(&[("team", "b")]),
+    });
+    planner.set_cluster(cluster);
+    assert_eq!(planner.last_change(), only(0));
+    planned_as_whole(&planner);
+
+    // Once a gateway admits namespaces by their labels, a relabel may
+    // change what the stages decide: a's own policy is refused when a
+    // leaves the gateway's selector.
+    let mut cluster = planner.snapshot();
+    cluster.gateways[0].namespace_selector = Some(LabelSelector::eq("team", "b"));
+    planner.set_cluster(cluster);
+    planner.change_policies([PolicyChange::Set(Arc::new(policy("a", "db", "db")))]);
+    planned_as_whole(&planner);
+    assert!(steered(&planner, "10.244.1.12"));
+    let mut cluster = planner.snapshot();
+    cluster.namespaces[0].labels = labels(&[("team", "c")]);
+    planner.set_cluster(cluster);
+    planned_as_whole(&planner);
+    assert!(!steered(&planner, "10.244.1.12"));
+    assert!(!steered(&planner, "10.244.1.10"));
+}
+
 /// One change to a cluster, as an agent's watches see them.
 #[derive(Debug, Clone)]
 enum Step {
