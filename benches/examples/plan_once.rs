@@ -242,17 +242,18 @@ fn planner_changes(
         }
     }
     // Policies deleted and added back one at a time, as changes.
-    let (mut deleted, mut added, mut reached) = (Vec::new(), Vec::new(), 0);
+    let (mut deleted, mut added, mut reached, mut staged) = (Vec::new(), Vec::new(), 0, 0);
     for k in 0..10.min(count) {
         let policy = planner.cluster().policies[k * count / 10].clone();
         let start = Instant::now();
         planner.change_policies([egressgw_core::PolicyChange::Removed(policy.id.clone())]);
         deleted.push(start.elapsed());
-        let whole = planner.last_change().whole;
+        let (whole, restaged) = (planner.last_change().whole, planner.last_change().staged);
         let start = Instant::now();
         planner.change_policies([egressgw_core::PolicyChange::Set(policy)]);
         added.push(start.elapsed());
         reached += usize::from(whole || planner.last_change().whole);
+        staged += usize::from(restaged) + usize::from(planner.last_change().staged);
     }
     let [away, back, delete, add] = &mut times;
     println!(
@@ -260,7 +261,8 @@ fn planner_changes(
          planner: whole {whole:.2?}; {} Pods changed: relabel {}, relabel back {}, \
          delete {}, add {}; {} policy edits: as a cluster {}, as a change {}; \
          {} namespaces relabelled and back {}; \
-         {} policies deleted {} and added back {} ({reached} of them planning the node whole); \
+         {} policies deleted {} and added back {} ({reached} of them planning the node whole, \
+         {staged} of the 20 changes running the stages again); \
          {:.0} MiB at the peak",
         changing.len(),
         quantiles(away),

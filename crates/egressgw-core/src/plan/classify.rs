@@ -134,6 +134,44 @@ impl Tables {
         adopted
     }
 
+    /// The in-cluster prefixes.
+    pub fn cluster_cidrs(&self) -> &[IpNet] {
+        &self.cluster_cidrs
+    }
+
+    /// Takes policy `out` out and puts `put` in at its index, with whether
+    /// the stages have it steer each family, as `Matcher::splice` does;
+    /// `to_new` says where each policy was before. The tables compiled so
+    /// far are taken over renumbered, as [`Tables::adopt`] takes them,
+    /// and returned the same way; those `out` took part in are left.
+    pub fn splice(
+        &mut self,
+        to_new: &[Option<usize>],
+        out: Option<usize>,
+        put: Option<(usize, &Policy, [bool; 2])>,
+    ) -> FoldMap<TableAt, Table> {
+        let mut next = Tables {
+            dests: std::mem::take(&mut self.dests),
+            steers: std::mem::take(&mut self.steers),
+            usable: std::mem::take(&mut self.usable),
+            cluster_cidrs: std::mem::take(&mut self.cluster_cidrs),
+            compiled: Default::default(),
+        };
+        if let Some(out) = out {
+            next.dests.remove(out);
+            next.steers.remove(out);
+            next.usable.remove(out);
+        }
+        if let Some((at, policy, steers)) = put {
+            let dests = expand_dests(policy);
+            next.usable.insert(at, usable(steers, &dests));
+            next.dests.insert(at, dests);
+            next.steers.insert(at, steers);
+        }
+        let old = std::mem::replace(self, next);
+        self.adopt(&old, to_new, &HashSet::new())
+    }
+
     /// Takes policy `i` edited in what the stages do not read (see
     /// `super::edits`): its destinations again, and none of the tables it
     /// took part in.

@@ -116,6 +116,24 @@ pub(super) struct Applied {
     /// Whether the stages must run again: a policy added or deleted, or
     /// edited in what they read.
     pub restage: bool,
+    /// Per change that makes the stages run again: the policy it took out
+    /// and the one it put in; (`None`, `None`) when it took out or put in
+    /// more than one (policies of one identity).
+    pub swaps: Vec<Swap>,
+}
+
+/// A policy taken out, put in, or both (replaced).
+pub(super) type Swap = (Option<Arc<Policy>>, Option<Arc<Policy>>);
+
+impl Applied {
+    /// The one policy the changes took out, put in or replaced, when that
+    /// is all they did.
+    pub fn swap(&self) -> Option<&Swap> {
+        match &self.swaps[..] {
+            [swap] if self.edited.is_empty() && *swap != (None, None) => Some(swap),
+            _ => None,
+        }
+    }
 }
 
 /// Carries `changes` out on `cluster`'s policies, in order. A policy added
@@ -141,16 +159,26 @@ pub(super) fn apply(
                     applied.edited.push(Arc::clone(&policy));
                 } else {
                     applied.restage = true;
+                    let out = Arc::clone(&policies[k]);
+                    applied.swaps.push((Some(out), Some(Arc::clone(&policy))));
                 }
                 policies[k] = policy;
             }
-            (PolicyChange::Set(policy), _) => {
+            (PolicyChange::Set(policy), first) => {
                 policies.retain(|p| p.id != policy.id);
                 let at = policies.partition_point(|p| p.id < policy.id);
+                applied.swaps.push(match first {
+                    None => (None, Some(Arc::clone(&policy))),
+                    Some(_) => (None, None),
+                });
                 policies.insert(at, policy);
                 applied.restage = true;
             }
-            (PolicyChange::Removed(id), Some(_)) => {
+            (PolicyChange::Removed(id), Some(k)) => {
+                applied.swaps.push(match second {
+                    false => (Some(Arc::clone(&policies[k])), None),
+                    true => (None, None),
+                });
                 policies.retain(|p| p.id != id);
                 applied.restage = true;
             }

@@ -28,10 +28,113 @@ use crate::net::Family;
 use crate::status::Reason;
 
 use super::gateways::Gateways;
+use super::{Work, fi};
 
 /// A hash map with a fast hasher: the keys are addresses and names.
 type FoldMap<K, V> = HashMap<K, V, RandomState>;
-use super::{Work, fi};
+
+/// The cluster's own addresses, which are never EIPs.
+struct Own<'s> {
+    /// The in-cluster prefixes.
+    cluster: &'s [IpNet],
+    /// Nodes' ExternalIPs, each of the first node that has it.
+    external: FoldMap<IpAddr, &'s str>,
+}
+
+impl<'s> Own<'s> {
+    fn new(snapshot: &'s Snapshot, cluster: &'s [IpNet]) -> Self {
+        let mut external: FoldMap<IpAddr, &str> = FoldMap::default();
+        for node in &snapshot.nodes {
+            for ip in &node.external_addresses {
+                external.entry(*ip).or_insert(&node.name);
+            }
+        }
+        Self { cluster, external }
+    }
+
+    /// Whose `ip` is, said for a status message, when it is the cluster's.
+    fn whose(&self, ip: IpAddr) -> Option<String> {
+        if let Some(net) = self.cluster.iter().find(|net| net.contains(&ip)) {
+            return Some(format!(
+                "lies in {net}, one of the cluster's own prefixes (pod, service, node or tunnel \
+                 addresses)"
+            ));
+        }
+        self.external
+            .get(&ip)
+            .map(|node| format!("is node {node}'s ExternalIP"))
+    }
+}
+
+/// What stage 3 gives a policy that shares its gateway's default EIP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct SharingDefault<'a> {
+    pub gateway: &'a str,
+    /// Whether the gateway fails closed.
+    pub fail_closed: bool,
+    /// Its EIP per family ([`fi`]): the gateway's default one, `None` for
+    /// a family the gateway has no pool of.
+    pub eips: [Option<IpAddr>; 2],
+}
+
+/// Stage 3 for `policy` alone, when its outcome is its own: it uses the
+/// default allocator (no pinned address, not `useNodeIP`), is allocated
+/// without failure, and its last status named no address but its
+/// gateway's default EIPs. Such a policy holds, grants and reserves no
+/// address, so it changes no other policy's outcome, and no other policy
+/// changes its own. `None` for any other policy.
+pub(super) fn sharing_default<'a>(
+    snapshot: &Snapshot,
+    gateways: &Gateways<'a>,
+    cluster: &[IpNet],
+    policy: &'a Arc<Policy>,
+) -> Option<SharingDefault<'a>> {
+    let spec = &policy.egress_ip;
+    if spec.allocator != Allocator::Default
+        || spec.use_node_ip
+        || spec.ipv4.is_some()
+        || spec.ipv6.is_some()
+    {
+        return None;
+    }
+    let namespaces: FoldMap<&str, &Labels> = snapshot
+        .namespaces
+        .iter()
+        .map(|n| (n.name.as_str(), &n.labels))
+        .collect();
+    let work = resolve_gateway(policy, gateways, &namespaces);
+    if work.failure.is_some() {
+        return None;
+    }
+    let gateway = work.gateway?;
+    let gw = gateways.by_name[gateway].gateway;
+    let families: Vec<Family> = Family::ALL
+        .into_iter()
+        .filter(|f| snapshot.config.family_enabled(*f))
+        .collect();
+    if check_pools(&work, gw, &families).is_some() {
+        return None;
+    }
+    let own = Own::new(snapshot, cluster);
+    let mut eips = [None, None];
+    for family in &families {
+        let ip = gw.default_eip(*family);
+        if ip.is_some_and(|ip| own.whose(ip).is_some()) {
+            return None;
+        }
+        eips[fi(*family)] = ip;
+    }
+    let named = |ip: &IpAddr| eips.contains(&Some(*ip));
+    policy
+        .previous_eips
+        .iter()
+        .all(named)
+        .then_some(SharingDefault {
+            gateway,
+            fail_closed: work.fail_closed,
+            eips,
+        })
+}
 
 /// Resolves gateways and allocates EIPs for every valid policy; the result
 /// is sorted oldest first.
@@ -40,26 +143,8 @@ pub(super) fn allocate<'a>(
     gateways: &Gateways<'a>,
     cluster: &[IpNet],
 ) -> Vec<Work<'a>> {
-    // Nodes' ExternalIPs, each of the first node that has it: looked up
-    // for every policy's EIP.
-    let mut external: FoldMap<IpAddr, &str> = FoldMap::default();
-    for node in &snapshot.nodes {
-        for ip in &node.external_addresses {
-            external.entry(*ip).or_insert(&node.name);
-        }
-    }
-    // Where an address is the cluster's own, said for a status message.
-    let in_cluster = |ip: IpAddr| -> Option<String> {
-        if let Some(net) = cluster.iter().find(|net| net.contains(&ip)) {
-            return Some(format!(
-                "lies in {net}, one of the cluster's own prefixes (pod, service, node or tunnel \
-                 addresses)"
-            ));
-        }
-        external
-            .get(&ip)
-            .map(|node| format!("is node {node}'s ExternalIP"))
-    };
+    let own = Own::new(snapshot, cluster);
+    let in_cluster = |ip: IpAddr| own.whose(ip);
     let mut policies: Vec<&Arc<Policy>> = snapshot.policies.iter().collect();
     // Oldest first (a stable sort, quick on policies already in that
     // order), then one policy per identity: its oldest copy.

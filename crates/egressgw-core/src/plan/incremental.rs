@@ -3,8 +3,11 @@
 //!
 //! The cluster-wide stages (gateways, tunnel identities, EIPs, placement)
 //! read no Pod. [`Planner`] runs them when anything but a Pod changes
-//! (but for policies edited in what they do not read), and plans again
-//! the Pods their outcome reaches. It keeps what they decided
+//! and plans again the Pods their outcome reaches, but for changes that
+//! leave their outcome as it was: policies edited in what they do not
+//! read, namespaces relabelled where no gateway reads their labels, and
+//! one policy added or deleted that shares its gateway's default EIP with
+//! others. It keeps what they decided
 //! ([`Serving`]), which policies select each Pod, which Pods claim each
 //! address, and the compiled tables. A Pod added, changed or deleted is
 //! then matched against the policies of its namespace and the cluster
@@ -26,7 +29,7 @@ use super::classify::{Table, TableAt, Tables};
 use super::edits::PolicyChange;
 use super::matching::{Matcher, selects_alike};
 use super::nodes::{self, Entry, Serving};
-use super::{Placement, Stages, stages};
+use super::{Placement, Stages, eips, fi, gateways, stages};
 
 /// A Pod's namespace and name.
 type PodKey = (String, String);
@@ -63,6 +66,8 @@ pub struct Planner {
 pub struct LastChange {
     /// The node was planned whole.
     pub whole: bool,
+    /// The cluster-wide stages ran again (always when whole).
+    pub staged: bool,
     /// The Pods planned again: matched against the policies, or their
     /// entries taken out and put back (every Pod when whole).
     pub pods: usize,
@@ -336,6 +341,98 @@ impl Frame {
         Some(changes)
     }
 
+    /// Takes `out` out and puts `put` in (the one policy a change took
+    /// out, put in or replaced) without running the stages again, when
+    /// each is a policy whose outcome of them is its own
+    /// ([`eips::sharing_default`]) and every EIP it shares stays in use by
+    /// another policy: what the stages decided for the others, and every
+    /// EIP's node and failover order, stay as they were. Says which Pods
+    /// to plan again: those `out` selected and those `put` selects.
+    /// `None`, changing nothing, otherwise.
+    fn swap(
+        &mut self,
+        cluster: &Snapshot,
+        out: Option<&Arc<Policy>>,
+        put: Option<&Arc<Policy>>,
+    ) -> Option<FrameChanges> {
+        let gateways = gateways::resolve(cluster);
+        let cidrs = self.tables.cluster_cidrs();
+        let shared = |policy| eips::sharing_default(cluster, &gateways, cidrs, policy);
+        // The stages' order: oldest first, then by identity.
+        let policies = &self.matcher.policies;
+        let before =
+            |of: &Policy| policies.partition_point(|p| (&p.age, &p.id) < (&of.age, &of.id));
+        let taken = match out {
+            Some(out) => {
+                let at = before(out);
+                policies.get(at).filter(|p| p.id == out.id)?;
+                Some(at)
+            }
+            None => None,
+        };
+        // Each EIP it left stays another's.
+        if let Some(out) = out {
+            let alone = shared(out)?;
+            for family in Family::ALL {
+                if let Some(ip) = alone.eips[fi(family)] {
+                    self.serving.user_of(family, ip, taken)?;
+                }
+            }
+        }
+        // Each EIP it takes is another's: carried as that one is.
+        let put = match put {
+            Some(put) => {
+                let alone = shared(put)?;
+                let mut like = [None, None];
+                let mut steers = [false, false];
+                for family in Family::ALL {
+                    if let Some(ip) = alone.eips[fi(family)] {
+                        let k = self.serving.user_of(family, ip, taken)?;
+                        like[fi(family)] = Some(k);
+                        steers[fi(family)] = self.serving.placed(k, family) || alone.fail_closed;
+                    }
+                }
+                let at = before(put);
+                let at = at - usize::from(taken.is_some_and(|t| t < at));
+                Some((at, put, like, steers))
+            }
+            None => None,
+        };
+        let before = self.matcher.policies.len();
+        let to_new: Vec<Option<usize>> = (0..before)
+            .map(|j| {
+                let j = match taken {
+                    Some(t) if j == t => return None,
+                    Some(t) if j > t => j - 1,
+                    _ => j,
+                };
+                Some(match put {
+                    Some((at, ..)) if j >= at => j + 1,
+                    _ => j,
+                })
+            })
+            .collect();
+        let like = put.map_or([None, None], |(_, _, like, _)| like);
+        self.serving
+            .splice(taken, put.map(|(at, p, ..)| (at, p)), like);
+        let tables = self.tables.splice(
+            &to_new,
+            taken,
+            put.map(|(at, p, _, steers)| (at, &**p, steers)),
+        );
+        self.matcher
+            .splice(taken, put.map(|(at, p, ..)| (at, Arc::clone(p))));
+        let added = put.map(|(at, ..)| at).into_iter().collect();
+        Some(FrameChanges {
+            moved: Some(Moved {
+                to_new,
+                added,
+                tables,
+            }),
+            ..FrameChanges::default()
+        })
+    }
+
     /// Compiles the tables of `planned`'s addresses that one of its
     /// selecting policies steers, and claims those addresses for it.
     fn claim(
@@ -488,12 +585,20 @@ impl Planner {
     /// only in their selectors, destinations, exclusions or priority are
     /// taken in place, as [`Planner::set_cluster`] takes them; a policy
     /// added, deleted, or edited in what the cluster-wide stages read runs
-    /// them again. The caller need not read or compare every other object.
+    /// them again, but for one policy alone sharing its gateway's default
+    /// EIP with others, whose own outcome of the stages changes no other
+    /// policy's: it is taken out or put in where it was or goes, and only
+    /// the Pods it selected or selects are planned again. The caller need
+    /// not read or compare every other object.
     pub fn change_policies(&mut self, changes: impl IntoIterator<Item = PolicyChange>) {
         self.last = LastChange::default();
         let applied = super::edits::apply(&mut self.cluster, changes);
         if !applied.restage
             && let Some(changes) = self.frame.edit(&applied.edited)
+        {
+            self.replan(&changes);
+        } else if let Some((out, put)) = applied.swap()
+            && let Some(changes) = self.frame.swap(&self.cluster, out.as_ref(), put.as_ref())
         {
             self.replan(&changes);
         } else if applied.restage || !applied.edited.is_empty() {
@@ -517,6 +622,7 @@ impl Planner {
             Some(changes) => self.replan(&changes),
             None => self.rebuild(),
         }
+        self.last.staged = true;
     }
 
     /// Plans again the Pods `changes` reach.
@@ -564,7 +670,10 @@ impl Planner {
                 *state = next;
             }
         }
-        self.last = LastChange { whole: false, pods };
+        self.last = LastChange {
+            pods,
+            ..LastChange::default()
+        };
         self.refresh(touched);
     }
 
@@ -626,7 +735,10 @@ impl Planner {
                 }
             }
         }
-        self.last = LastChange { whole: false, pods };
+        self.last = LastChange {
+            pods,
+            ..LastChange::default()
+        };
         if !touched.is_empty() {
             self.refresh(touched);
         }
@@ -664,6 +776,7 @@ impl Planner {
             .map(|(state, _)| Arc::new(state.clone()));
         self.last = LastChange {
             whole: true,
+            staged: true,
             pods: self.pods.len(),
         };
         self.fill();

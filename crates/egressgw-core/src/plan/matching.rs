@@ -148,6 +148,41 @@ impl Matcher {
             && classify::selects(&self.policies[i].pods, pod)
     }
 
+    /// Takes policy `out` out, then puts `put` in at its index, each
+    /// policy after it one further on; the policies stay in the stages'
+    /// order when `put` goes where the stages put it.
+    pub fn splice(&mut self, out: Option<usize>, put: Option<(usize, Arc<Policy>)>) {
+        if let Some(out) = out {
+            let policy = self.policies.remove(out);
+            self.indexes(&policy).retain(|i| *i != out);
+            self.shift(|i| if i > out { i - 1 } else { i });
+        }
+        if let Some((at, policy)) = put {
+            self.shift(|i| if i >= at { i + 1 } else { i });
+            let indexes = self.indexes(&policy);
+            let to = indexes.partition_point(|i| *i < at);
+            indexes.insert(to, at);
+            self.policies.insert(at, policy);
+        }
+    }
+
+    /// The indexes of the policies looking where `policy` looks: its own
+    /// namespace's, or the cluster policies.
+    fn indexes(&mut self, policy: &Policy) -> &mut Vec<usize> {
+        match &policy.id.namespace {
+            Some(ns) => self.namespaced.entry(ns.clone()).or_default(),
+            None => &mut self.cluster_wide,
+        }
+    }
+
+    /// Renumbers every policy index by `to`.
+    fn shift(&mut self, to: impl Fn(usize) -> usize) {
+        let lists = self.namespaced.values_mut().chain([&mut self.cluster_wide]);
+        for i in lists.flatten() {
+            *i = to(*i);
+        }
+    }
+
     /// The index of the policy `id`.
     pub fn position(&self, id: &PolicyRef) -> Option<usize> {
         self.policies.iter().position(|p| p.id == *id)

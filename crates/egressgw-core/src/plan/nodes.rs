@@ -266,6 +266,52 @@ impl Serving {
         self.policies.get(i) == other.policies.get(j)
     }
 
+    /// A policy other than `except` whose traffic of `family` leaves with
+    /// the EIP `ip`: one sharing that EIP.
+    pub fn user_of(&self, family: Family, ip: IpAddr, except: Option<usize>) -> Option<usize> {
+        let eip = SnatTo::Eip(ip);
+        (0..self.policies.len()).find(|k| {
+            Some(*k) != except
+                && self.policies[*k][fi(family)]
+                    .as_ref()
+                    .is_some_and(|s| s.to == eip)
+        })
+    }
+
+    /// Whether policy `k`'s traffic of `family` has a node to go to.
+    pub fn placed(&self, k: usize, family: Family) -> bool {
+        self.policies[k][fi(family)]
+            .as_ref()
+            .is_some_and(|s| s.group.is_some())
+    }
+
+    /// Takes policy `out` out and puts `put` in at its index, its traffic
+    /// of each family carried as that of the policy `like` says (by index
+    /// before), as `Matcher::splice` does.
+    pub fn splice(
+        &mut self,
+        out: Option<usize>,
+        put: Option<(usize, &Arc<Policy>)>,
+        like: [Option<usize>; 2],
+    ) {
+        let put = put.map(|(at, policy)| {
+            let served = Family::ALL.map(|f| {
+                let like = self.policies[like[fi(f)]?][fi(f)].as_ref()?;
+                Some(Served {
+                    policy: Arc::clone(policy),
+                    ..like.clone()
+                })
+            });
+            (at, served)
+        });
+        if let Some(out) = out {
+            self.policies.remove(out);
+        }
+        if let Some((at, served)) = put {
+            self.policies.insert(at, served);
+        }
+    }
+
     /// The pod nodes whose tunnel facts differ in `other`.
     pub fn nodes_changed(&self, other: &Serving) -> Vec<String> {
         let mut changed: Vec<String> = self

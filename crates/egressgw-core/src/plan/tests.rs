@@ -1739,12 +1739,22 @@ fn a_policy_added_or_deleted_plans_again_only_the_pods_it_selects() {
     let mut labelled = planner.snapshot();
     labelled.nodes[0].labels.insert("zone".into(), "z1".into());
     planner.set_cluster(labelled);
-    assert_eq!(planner.last_change(), LastChange::default());
+    let staged = LastChange {
+        staged: true,
+        ..LastChange::default()
+    };
+    assert_eq!(planner.last_change(), staged);
 
     // Added: the two Pods it selects, and no other, are planned again.
     let web = PolicyRef::namespaced("a", "web");
     planner.change_policies([PolicyChange::Set(published(web.clone()))]);
-    let only = |pods| LastChange { whole: false, pods };
+    // Each shares the gateway's default EIP with the others: the stages
+    // need not run again.
+    let only = |pods| LastChange {
+        whole: false,
+        staged: false,
+        pods,
+    };
     assert_eq!(planner.last_change(), only(2));
     planned_as_whole(&planner);
     assert!(matches!(
@@ -1762,17 +1772,51 @@ fn a_policy_added_or_deleted_plans_again_only_the_pods_it_selects() {
     assert_eq!(planner.last_change(), only(2));
     assert!(actions(planner.state(), "10.244.1.20").is_empty());
     planned_as_whole(&planner);
-    // The same, given as a whole cluster.
+    // The same, given as a whole cluster: the stages run again.
     let mut cluster = planner.snapshot();
     cluster.policies.retain(|p| p.id != web);
     planner.set_cluster(cluster);
-    assert_eq!(planner.last_change(), only(2));
+    let staged = LastChange {
+        staged: true,
+        ..only(2)
+    };
+    assert_eq!(planner.last_change(), staged);
     assert!(actions(planner.state(), "10.244.1.10").is_empty());
     planned_as_whole(&planner);
     assert!(matches!(
         actions(planner.state(), "10.244.1.12")[..],
         [Action::Tunnel { .. }]
     ));
+}
+
+#[test]
+fn a_policy_whose_last_status_names_another_address_runs_the_stages() {
+    // A policy of b pins an address nobody held, on a gateway failing
+    // closed that has not placed it yet: its traffic is dropped.
+    let pin = "198.51.100.12".parse().unwrap();
+    let mut s = Cluster::new()
+        .pod("a", "web-1", "n1", "10.244.1.10", "web")
+        .pod("b", "db-1", "n1", "10.244.1.20", "db")
+        .policy(policy("a", "other", "none"))
+        .0;
+    s.gateways[0].fail_closed = true;
+    let status = plan(&s).status;
+    remember(&mut s, &status);
+    let mut planner = Planner::new(s, "n1");
+    let db = with(policy("b", "db", "db"), |p| p.egress_ip.ipv4 = Some(pin));
+    planner.change_policies([PolicyChange::Set(Arc::new(db))]);
+    assert_eq!(actions(planner.state(), "10.244.1.20"), [Action::Drop]);
+    // A policy of a sharing the default EIP, whose last status still
+    // names the pinned address (a's own before): the address is a's, so
+    // b's pin is refused, and the stages must say so.
+    let web = with(policy("a", "web", "web"), |p| {
+        p.previous_eips = vec![IpAddr::V4(pin)];
+    });
+    planner.change_policies([PolicyChange::Set(Arc::new(web))]);
+    assert!(planner.last_change().staged);
+    let whole = plan_node_published(&planner.snapshot(), "n1");
+    assert_eq!(planner.state(), whole.as_ref());
+    assert!(actions(planner.state(), "10.244.1.20").is_empty());
 }
 
 #[test]
@@ -1795,7 +1839,11 @@ fn a_namespace_relabelled_plans_again_only_its_pods() {
         let whole = plan_node_published(&planner.snapshot(), "n1");
         assert_eq!(planner.state(), whole.as_ref());
     };
-    let only = |pods| LastChange { whole: false, pods };
+    let only = |pods| LastChange {
+        whole: false,
+        staged: false,
+        pods,
+    };
     let steered = |planner: &Planner, src| {
         matches!(actions(planner.state(), src)[..], [Action::Tunnel { .. }])
     };
