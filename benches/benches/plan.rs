@@ -25,6 +25,14 @@
 //!   with the status after it); the changed policy is made outside the
 //!   measurement.
 //!
+//! - `agent-worker/policy-add-delete`, `agent-gateway/policy-add-delete`:
+//!   one of ten policies across the list deleted, or added back, as the
+//!   policy's change, in that planner.
+//! - `agent-worker/namespace-relabel`, `agent-gateway/namespace-relabel`:
+//!   one of ten namespaces across the list given a label, or its old
+//!   labels back, as a whole cluster (`set_cluster`); the cluster is made
+//!   outside the measurement.
+//!
 //! Snapshots are built once per size, outside the measurement, and the
 //! plan's drop is not timed.
 
@@ -131,6 +139,37 @@ fn bench_controller(group: &mut SizeGroup<'_>, steady: &Snapshot) {
     });
 }
 
+/// Ten policies across the list, each deleted and then added back: twenty
+/// changes, to be taken in turn.
+fn policy_deletions(cluster: &Snapshot) -> Vec<PolicyChange> {
+    let count = cluster.policies.len();
+    (0..10)
+        .flat_map(|k| {
+            let policy = cluster.policies[k * count / 10].clone();
+            [
+                PolicyChange::Removed(policy.id.clone()),
+                PolicyChange::Set(policy),
+            ]
+        })
+        .collect()
+}
+
+/// Ten namespaces across the list, each given a label and then its old
+/// labels back: twenty namespace lists, to be taken in turn.
+fn relabels(cluster: &Snapshot) -> Vec<Vec<egressgw_core::model::Namespace>> {
+    let count = cluster.namespaces.len();
+    (0..10)
+        .flat_map(|k| {
+            let old = cluster.namespaces.clone();
+            let mut new = old.clone();
+            if let Some(namespace) = new.get_mut(k * count / 10) {
+                namespace.labels.insert("relabelled".into(), "yes".into());
+            }
+            [new, old]
+        })
+        .collect()
+}
+
 /// Ten policies across the list, each given a destination and then its
 /// old destinations back: twenty changes, to be taken in turn.
 fn policy_edits(cluster: &Snapshot) -> Vec<PolicyChange> {
@@ -172,17 +211,37 @@ fn bench_agent(group: &mut SizeGroup<'_>, steady: &Snapshot, kind: &str, node: &
             turn += 1;
         });
     });
-    let edits = policy_edits(planner.cluster());
+    for (name, changes) in [
+        ("policy-edit", policy_edits(planner.cluster())),
+        ("policy-add-delete", policy_deletions(planner.cluster())),
+    ] {
+        let mut turn = 0usize;
+        group.bench_function(format!("{kind}/{name}"), |b| {
+            b.iter_batched(
+                || {
+                    let change = changes[turn % changes.len()].clone();
+                    turn += 1;
+                    change
+                },
+                |change| planner.change_policies([change]),
+                BatchSize::SmallInput,
+            );
+        });
+    }
+    // Nothing but the namespaces changes from here on.
+    let base = planner.cluster().clone();
+    let namespaces = relabels(&base);
     let mut turn = 0usize;
-    group.bench_function(format!("{kind}/policy-edit"), |b| {
+    group.bench_function(format!("{kind}/namespace-relabel"), |b| {
         b.iter_batched(
             || {
-                let change = edits[turn % edits.len()].clone();
+                let mut cluster = base.clone();
+                cluster.namespaces = namespaces[turn % namespaces.len()].clone();
                 turn += 1;
-                change
+                cluster
             },
-            |change| planner.change_policies([change]),
-            BatchSize::SmallInput,
+            |cluster| planner.set_cluster(cluster),
+            BatchSize::LargeInput,
         );
     });
 }

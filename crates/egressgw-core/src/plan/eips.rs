@@ -119,7 +119,9 @@ pub(super) fn sharing_default<'a>(
     let mut eips = [None, None];
     for family in &families {
         let ip = gw.default_eip(*family);
-        if ip.is_some_and(|ip| own.whose(ip).is_some()) {
+        // Inside its own pool, which no usable gateway's overlaps: no
+        // other gateway's policy can hold or pin it.
+        if ip.is_some_and(|ip| own.whose(ip).is_some() || !gw.pool(*family).contains(ip)) {
             return None;
         }
         eips[fi(*family)] = ip;

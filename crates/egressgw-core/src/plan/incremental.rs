@@ -6,13 +6,13 @@
 //! and plans again the Pods their outcome reaches, but for changes that
 //! leave their outcome as it was: policies edited in what they do not
 //! read, namespaces relabelled where no gateway reads their labels, and
-//! one policy added or deleted that shares its gateway's default EIP with
-//! others. It keeps what they decided
-//! ([`Serving`]), which policies select each Pod, which Pods claim each
-//! address, and the compiled tables. A Pod added, changed or deleted is
-//! then matched against the policies of its namespace and the cluster
-//! policies alone, and only its addresses' classification, SNAT and reply
-//! entries are taken out of the node's state and put back.
+//! one policy added, deleted or replaced that shares its gateway's
+//! default EIP with others. It keeps what they decided ([`Serving`]),
+//! which policies select each Pod, which Pods claim each address, and the
+//! compiled tables. A Pod added, changed or deleted is then matched
+//! against the policies of its namespace and the cluster policies alone,
+//! and only its addresses' classification, SNAT and reply entries are
+//! taken out of the node's state and put back.
 //!
 //! The result is always what [`super::plan_node_published`] plans from the
 //! same objects: a property test checks it after random changes.

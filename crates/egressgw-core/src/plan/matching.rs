@@ -1,7 +1,7 @@
 //! Matching one Pod against the policies, as a planner kept between plans
 //! does for each Pod that changes ([`super::Planner`], [`super::Publisher`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::model::{Labels, Namespace, Pod, Policy, PolicyRef};
@@ -59,7 +59,8 @@ pub(super) struct Matcher {
 
 impl Matcher {
     /// The matcher of `policies` with `namespaces` labelled as they are;
-    /// the labels of `earlier` are taken over when they are those.
+    /// the labels of `earlier` are taken over when they are those of
+    /// `namespaces`, each named once.
     pub fn new(
         policies: Vec<Arc<Policy>>,
         namespaces: &[Namespace],
@@ -78,11 +79,13 @@ impl Matcher {
                 None => cluster_wide.push(i),
             }
         }
+        // Every namespace there with its labels, each named once.
         let alike = |labels: &HashMap<String, Labels>| {
+            let mut named = HashSet::with_capacity(namespaces.len());
             labels.len() == namespaces.len()
-                && namespaces
-                    .iter()
-                    .all(|n| labels.get(&n.name) == Some(&n.labels))
+                && namespaces.iter().all(|n| {
+                    named.insert(n.name.as_str()) && labels.get(&n.name) == Some(&n.labels)
+                })
         };
         let namespace_labels = match earlier.filter(|e| alike(&e.namespace_labels)) {
             Some(earlier) => Arc::clone(&earlier.namespace_labels),

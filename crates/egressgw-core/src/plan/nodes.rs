@@ -59,8 +59,9 @@ struct Served {
     policy: Arc<Policy>,
     fail_closed: bool,
     to: SnatTo,
-    /// Its unit's failover group, `None` when no node can carry it and
-    /// the gateway fails closed.
+    /// Its unit's failover group, `None` when no node carries it (its
+    /// traffic is then dropped if the gateway fails closed, and left alone
+    /// otherwise).
     group: Option<Arc<Carried>>,
 }
 
@@ -202,12 +203,13 @@ pub(super) fn serving<'a>(
         .map(|mut state| {
             // A candidate of an EIP needs its group to take it over; the
             // active node owns it.
+            // In the units' order, so that a base built alike is equal.
             let mut own = Vec::new();
-            for (unit, carried) in &groups {
+            for unit in placed.candidates.keys() {
                 let Unit::Eip(gateway, ip) = unit else {
                     continue;
                 };
-                let group = &carried.group;
+                let group = &groups[unit].group;
                 let Some(rank) = group.candidates.iter().position(|c| c.node == state.node) else {
                     continue;
                 };

@@ -1820,6 +1820,55 @@ fn a_policy_whose_last_status_names_another_address_runs_the_stages() {
 }
 
 #[test]
+fn a_policy_added_to_an_eip_without_a_node_drops_where_the_gateway_fails_closed() {
+    // The default EIP's node is not published yet: its policies' traffic
+    // is dropped, the gateway failing closed.
+    let mut s = Cluster::new()
+        .pod("a", "web-1", "n1", "10.244.1.10", "web")
+        .policy(policy("a", "other", "none"))
+        .0;
+    s.gateways[0].fail_closed = true;
+    let mut planner = Planner::new(s, "n1");
+    planner.change_policies([PolicyChange::Set(Arc::new(policy("a", "web", "web")))]);
+    assert!(!planner.last_change().staged);
+    assert_eq!(actions(planner.state(), "10.244.1.10"), [Action::Drop]);
+    let whole = plan_node_published(&planner.snapshot(), "n1");
+    assert_eq!(planner.state(), whole.as_ref());
+}
+
+#[test]
+fn namespaces_listed_twice_are_not_taken_for_the_labels_planned() {
+    let cp = with(policy("x", "cp", "web"), |p| {
+        p.id = PolicyRef::cluster("cp");
+        p.namespace_selector = Some(LabelSelector::eq("team", "x"));
+    });
+    let mut s = Cluster::new()
+        .pod("c", "web-1", "n1", "10.244.1.10", "web")
+        .policy(cp)
+        .0;
+    s.namespaces.push(Namespace {
+        name: "c".into(),
+        labels: labels(&[("team", "x")]),
+    });
+    let status = plan(&s).status;
+    remember(&mut s, &status);
+    let mut planner = Planner::new(s, "n1");
+    assert!(matches!(
+        actions(planner.state(), "10.244.1.10")[..],
+        [Action::Tunnel { .. }]
+    ));
+    // c deleted, a listed twice: as many names as before, each labelled
+    // as before; and a node relabelled, so the stages run.
+    let mut cluster = planner.snapshot();
+    cluster.namespaces[2] = cluster.namespaces[0].clone();
+    cluster.nodes[0].labels.insert("zone".into(), "z1".into());
+    planner.set_cluster(cluster);
+    let whole = plan_node_published(&planner.snapshot(), "n1");
+    assert_eq!(planner.state(), whole.as_ref());
+    assert!(actions(planner.state(), "10.244.1.10").is_empty());
+}
+
+#[test]
 fn a_namespace_relabelled_plans_again_only_its_pods() {
     let cp = with(policy("x", "cp", "web"), |p| {
         p.id = PolicyRef::cluster("cp");
@@ -1920,6 +1969,8 @@ enum Step {
     Copied(usize, usize),
     /// A policy deleted.
     Deleted(usize),
+    /// A gateway made to fail closed, or open again.
+    FailClosed(usize),
     /// A manifest applied again: one policy deleted, and another one's
     /// destinations edited, in one change.
     Reapplied(usize, usize, usize),
@@ -1942,6 +1993,7 @@ fn arb_step() -> impl Strategy<Value = Step> {
         1 => (0usize..8, prop::option::of(0usize..3)).prop_map(|(p, g)| Step::Gateway(p, g)),
         1 => (0usize..8, 0usize..2).prop_map(|(p, n)| Step::Copied(p, n)),
         1 => (0usize..8).prop_map(Step::Deleted),
+        1 => (0usize..3).prop_map(Step::FailClosed),
         1 => (0usize..8, 0usize..8, 0usize..4).prop_map(|(p, q, d)| Step::Reapplied(p, q, d)),
     ]
 }
@@ -2084,6 +2136,11 @@ fn apply_step_as(planner: &mut impl Follows, step: &Step, by_policies: bool) {
         Step::Gateway(p, g) => {
             if let Some(policy) = cluster.policy_mut(p) {
                 policy.gateway = g.map(|g| format!("gw{g}"));
+            }
+        }
+        Step::FailClosed(g) => {
+            if let Some(gateway) = cluster.gateways.get_mut(g) {
+                gateway.fail_closed = !gateway.fail_closed;
             }
         }
         Step::Copied(p, n) => {
