@@ -20,25 +20,9 @@ const MAX_EDITS: usize = 64;
 /// else changed and every edit leaves the cluster-wide stages' outcome as
 /// it was; `None` otherwise.
 pub(super) fn edited_policies(old: &Snapshot, new: &Snapshot) -> Option<Vec<usize>> {
-    // Every field named, so that a new one is not left out of the check.
-    let Snapshot {
-        config,
-        nodes,
-        namespaces,
-        pods: _,
-        gateways,
-        policies,
-        tunnels,
-        invalid,
-        eips_in_use,
-    } = new;
-    let others_same = *config == old.config
-        && *namespaces == old.namespaces
-        && *gateways == old.gateways
-        && *invalid == old.invalid
-        && *eips_in_use == old.eips_in_use
-        && *nodes == old.nodes
-        && *tunnels == old.tunnels;
+    let policies = &new.policies;
+    let others_same =
+        new.namespaces == old.namespaces && same_but_namespaces_and_policies(old, new);
     if !others_same || policies.len() != old.policies.len() {
         return None;
     }
@@ -63,27 +47,33 @@ pub(super) fn edited_policies(old: &Snapshot, new: &Snapshot) -> Option<Vec<usiz
 /// cluster-wide stages read a namespace's labels only for a gateway's
 /// `namespaceSelector`, so their outcome stays as it was.
 pub(super) fn namespaces_only(old: &Snapshot, new: &Snapshot) -> bool {
+    new.namespaces != old.namespaces
+        && new.gateways.iter().all(|g| g.namespace_selector.is_none())
+        && same_but_namespaces_and_policies(old, new)
+        && new.policies == old.policies
+}
+
+/// Whether `old` and `new` hold the same objects but for their
+/// namespaces, policies and Pods.
+fn same_but_namespaces_and_policies(old: &Snapshot, new: &Snapshot) -> bool {
     // Every field named, so that a new one is not left out of the check.
     let Snapshot {
         config,
         nodes,
-        namespaces,
+        namespaces: _,
         pods: _,
         gateways,
-        policies,
+        policies: _,
         tunnels,
         invalid,
         eips_in_use,
     } = new;
-    *namespaces != old.namespaces
-        && gateways.iter().all(|g| g.namespace_selector.is_none())
-        && *config == old.config
+    *config == old.config
         && *gateways == old.gateways
         && *invalid == old.invalid
         && *eips_in_use == old.eips_in_use
         && *nodes == old.nodes
         && *tunnels == old.tunnels
-        && *policies == old.policies
 }
 
 /// A change to one policy, for [`super::Planner::change_policies`] and
