@@ -17,7 +17,7 @@
 //! The result is always what [`super::plan_node_published`] plans from the
 //! same objects: a property test checks it after random changes.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, hash_map};
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -38,6 +38,9 @@ type PodKey = (String, String);
 /// addresses.
 type FoldMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
+/// A hash set with the same hasher.
+type FoldSet<K> = HashSet<K, foldhash::fast::RandomState>;
+
 /// One node's plan, kept up to date change by change.
 #[derive(Debug)]
 pub struct Planner {
@@ -46,6 +49,9 @@ pub struct Planner {
     cluster: Snapshot,
     /// The Pods, by namespace and name.
     pods: FoldMap<Arc<PodKey>, Planned>,
+    /// The Pods of each namespace: a change that reaches only some
+    /// namespaces visits only their Pods.
+    by_namespace: FoldMap<String, FoldSet<Arc<PodKey>>>,
     frame: Frame,
     /// Per pod address: the Pods a policy steers it for, ascending. The
     /// first one's traffic is classified, as in a whole plan.
@@ -197,6 +203,24 @@ impl Moved {
 }
 
 impl FrameChanges {
+    /// The namespaces whose Pods alone these changes can reach, ascending;
+    /// `None` when they can reach any Pod: every Pod is matched again,
+    /// policies were added or deleted (every Pod's indexes follow), a
+    /// node's tunnel facts changed, or a cluster policy is steered
+    /// otherwise. A namespaced policy selects Pods of its namespace only.
+    fn namespaces(&self, matcher: &Matcher) -> Option<Vec<String>> {
+        if self.reselect_all || self.moved.is_some() || !self.nodes.is_empty() {
+            return None;
+        }
+        let mut namespaces: Vec<String> = self.reselect.iter().cloned().collect();
+        for i in &self.steering {
+            namespaces.push(matcher.policies[*i].id.namespace.clone()?);
+        }
+        namespaces.sort_unstable();
+        namespaces.dedup();
+        Some(namespaces)
+    }
+
     /// Matches again the Pods `policy` may select: those of its namespace,
     /// or every Pod for a cluster policy.
     fn reselect_for(&mut self, policy: &Policy) {
@@ -433,6 +457,45 @@ impl Frame {
         })
     }
 
+    /// Plans the Pod `key` again when `changes` reach it: matched against
+    /// the policies again, or its tables found again; whether they did.
+    fn replan(
+        &mut self,
+        changes: &FrameChanges,
+        claims: &mut FoldMap<IpAddr, Claimants>,
+        key: &Arc<PodKey>,
+        planned: &mut Planned,
+    ) -> bool {
+        let pod = &planned.pod;
+        let reselect = changes.reselect_all || changes.reselect.contains(pod.namespace.as_str());
+        let mut reached = reselect
+            || pod
+                .node
+                .as_deref()
+                .is_some_and(|n| changes.nodes.contains(n));
+        if let Some(moved) = &changes.moved
+            && !reselect
+        {
+            // Followed whether or not the Pod is reached already: its
+            // policies' indexes are those of now after this.
+            reached |= moved.follow(&self.matcher, planned);
+        }
+        let reached = reached
+            || planned
+                .selecting
+                .iter()
+                .any(|i| changes.steering.contains(i));
+        if !reached {
+            return false;
+        }
+        unclaim(claims, key, &planned.pod.ips);
+        if reselect {
+            planned.selecting = self.matcher.select(&planned.pod);
+        }
+        self.claim(claims, key, planned);
+        true
+    }
+
     /// Compiles the tables of `planned`'s addresses that one of its
     /// selecting policies steers, and claims those addresses for it.
     fn claim(
@@ -487,6 +550,7 @@ impl Planner {
             node: node.to_owned(),
             cluster: snapshot,
             pods: FoldMap::with_capacity_and_hasher(high.unwrap_or(low), Default::default()),
+            by_namespace: FoldMap::default(),
             frame,
             claims: FoldMap::default(),
             classify: BTreeMap::new(),
@@ -496,11 +560,14 @@ impl Planner {
         for pod in pods {
             // Of two Pods of one name, the first stays, as in a whole plan.
             let key = Arc::new((pod.namespace.clone(), pod.name.clone()));
-            planner.pods.entry(key).or_insert(Planned {
-                pod,
-                selecting: Vec::new(),
-                tables: Vec::new(),
-            });
+            if let hash_map::Entry::Vacant(vacant) = planner.pods.entry(Arc::clone(&key)) {
+                vacant.insert(Planned {
+                    pod,
+                    selecting: Vec::new(),
+                    tables: Vec::new(),
+                });
+                planner.index(key);
+            }
         }
         planner.rebuild();
         planner
@@ -630,36 +697,30 @@ impl Planner {
         let mut touched = Vec::new();
         let mut pods = 0;
         let frame = &mut self.frame;
-        for (key, planned) in &mut self.pods {
-            let pod = &planned.pod;
-            let reselect =
-                changes.reselect_all || changes.reselect.contains(pod.namespace.as_str());
-            let mut reached = reselect
-                || pod
-                    .node
-                    .as_deref()
-                    .is_some_and(|n| changes.nodes.contains(n));
-            if let Some(moved) = &changes.moved
-                && !reselect
-            {
-                reached |= moved.follow(&frame.matcher, planned);
-            }
-            let reached = reached
-                || planned
-                    .selecting
+        match changes.namespaces(&frame.matcher) {
+            // Only some namespaces' Pods can be reached: only they are
+            // visited.
+            Some(namespaces) => {
+                let keys = namespaces
                     .iter()
-                    .any(|i| changes.steering.contains(i));
-            if !reached {
-                continue;
+                    .filter_map(|ns| self.by_namespace.get(ns))
+                    .flatten();
+                for key in keys {
+                    let planned = self.pods.get_mut(key).expect("every indexed Pod is held");
+                    if frame.replan(changes, &mut self.claims, key, planned) {
+                        pods += 1;
+                        touched.extend(planned.pod.ips.iter().copied());
+                    }
+                }
             }
-            pods += 1;
-            let pod = &planned.pod;
-            unclaim(&mut self.claims, key, &pod.ips);
-            if reselect {
-                planned.selecting = frame.matcher.select(pod);
+            None => {
+                for (key, planned) in &mut self.pods {
+                    if frame.replan(changes, &mut self.claims, key, planned) {
+                        pods += 1;
+                        touched.extend(planned.pod.ips.iter().copied());
+                    }
+                }
             }
-            frame.claim(&mut self.claims, key, planned);
-            touched.extend(planned.pod.ips.iter().copied());
         }
         if changes.base {
             let base = frame.serving.base.get(&self.node).map(|(s, _)| s);
@@ -726,12 +787,18 @@ impl Planner {
                     };
                     self.frame.claim(&mut self.claims, &key, &mut planned);
                     touched.extend(planned.pod.ips.iter().copied());
-                    self.pods.insert(key, planned);
+                    // A Pod replaced keeps the key it is indexed by.
+                    if self.pods.insert(Arc::clone(&key), planned).is_none() {
+                        self.index(key);
+                    }
                 }
                 PodChange::Removed { namespace, name } => {
                     let key = (namespace, name);
                     touched.extend(self.forget(&key));
-                    pods += usize::from(self.pods.remove(&key).is_some());
+                    if self.pods.remove(&key).is_some() {
+                        pods += 1;
+                        self.unindex(&key);
+                    }
                 }
             }
         }
@@ -741,6 +808,30 @@ impl Planner {
         };
         if !touched.is_empty() {
             self.refresh(touched);
+        }
+    }
+
+    /// Adds the Pod `key` to its namespace's.
+    fn index(&mut self, key: Arc<PodKey>) {
+        match self.by_namespace.get_mut(&key.0) {
+            Some(pods) => {
+                pods.insert(key);
+            }
+            None => {
+                let namespace = key.0.clone();
+                self.by_namespace
+                    .insert(namespace, FoldSet::from_iter([key]));
+            }
+        }
+    }
+
+    /// Takes the Pod `key` out of its namespace's.
+    fn unindex(&mut self, key: &PodKey) {
+        if let Some(pods) = self.by_namespace.get_mut(&key.0) {
+            pods.remove(key);
+            if pods.is_empty() {
+                self.by_namespace.remove(&key.0);
+            }
         }
     }
 

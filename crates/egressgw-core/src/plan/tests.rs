@@ -1899,15 +1899,35 @@ fn a_namespace_relabelled_plans_again_only_its_pods() {
     assert!(!steered(&planner, "10.244.1.10"));
     assert!(steered(&planner, "10.244.1.20"));
 
-    // Namespace a taken by the policy's selector: its three Pods are
+    // A Pod added one by one is found with its namespace's.
+    let web3 = Cluster::new()
+        .pod("a", "web-3", "n1", "10.244.1.13", "web")
+        .0;
+    planner.set_pod(web3.pods[0].clone());
+    assert!(!steered(&planner, "10.244.1.13"));
+
+    // Namespace a taken by the policy's selector: its four Pods are
     // matched again, b's Pod is not.
     let mut cluster = planner.snapshot();
     cluster.namespaces[0].labels = labels(&[("team", "b")]);
     planner.set_cluster(cluster);
-    assert_eq!(planner.last_change(), only(3));
+    assert_eq!(planner.last_change(), only(4));
     assert!(steered(&planner, "10.244.1.10"));
+    assert!(steered(&planner, "10.244.1.13"));
     assert!(!steered(&planner, "10.244.1.12"));
     planned_as_whole(&planner);
+    // A Pod deleted is no longer found with them.
+    planner.remove_pod("a", "web-3");
+    let mut cluster = planner.snapshot();
+    cluster.namespaces[0].labels = labels(&[("team", "a")]);
+    planner.set_cluster(cluster);
+    assert_eq!(planner.last_change(), only(3));
+    assert!(!steered(&planner, "10.244.1.10"));
+    planned_as_whole(&planner);
+    let mut cluster = planner.snapshot();
+    cluster.namespaces[0].labels = labels(&[("team", "b")]);
+    planner.set_cluster(cluster);
+    assert_eq!(planner.last_change(), only(3));
     // A namespace added with no Pods: none.
     let mut cluster = planner.snapshot();
     cluster.namespaces.push(Namespace {
