@@ -225,9 +225,33 @@ async fn wait_for_source(
     )
 }
 
+/// How long a run waits for a server still busy with another test: an
+/// iperf3 server takes one test at a time, and one that just ended (or
+/// whose client vanished) may refuse the next for a moment.
+const BUSY_WAIT: Duration = Duration::from_secs(20);
+
 /// Runs iperf3 with `extra` arguments and returns its JSON, failing with
-/// iperf3's own error when it reports one. Killed when it overruns.
+/// iperf3's own error when it reports one; tries again while the server
+/// says it is busy, for [`BUSY_WAIT`] at most. Killed when it overruns.
 async fn iperf3(args: &ClientArgs, server: IpAddr, extra: &[&str]) -> anyhow::Result<Value> {
+    let start = Instant::now();
+    loop {
+        match iperf3_once(args, server, extra).await {
+            Err(e) if server_busy(&e) && start.elapsed() < BUSY_WAIT => {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            result => return result,
+        }
+    }
+}
+
+/// Whether iperf3 failed because its server was running another test.
+fn server_busy(error: &anyhow::Error) -> bool {
+    format!("{error:#}").contains("server is busy")
+}
+
+/// One iperf3 run: see [`iperf3`].
+async fn iperf3_once(args: &ClientArgs, server: IpAddr, extra: &[&str]) -> anyhow::Result<Value> {
     let mut command = tokio::process::Command::new(&args.iperf3);
     command
         .args(["-c", &server.to_string(), "-p", &args.port.to_string()])
@@ -431,6 +455,85 @@ mod tests {
     fn a_run_without_server_output_has_no_source() {
         let r = parse_iperf3(&sample(Value::Null)).unwrap();
         assert_eq!(r.seen_from, None);
+    }
+
+    /// Client arguments running `iperf3` (a stand-in) against a server.
+    fn client_args(iperf3: &std::path::Path) -> ClientArgs {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: ClientArgs,
+        }
+        let iperf3 = iperf3.display().to_string();
+        let argv = ["bench-client", "--server", "192.0.2.1", "--iperf3", &iperf3];
+        <Cli as clap::Parser>::parse_from(argv).args
+    }
+
+    /// A directory of its own for one test, empty.
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("egressgw-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// A stand-in for iperf3 in `dir`: its first `busy` runs print what a
+    /// busy server makes iperf3 print, later ones `then`; it counts its
+    /// runs in `dir/runs`.
+    fn stand_in(dir: &std::path::Path, busy: u32, then: &Value) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::write(dir.join("then.json"), then.to_string()).unwrap();
+        let script = format!(
+            "#!/bin/sh\n\
+             n=$(cat {dir}/runs 2>/dev/null || echo 0); n=$((n + 1)); echo $n > {dir}/runs\n\
+             if [ $n -le {busy} ]; then\n\
+             echo '{{\"error\": \"the server is busy running a test. try again later\"}}'\n\
+             exit 1\n\
+             fi\n\
+             cat {dir}/then.json\n",
+            dir = dir.display()
+        );
+        let path = dir.join("iperf3");
+        std::fs::write(&path, script).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
+    fn runs(dir: &std::path::Path) -> u32 {
+        std::fs::read_to_string(dir.join("runs"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_run_waits_for_a_server_busy_with_another_test() {
+        let dir = scratch("busy-server");
+        let args = client_args(&stand_in(&dir, 2, &sample(Value::Null)));
+        let json = iperf3(&args, args.server.unwrap(), &["-t", "1"])
+            .await
+            .unwrap();
+        assert_eq!(parse_iperf3(&json).unwrap().received_bps, 8.9e9);
+        assert_eq!(runs(&dir), 3);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn another_error_of_iperf3_fails_the_run_at_once() {
+        let dir = scratch("refused");
+        let refused =
+            serde_json::json!({"error": "unable to connect to server: Connection refused"});
+        let args = client_args(&stand_in(&dir, 0, &refused));
+        let err = iperf3(&args, args.server.unwrap(), &["-t", "1"])
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "iperf3: unable to connect to server: Connection refused"
+        );
+        assert_eq!(runs(&dir), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
