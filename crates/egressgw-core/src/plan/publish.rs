@@ -71,7 +71,8 @@ const BULK_ABOVE: usize = 50;
 /// A Pod and what was decided of it.
 #[derive(Debug)]
 struct Held {
-    pod: Pod,
+    /// Shared with whoever gave it ([`Publisher::set_pod`]).
+    pod: Arc<Pod>,
     /// The policies selecting it, ascending.
     selecting: Vec<usize>,
     /// The gateways it is published for, ascending.
@@ -82,6 +83,15 @@ impl Publisher {
     /// Plans `snapshot`, as [`super::plan_published`] does.
     pub fn new(mut snapshot: Snapshot) -> Self {
         let pods = std::mem::take(&mut snapshot.pods);
+        Self::with_pods(snapshot, pods.into_iter().map(Arc::new))
+    }
+
+    /// [`Publisher::new`] with the Pods apart from `snapshot` (whose own
+    /// are not read), shared with the caller rather than copied.
+    pub fn with_pods(mut snapshot: Snapshot, pods: impl IntoIterator<Item = Arc<Pod>>) -> Self {
+        snapshot.pods = Vec::new();
+        let pods = pods.into_iter();
+        let (low, high) = pods.size_hint();
         let Planned {
             matcher,
             gateway_of,
@@ -95,7 +105,7 @@ impl Publisher {
             status,
             position,
             counts: Vec::new(),
-            pods: FoldMap::with_capacity_and_hasher(pods.len(), Default::default()),
+            pods: FoldMap::with_capacity_and_hasher(high.unwrap_or(low), Default::default()),
             holders: FoldMap::default(),
             gateways: BTreeMap::new(),
             namespaces: FoldMap::default(),
@@ -134,7 +144,7 @@ impl Publisher {
     /// The objects planned: the cluster and the Pods.
     pub fn snapshot(&self) -> Snapshot {
         let mut snapshot = self.cluster.clone();
-        snapshot.pods = self.pods.values().map(|h| h.pod.clone()).collect();
+        snapshot.pods = self.pods.values().map(|h| Pod::clone(&h.pod)).collect();
         snapshot
     }
 
@@ -209,8 +219,10 @@ impl Publisher {
         self.bulk_above = usize::MAX / 100;
     }
 
-    /// Adds `pod`, or replaces the Pod of its namespace and name.
-    pub fn set_pod(&mut self, pod: Pod) {
+    /// Adds `pod`, or replaces the Pod of its namespace and name; an
+    /// `Arc` given is held, not copied.
+    pub fn set_pod(&mut self, pod: impl Into<Arc<Pod>>) {
+        let pod: Arc<Pod> = pod.into();
         let key = Arc::new((pod.namespace.clone(), pod.name.clone()));
         let mut group = self.forget(&key);
         let selecting = self.matcher.select(&pod);
@@ -271,7 +283,7 @@ impl Publisher {
         let mut keys: Vec<&Arc<PodKey>> =
             self.gateways.get(gateway).into_iter().flatten().collect();
         keys.sort_unstable();
-        keys.into_iter().map(|key| &self.pods[key].pod).collect()
+        keys.into_iter().map(|key| &*self.pods[key].pod).collect()
     }
 
     /// [`Publisher::status`] and every gateway's Pods: what
@@ -605,13 +617,14 @@ impl Publisher {
 
     /// Selects every Pod again, and publishes each.
     fn reselect(&mut self) {
-        let (mut selected, counts) = self
-            .matcher
-            .select_all(self.pods.values().map(|h| &h.pod), &self.cluster.namespaces);
+        let (mut selected, counts) = self.matcher.select_all(
+            self.pods.values().map(|h| &*h.pod),
+            &self.cluster.namespaces,
+        );
         self.counts = counts;
         self.holders.clear();
         for (key, held) in &mut self.pods {
-            let at: *const Pod = &held.pod;
+            let at: *const Pod = &*held.pod;
             held.selecting = selected.remove(&at).unwrap_or_default();
             if !held.selecting.is_empty() {
                 for ip in &held.pod.ips {

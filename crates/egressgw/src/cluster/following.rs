@@ -401,7 +401,7 @@ impl TakesPods for Digesting<'_> {
             match change {
                 PodChange::Set(pod) => {
                     self.1.insert(&pod);
-                    self.0.set_pod(Arc::unwrap_or_clone(pod));
+                    self.0.set_pod(pod);
                 }
                 PodChange::Removed { namespace, name } => {
                     self.1.remove(&namespace, &name);
@@ -424,19 +424,17 @@ impl Publishing {
             }
             (Some(publisher), None) => publisher,
             (None, cluster) => {
-                // The first time, every Pod at once.
-                let mut cluster = canonical(cluster.unwrap_or_default());
-                cluster.pods = pods
-                    .iter()
-                    .filter_map(Pod::planned)
-                    .map(Arc::unwrap_or_clone)
-                    .collect();
+                // The first time, every Pod at once, shared with the store.
+                let cluster = canonical(cluster.unwrap_or_default());
+                let planned: Vec<_> = pods.iter().filter_map(Pod::planned).collect();
                 self.entries = Entries::default();
-                for pod in &cluster.pods {
+                for pod in &planned {
                     self.entries.insert(pod);
                 }
                 self.seen = pods.into_iter().map(|p| (p.address(), p)).collect();
-                return self.publisher.insert(Publisher::new(cluster));
+                return self
+                    .publisher
+                    .insert(Publisher::with_pods(cluster, planned));
             }
         };
         let publisher = self.publisher.insert(publisher);
@@ -908,5 +906,35 @@ spec:
         assert!(update(&mut publishing, Some(written), &pods).is_empty());
         pods.clear();
         assert_eq!(update(&mut publishing, None, &pods), ["gw1"]);
+    }
+
+    /// The publisher holds the Pods its store converted, not copies: at
+    /// its first update and as Pods change.
+    #[test]
+    fn the_controllers_publisher_holds_the_stored_pods() {
+        let held_from = |publishing: &Publishing, stored: &Pod| {
+            let stored = stored.planned().unwrap();
+            let pods = publishing.publisher().unwrap().pods_of("gw1");
+            pods.iter().any(|p| std::ptr::eq(*p, &*stored))
+        };
+        // As the controller's watch stores them.
+        let converted = |name, ip| {
+            let yaml = format!(
+                "metadata: {{name: {name}, namespace: shop, labels: {{app: web}}}}\n\
+                 spec: {{nodeName: n2, containers: []}}\n\
+                 status: {{podIP: {ip}, podIPs: [{{ip: {ip}}}]}}"
+            );
+            let mut pod = serde_yaml::from_str::<WatchedPod>(&yaml).unwrap();
+            pod.convert();
+            Pod::from(Arc::new(pod))
+        };
+        let mut publishing = Publishing::default();
+        let mut pods = vec![converted("web-1", "10.244.2.5")];
+        publishing.update(Some(cluster()), pods.clone());
+        assert!(held_from(&publishing, &pods[0]));
+        pods.push(converted("web-2", "10.244.2.6"));
+        publishing.update(None, pods.clone());
+        assert!(held_from(&publishing, &pods[0]));
+        assert!(held_from(&publishing, &pods[1]));
     }
 }
