@@ -7,6 +7,7 @@ pub mod health;
 pub mod lease;
 pub mod metrics;
 pub mod owner;
+pub mod pods;
 pub mod stored;
 pub mod watch;
 

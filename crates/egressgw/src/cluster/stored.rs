@@ -1,6 +1,7 @@
-//! A Pod as a daemon's stores hold it: a watched Pod object, or one entry
-//! of an `EgressEndpointSlice` the controller published, decoded as planned
-//! ([`PublishedSlice`]).
+//! A Pod as a daemon's stores hold it: a watched Pod converted into the
+//! planner's terms, a watched Pod object the planner does not take, or one
+//! entry of an `EgressEndpointSlice` the controller published, decoded as
+//! planned ([`PublishedSlice`]).
 //!
 //! The planner is fed what changed since its last read by the identity of
 //! these ([`StoredPod::address`]): a store replaces an object when the API
@@ -22,7 +23,10 @@ pub struct StoredPod(Stored);
 
 #[derive(Debug, Clone)]
 enum Stored {
-    /// A Pod object from a watch of Pods.
+    /// A Pod from a watch of Pods, converted ([`WatchedPod::convert`]).
+    Converted(Arc<model::Pod>),
+    /// A Pod object from a watch of Pods, not converted: it finished, or
+    /// is being deleted.
     Watched(Arc<WatchedPod>),
     /// A slice and the index of one of its Pods' entries.
     Published(Arc<PublishedSlice>, usize),
@@ -32,9 +36,13 @@ enum Stored {
 /// object, and never reused while a [`StoredPod`] keeps it alive.
 pub type Address = (usize, usize);
 
+/// A watched Pod as stored: its planner's Pod alone once converted.
 impl From<Arc<WatchedPod>> for StoredPod {
     fn from(pod: Arc<WatchedPod>) -> Self {
-        Self(Stored::Watched(pod))
+        match &pod.converted {
+            Some(converted) => Self(Stored::Converted(Arc::clone(converted))),
+            None => Self(Stored::Watched(pod)),
+        }
     }
 }
 
@@ -46,6 +54,7 @@ impl StoredPod {
 
     pub fn address(&self) -> Address {
         match &self.0 {
+            Stored::Converted(pod) => (Arc::as_ptr(pod) as usize, 0),
             Stored::Watched(pod) => (Arc::as_ptr(pod) as usize, 0),
             Stored::Published(slice, at) => (Arc::as_ptr(slice) as usize, *at),
         }
@@ -54,6 +63,7 @@ impl StoredPod {
     /// The Pod's namespace and name.
     pub fn key(&self) -> (&str, &str) {
         match &self.0 {
+            Stored::Converted(pod) => (&pod.namespace, &pod.name),
             Stored::Watched(pod) => (
                 pod.metadata.namespace.as_deref().unwrap_or_default(),
                 pod.metadata.name.as_deref().unwrap_or_default(),
@@ -70,11 +80,18 @@ impl StoredPod {
     /// slice, not copied.
     pub fn planned(&self) -> Option<Arc<model::Pod>> {
         match &self.0 {
-            Stored::Watched(pod) => match &pod.converted {
-                Some(converted) => Some(Arc::clone(converted)),
-                None => egressgw_api::snapshot::watched_pod(pod).map(Arc::new),
-            },
+            Stored::Converted(pod) => Some(Arc::clone(pod)),
+            Stored::Watched(pod) => egressgw_api::snapshot::watched_pod(pod).map(Arc::new),
             Stored::Published(slice, at) => Some(Arc::clone(&slice.spec.pods[*at].0)),
+        }
+    }
+
+    /// The watched object held, when the Pod is not held converted.
+    #[cfg(test)]
+    pub fn watched(&self) -> Option<&WatchedPod> {
+        match &self.0 {
+            Stored::Watched(pod) => Some(pod),
+            _ => None,
         }
     }
 
@@ -82,6 +99,7 @@ impl StoredPod {
     /// written again with this Pod's entry unchanged, say.
     pub fn same(&self, other: &Self) -> bool {
         match (&self.0, &other.0) {
+            (Stored::Converted(a), Stored::Converted(b)) => Arc::ptr_eq(a, b) || a == b,
             (Stored::Watched(a), Stored::Watched(b)) => a == b,
             (Stored::Published(a, i), Stored::Published(b, j)) => {
                 a.spec.pods[*i] == b.spec.pods[*j]

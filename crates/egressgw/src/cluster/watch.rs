@@ -32,6 +32,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use super::decoded::Decoded;
+use super::pods::PodStore;
 use super::stored::StoredPod;
 
 /// Reflector stores of everything the planner reads.
@@ -168,7 +169,6 @@ impl Stores {
         let waits = [
             self.nodes.wait_until_ready().await,
             self.namespaces.wait_until_ready().await,
-            self.pods.first.wait_until_ready().await,
             self.gateways.wait_until_ready().await,
             self.policies.wait_until_ready().await,
             self.cluster_policies.wait_until_ready().await,
@@ -177,6 +177,7 @@ impl Stores {
         for wait in waits {
             wait.map_err(|_| anyhow::anyhow!("a watch stopped before its first list"))?;
         }
+        self.pods.first.wait_until_listed().await;
         Ok(())
     }
 
@@ -263,7 +264,7 @@ pub struct PolicyStates {
 #[derive(Clone)]
 pub struct Pods {
     /// The watch started with the daemon.
-    first: Store<WatchedPod>,
+    first: PodStore,
     /// Which Pods `first` holds.
     first_scope: PodScope,
     /// The agent's node.
@@ -306,7 +307,7 @@ struct OnDemand {
 
 /// A watch started on demand.
 enum Running {
-    Cluster(Store<WatchedPod>),
+    Cluster(PodStore),
     Gateways(Vec<String>, Store<PublishedSlice>),
 }
 
@@ -330,17 +331,10 @@ impl Pods {
             Some((node, _)) => (Some(format!("spec.nodeName={node}")), PodScope::Node),
             None => (None, PodScope::Cluster),
         };
-        let selection = Selection {
-            fields: fields.as_deref(),
-            labels: None,
-            trim: WatchedPod::trim,
-            keep_resent: false,
-        };
-        let first = watch_fields(
+        let first = watch_pods(
             Api::all(client.clone()),
-            selection,
+            fields.as_deref(),
             changed,
-            &[],
             tasks,
             renew,
         );
@@ -361,20 +355,17 @@ impl Pods {
     /// The Pods watched now and which they are: those of the watch started
     /// on demand once it has listed, else the first watch's.
     pub fn scoped_state(&self) -> (PodScope, Vec<StoredPod>) {
-        let stored = |store: &Store<WatchedPod>| -> Vec<StoredPod> {
-            store.state().into_iter().map(StoredPod::from).collect()
-        };
         let on_demand = self.lock();
         match on_demand.running.as_ref().map(|(r, _)| r) {
-            Some(Running::Cluster(store)) if listed(store) => (PodScope::Cluster, stored(store)),
+            Some(Running::Cluster(store)) if store.listed() => (PodScope::Cluster, store.state()),
             Some(Running::Gateways(names, slices)) if listed(slices) => {
-                let mut pods = stored(&self.first);
+                let mut pods = self.first.state();
                 let own: HashSet<(&str, &str)> = pods.iter().map(StoredPod::key).collect();
                 let published = published(slices, names, self.node.as_deref(), &own);
                 pods.extend(published);
                 (PodScope::Gateways, pods)
             }
-            _ => (self.first_scope, stored(&self.first)),
+            _ => (self.first_scope, self.first.state()),
         }
     }
 
@@ -405,7 +396,7 @@ impl Pods {
         }
         match on_demand.running.as_ref().map(|(r, _)| r) {
             None => true,
-            Some(Running::Cluster(store)) => listed(store),
+            Some(Running::Cluster(store)) => store.listed(),
             Some(Running::Gateways(_, store)) => listed(store),
         }
     }
@@ -431,11 +422,10 @@ impl OnDemand {
                     "a gateway selects this node and no controller publishes its pods: watching \
                      every pod in the cluster"
                 );
-                Running::Cluster(watch_fields(
+                Running::Cluster(watch_pods(
                     Api::all(self.client.clone()),
-                    Selection::every(),
+                    None,
                     &self.changed,
-                    &[],
                     &mut tasks,
                     self.renew,
                 ))
@@ -756,36 +746,75 @@ where
     K: Watched,
 {
     let (store, writer) = reflector::store();
-    let changed = Arc::clone(changed);
-    let versions: Vec<Arc<AtomicU64>> = versions.iter().map(|v| Arc::clone(v)).collect();
     // Whether the event just stored brought nothing the daemon keeps: set
     // before the store takes the event, read once it has.
     let unchanged = Arc::new(AtomicBool::new(false));
     let (reader, flag) = (store.clone(), Arc::clone(&unchanged));
-    let kind = K::kind(&()).into_owned();
-    let renew = u32::try_from(renew.as_secs()).unwrap_or(u32::MAX).max(1);
-    let mut config = watcher::Config::default().any_semantic().timeout(renew);
-    if let Some(fields) = selection.fields {
-        config = config.fields(fields);
-    }
-    if let Some(labels) = selection.labels {
-        config = config.labels(labels);
-    }
     let (trim, keep) = (selection.trim, selection.keep_resent);
-    let stream = watcher(api, config)
+    let stream = watcher(api, watch_config(selection.fields, selection.labels, renew))
         .map_ok(move |event| {
             let (event, resent) = taken(event, &reader, trim, keep);
             flag.store(resent, Ordering::Relaxed);
             event
         })
         .backoff(WatchBackoff::default())
-        .reflect(writer);
+        .reflect(writer)
+        .map_ok(move |_| unchanged.load(Ordering::Relaxed));
+    wake_on_changes::<K>(stream, changed, versions, tasks);
+    store
+}
+
+/// A watch of the Pods `fields` selects (every Pod: `None`) into a
+/// [`PodStore`], which keeps each as the planner takes it; as [`watch`]
+/// otherwise.
+fn watch_pods(
+    api: Api<WatchedPod>,
+    fields: Option<&str>,
+    changed: &Arc<Notify>,
+    tasks: &mut Vec<JoinHandle<()>>,
+    renew: Duration,
+) -> PodStore {
+    let store = PodStore::default();
+    let writer = store.clone();
+    let stream = watcher(api, watch_config(fields, None, renew))
+        .backoff(WatchBackoff::default())
+        .map_ok(move |event| writer.take(event));
+    wake_on_changes::<WatchedPod>(stream, changed, &[], tasks);
+    store
+}
+
+/// The watcher's settings for the objects `fields` and `labels` select
+/// (every object: `None`): the API server ends each watch after `renew`.
+fn watch_config(fields: Option<&str>, labels: Option<&str>, renew: Duration) -> watcher::Config {
+    let renew = u32::try_from(renew.as_secs()).unwrap_or(u32::MAX).max(1);
+    let mut config = watcher::Config::default().any_semantic().timeout(renew);
+    if let Some(fields) = fields {
+        config = config.fields(fields);
+    }
+    if let Some(labels) = labels {
+        config = config.labels(labels);
+    }
+    config
+}
+
+/// Runs the watch `stream` (whether each event left the store unchanged),
+/// waking `changed` after each event that changed it, counted first in
+/// each of `versions`, in order; logs its errors.
+fn wake_on_changes<K: Resource<DynamicType = ()>>(
+    stream: impl futures_util::Stream<Item = Result<bool, watcher::Error>> + Send + 'static,
+    changed: &Arc<Notify>,
+    versions: &[&Arc<AtomicU64>],
+    tasks: &mut Vec<JoinHandle<()>>,
+) {
+    let changed = Arc::clone(changed);
+    let versions: Vec<Arc<AtomicU64>> = versions.iter().map(|v| Arc::clone(v)).collect();
+    let kind = K::kind(&()).into_owned();
     tasks.push(tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         while let Some(event) = stream.next().await {
             match event {
-                Ok(_) if unchanged.load(Ordering::Relaxed) => {}
-                Ok(_) => {
+                Ok(true) => {}
+                Ok(false) => {
                     for version in &versions {
                         version.fetch_add(1, Ordering::Release);
                     }
@@ -795,7 +824,6 @@ where
             }
         }
     }));
-    store
 }
 
 /// `event` trimmed, as the store is to take it, and whether it was
