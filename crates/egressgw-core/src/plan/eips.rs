@@ -52,6 +52,12 @@ impl<'s> Own<'s> {
         Self { cluster, external }
     }
 
+    /// Whether `ip` is the cluster's: in its prefixes, or a node's
+    /// ExternalIP.
+    fn holds(&self, ip: IpAddr) -> bool {
+        self.cluster.iter().any(|net| net.contains(&ip)) || self.external.contains_key(&ip)
+    }
+
     /// Whose `ip` is, said for a status message, when it is the cluster's.
     fn whose(&self, ip: IpAddr) -> Option<String> {
         if let Some(net) = self.cluster.iter().find(|net| net.contains(&ip)) {
@@ -68,8 +74,7 @@ impl<'s> Own<'s> {
 
 /// What stage 3 gives a policy that shares its gateway's default EIP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct SharingDefault<'a> {
-    pub gateway: &'a str,
+pub(super) struct SharingDefault {
     /// Whether the gateway fails closed.
     pub fail_closed: bool,
     /// Its EIP per family ([`fi`]): the gateway's default one, `None` for
@@ -77,65 +82,86 @@ pub(super) struct SharingDefault<'a> {
     pub eips: [Option<IpAddr>; 2],
 }
 
-/// Stage 3 for `policy` alone, when its outcome is its own: it uses the
-/// default allocator (no pinned address, not `useNodeIP`), is allocated
-/// without failure, and its last status named no address but its
-/// gateway's default EIPs. Such a policy holds, grants and reserves no
-/// address, so it changes no other policy's outcome, and no other policy
-/// changes its own. `None` for any other policy.
-pub(super) fn sharing_default<'a>(
-    snapshot: &Snapshot,
-    gateways: &Gateways<'a>,
-    cluster: &[IpNet],
-    policy: &'a Arc<Policy>,
-) -> Option<SharingDefault<'a>> {
-    let spec = &policy.egress_ip;
-    if spec.allocator != Allocator::Default
-        || spec.use_node_ip
-        || spec.ipv4.is_some()
-        || spec.ipv6.is_some()
-    {
-        return None;
+/// What stage 3 for one policy alone reads of a cluster
+/// ([`Sharing::default_eips`]), built once for the policies of one change.
+pub(super) struct Sharing<'a> {
+    gateways: Gateways<'a>,
+    namespaces: FoldMap<&'a str, &'a Labels>,
+    families: Vec<Family>,
+    own: Own<'a>,
+}
+
+impl<'a> Sharing<'a> {
+    /// `cluster`: the in-cluster prefixes of `snapshot`.
+    pub(super) fn new(snapshot: &'a Snapshot, cluster: &'a [IpNet]) -> Self {
+        Self {
+            gateways: super::gateways::validity(snapshot),
+            namespaces: namespace_labels(snapshot),
+            families: enabled_families(snapshot),
+            own: Own::new(snapshot, cluster),
+        }
     }
-    let namespaces: FoldMap<&str, &Labels> = snapshot
+
+    /// Stage 3 for `policy` alone, when its outcome is its own: it uses
+    /// the default allocator (no pinned address, not `useNodeIP`), is
+    /// allocated without failure, and its last status named no address
+    /// but its gateway's default EIPs. Such a policy holds, grants and
+    /// reserves no address, so it changes no other policy's outcome, and
+    /// no other policy changes its own. `None` for any other policy.
+    pub(super) fn default_eips(&self, policy: &'a Arc<Policy>) -> Option<SharingDefault> {
+        let spec = &policy.egress_ip;
+        if spec.allocator != Allocator::Default
+            || spec.use_node_ip
+            || spec.ipv4.is_some()
+            || spec.ipv6.is_some()
+        {
+            return None;
+        }
+        let work = resolve_gateway(policy, &self.gateways, &self.namespaces);
+        if work.failure.is_some() {
+            return None;
+        }
+        let gw = self.gateways.by_name[work.gateway?].gateway;
+        if check_pools(&work, gw, &self.families).is_some() {
+            return None;
+        }
+        let mut eips = [None, None];
+        for family in &self.families {
+            let ip = gw.default_eip(*family);
+            // Inside its own pool, which no usable gateway's overlaps: no
+            // other gateway's policy can hold or pin it.
+            if ip.is_some_and(|ip| self.own.holds(ip) || !gw.pool(*family).contains(ip)) {
+                return None;
+            }
+            eips[fi(*family)] = ip;
+        }
+        let named = |ip: &IpAddr| eips.contains(&Some(*ip));
+        policy
+            .previous_eips
+            .iter()
+            .all(named)
+            .then_some(SharingDefault {
+                fail_closed: work.fail_closed,
+                eips,
+            })
+    }
+}
+
+/// Each namespace's labels, by name.
+fn namespace_labels(snapshot: &Snapshot) -> FoldMap<&str, &Labels> {
+    snapshot
         .namespaces
         .iter()
         .map(|n| (n.name.as_str(), &n.labels))
-        .collect();
-    let work = resolve_gateway(policy, gateways, &namespaces);
-    if work.failure.is_some() {
-        return None;
-    }
-    let gateway = work.gateway?;
-    let gw = gateways.by_name[gateway].gateway;
-    let families: Vec<Family> = Family::ALL
+        .collect()
+}
+
+/// The address families the settings enable.
+fn enabled_families(snapshot: &Snapshot) -> Vec<Family> {
+    Family::ALL
         .into_iter()
         .filter(|f| snapshot.config.family_enabled(*f))
-        .collect();
-    if check_pools(&work, gw, &families).is_some() {
-        return None;
-    }
-    let own = Own::new(snapshot, cluster);
-    let mut eips = [None, None];
-    for family in &families {
-        let ip = gw.default_eip(*family);
-        // Inside its own pool, which no usable gateway's overlaps: no
-        // other gateway's policy can hold or pin it.
-        if ip.is_some_and(|ip| own.whose(ip).is_some() || !gw.pool(*family).contains(ip)) {
-            return None;
-        }
-        eips[fi(*family)] = ip;
-    }
-    let named = |ip: &IpAddr| eips.contains(&Some(*ip));
-    policy
-        .previous_eips
-        .iter()
-        .all(named)
-        .then_some(SharingDefault {
-            gateway,
-            fail_closed: work.fail_closed,
-            eips,
-        })
+        .collect()
 }
 
 /// Resolves gateways and allocates EIPs for every valid policy; the result
@@ -146,7 +172,6 @@ pub(super) fn allocate<'a>(
     cluster: &[IpNet],
 ) -> Vec<Work<'a>> {
     let own = Own::new(snapshot, cluster);
-    let in_cluster = |ip: IpAddr| own.whose(ip);
     let mut policies: Vec<&Arc<Policy>> = snapshot.policies.iter().collect();
     // Oldest first (a stable sort, quick on policies already in that
     // order), then one policy per identity: its oldest copy.
@@ -155,21 +180,13 @@ pub(super) fn allocate<'a>(
         HashSet::with_capacity_and_hasher(policies.len(), RandomState::default());
     policies.retain(|p| seen.insert(&p.id));
     drop(seen);
-    let namespaces: FoldMap<&str, &Labels> = snapshot
-        .namespaces
-        .iter()
-        .map(|n| (n.name.as_str(), &n.labels))
-        .collect();
+    let namespaces = namespace_labels(snapshot);
     let mut works: Vec<Work<'a>> = policies
         .into_iter()
         .map(|p| resolve_gateway(p, gateways, &namespaces))
         .collect();
 
-    let cfg = &snapshot.config;
-    let families: Vec<Family> = Family::ALL
-        .into_iter()
-        .filter(|f| cfg.family_enabled(*f))
-        .collect();
+    let families = enabled_families(snapshot);
     for w in works.iter_mut().filter(|w| w.failure.is_none()) {
         let gw = gateways.by_name[w.gateway.expect("resolved")].gateway;
         w.failure = check_pools(w, gw, &families).or_else(|| {
@@ -184,7 +201,7 @@ pub(super) fn allocate<'a>(
                     }
                     None => return None,
                 };
-                let whose = in_cluster(ip)?;
+                let whose = own.whose(ip)?;
                 let field = match pinned {
                     Some(_) => format!("spec.egressIP.{family}"),
                     None => format!(
@@ -291,7 +308,7 @@ pub(super) fn allocate<'a>(
                 && !w.policy.egress_ip.use_node_ip
             {
                 let gw = gateways.by_name[w.gateway.expect("resolved")].gateway;
-                round_robin(w, gw, &families, &mut held, keep_previous, &in_cluster);
+                round_robin(w, gw, &families, &mut held, keep_previous, &own);
             }
         }
     }
@@ -314,7 +331,7 @@ fn round_robin(
     families: &[Family],
     held: &mut HashSet<IpAddr, RandomState>,
     keep_previous: bool,
-    in_cluster: &dyn Fn(IpAddr) -> Option<String>,
+    own: &Own<'_>,
 ) {
     for family in families {
         let slot = fi(*family);
@@ -325,8 +342,7 @@ fn round_robin(
             continue;
         }
         let default = gw.default_eip(*family);
-        let free =
-            |ip: &IpAddr| Some(*ip) != default && !held.contains(ip) && in_cluster(*ip).is_none();
+        let free = |ip: &IpAddr| Some(*ip) != default && !held.contains(ip) && !own.holds(*ip);
         let choice = if keep_previous {
             let mut previous = w.policy.previous_eips.iter();
             previous

@@ -2,6 +2,8 @@
 
 use std::collections::BTreeMap;
 
+use ipnet::IpNet;
+
 use crate::model::{Gateway, Node, Snapshot};
 use crate::net::Family;
 use crate::status::Reason;
@@ -60,11 +62,25 @@ pub(super) struct Gateways<'a> {
 /// is invalid: its policies are then told so, rather than silently moving to
 /// a younger default gateway and another EIP.
 pub(super) fn resolve(snapshot: &Snapshot) -> Gateways<'_> {
+    resolve_with(snapshot, true)
+}
+
+/// [`resolve`] without what only the stages read: each gateway's validity
+/// and the default alone, with no notes and no nodes.
+pub(super) fn validity(snapshot: &Snapshot) -> Gateways<'_> {
+    resolve_with(snapshot, false)
+}
+
+/// [`resolve`], with the notes and the nodes selected when `whole`.
+fn resolve_with(snapshot: &Snapshot, whole: bool) -> Gateways<'_> {
     let mut by_age: Vec<&Gateway> = snapshot.gateways.iter().collect();
     by_age.sort_by(|a, b| (&a.age, &a.name).cmp(&(&b.age, &b.name)));
     by_age.dedup_by(|a, b| a.name == b.name);
 
-    let cluster = super::nodes::cluster_cidrs(snapshot);
+    let cluster = match whole {
+        true => super::nodes::cluster_cidrs(snapshot),
+        false => Vec::new(),
+    };
     let mut by_name = BTreeMap::new();
     let mut default = None;
     let mut usable: Vec<&Gateway> = Vec::new();
@@ -86,45 +102,13 @@ pub(super) fn resolve(snapshot: &Snapshot) -> Gateways<'_> {
                 )),
             }
         }
-        let enabled: Vec<Family> = Family::ALL
-            .into_iter()
-            .filter(|f| snapshot.config.family_enabled(*f))
-            .collect();
-        for family in &enabled {
-            for range in gw.pool(*family).ranges() {
-                if let Some(net) = cluster.iter().find(|net| {
-                    Family::of_net(**net) == *family
-                        && range.overlaps(&crate::net::IpRange::of_net(**net))
-                }) {
-                    notes.push(format!(
-                        "spec.ippools.{family}: {range} overlaps {net}, one of the cluster's own \
-                         prefixes: those addresses are never handed out"
-                    ));
-                }
+        let selected = match whole {
+            true => {
+                notes.extend(pool_notes(snapshot, gw, &cluster, problem.is_none()));
+                selected_nodes(snapshot, gw)
             }
-        }
-        for node in &snapshot.nodes {
-            for ip in &node.external_addresses {
-                if gw.pool(Family::of(*ip)).contains(*ip) {
-                    notes.push(format!(
-                        "spec.ippools.{}: {ip} is node {}'s ExternalIP: it is never handed out",
-                        Family::of(*ip),
-                        node.name
-                    ));
-                }
-            }
-        }
-        if problem.is_none() && enabled.iter().all(|f| gw.pool(*f).is_empty()) {
-            notes.push("it has no EIP pool for the enabled families, so only useNodeIP policies can use it".into());
-        }
-        let mut selected: Vec<&str> = snapshot
-            .nodes
-            .iter()
-            .filter(|n| gw.node_selector.matches(&n.labels))
-            .map(|n| n.name.as_str())
-            .collect();
-        selected.sort_unstable();
-        selected.dedup();
+            false => Vec::new(),
+        };
         by_name.insert(
             gw.name.as_str(),
             GatewayInfo {
@@ -138,6 +122,61 @@ pub(super) fn resolve(snapshot: &Snapshot) -> Gateways<'_> {
         );
     }
     Gateways { by_name, default }
+}
+
+/// Notes on `gw`'s pools: addresses the cluster's own (`cluster`, its
+/// prefixes, and nodes' ExternalIPs), and no pool for the enabled
+/// families of a gateway that is otherwise `usable`.
+fn pool_notes(snapshot: &Snapshot, gw: &Gateway, cluster: &[IpNet], usable: bool) -> Vec<String> {
+    let mut notes = Vec::new();
+    let enabled: Vec<Family> = Family::ALL
+        .into_iter()
+        .filter(|f| snapshot.config.family_enabled(*f))
+        .collect();
+    for family in &enabled {
+        for range in gw.pool(*family).ranges() {
+            if let Some(net) = cluster.iter().find(|net| {
+                Family::of_net(**net) == *family
+                    && range.overlaps(&crate::net::IpRange::of_net(**net))
+            }) {
+                notes.push(format!(
+                    "spec.ippools.{family}: {range} overlaps {net}, one of the cluster's own \
+                     prefixes: those addresses are never handed out"
+                ));
+            }
+        }
+    }
+    for node in &snapshot.nodes {
+        for ip in &node.external_addresses {
+            if gw.pool(Family::of(*ip)).contains(*ip) {
+                notes.push(format!(
+                    "spec.ippools.{}: {ip} is node {}'s ExternalIP: it is never handed out",
+                    Family::of(*ip),
+                    node.name
+                ));
+            }
+        }
+    }
+    if usable && enabled.iter().all(|f| gw.pool(*f).is_empty()) {
+        notes.push(
+            "it has no EIP pool for the enabled families, so only useNodeIP policies can use it"
+                .into(),
+        );
+    }
+    notes
+}
+
+/// The nodes `gw`'s selector matches, sorted.
+fn selected_nodes<'a>(snapshot: &'a Snapshot, gw: &Gateway) -> Vec<&'a str> {
+    let mut selected: Vec<&str> = snapshot
+        .nodes
+        .iter()
+        .filter(|n| gw.node_selector.matches(&n.labels))
+        .map(|n| n.name.as_str())
+        .collect();
+    selected.sort_unstable();
+    selected.dedup();
+    selected
 }
 
 fn pool_overlap(gw: &Gateway, older: &[&Gateway]) -> Option<(Reason, String)> {

@@ -29,7 +29,7 @@ use super::classify::{Table, TableAt, Tables};
 use super::edits::PolicyChange;
 use super::matching::{Matcher, selects_alike};
 use super::nodes::{self, Entry, Serving};
-use super::{Placement, Stages, eips, fi, gateways, stages};
+use super::{Placement, Stages, eips, fi, stages};
 
 /// A Pod's namespace and name.
 type PodKey = (String, String);
@@ -368,7 +368,7 @@ impl Frame {
     /// Takes `out` out and puts `put` in (the one policy a change took
     /// out, put in or replaced) without running the stages again, when
     /// each is a policy whose outcome of them is its own
-    /// ([`eips::sharing_default`]) and every EIP it shares stays in use by
+    /// ([`eips::Sharing::default_eips`]) and every EIP it shares stays in use by
     /// another policy: what the stages decided for the others, and every
     /// EIP's node and failover order, stay as they were. Says which Pods
     /// to plan again: those `out` selected and those `put` selects.
@@ -379,9 +379,8 @@ impl Frame {
         out: Option<&Arc<Policy>>,
         put: Option<&Arc<Policy>>,
     ) -> Option<FrameChanges> {
-        let gateways = gateways::resolve(cluster);
-        let cidrs = self.tables.cluster_cidrs();
-        let shared = |policy| eips::sharing_default(cluster, &gateways, cidrs, policy);
+        let sharing = eips::Sharing::new(cluster, self.tables.cluster_cidrs());
+        let shared = |policy| sharing.default_eips(policy);
         // The stages' order: oldest first, then by identity.
         let policies = &self.matcher.policies;
         let before =
