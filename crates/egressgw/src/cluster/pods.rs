@@ -181,6 +181,18 @@ mod tests {
         serde_yaml::from_str(&yaml).unwrap()
     }
 
+    fn apply(pod: WatchedPod) -> watcher::Event<WatchedPod> {
+        watcher::Event::Apply(pod)
+    }
+
+    fn delete(pod: WatchedPod) -> watcher::Event<WatchedPod> {
+        watcher::Event::Delete(pod)
+    }
+
+    fn listed(pod: WatchedPod) -> watcher::Event<WatchedPod> {
+        watcher::Event::InitApply(pod)
+    }
+
     fn finished(name: &str) -> WatchedPod {
         let mut pod = pod(name, "web", "10.244.1.9", "1");
         pod.status.as_mut().unwrap().phase = Some("Succeeded".into());
@@ -202,19 +214,14 @@ mod tests {
     #[test]
     fn a_converted_pod_is_held_as_the_planner_takes_it() {
         let store = PodStore::default();
-        assert!(!store.take(watcher::Event::Apply(pod(
-            "web-1",
-            "web",
-            "10.244.1.5",
-            "1"
-        ))));
+        assert!(!store.take(apply(pod("web-1", "web", "10.244.1.5", "1"))));
         let stored = held(&store, "web-1").unwrap();
         let (a, b) = (stored.planned().unwrap(), stored.planned().unwrap());
         assert!(Arc::ptr_eq(&a, &b));
         assert_eq!(a.ips, ["10.244.1.5".parse::<std::net::IpAddr>().unwrap()]);
         assert!(stored.watched().is_none(), "no object is kept beside it");
         // A finished one is kept whole, and planned as sending nothing.
-        assert!(!store.take(watcher::Event::Apply(finished("job-1"))));
+        assert!(!store.take(apply(finished("job-1"))));
         let job = held(&store, "job-1").unwrap();
         assert!(job.planned().is_none());
         assert!(job.watched().is_some());
@@ -225,21 +232,11 @@ mod tests {
     #[test]
     fn a_pod_sent_again_unchanged_stays_where_it_is_held() {
         let store = PodStore::default();
-        store.take(watcher::Event::Apply(pod(
-            "web-1",
-            "web",
-            "10.244.1.5",
-            "1",
-        )));
+        store.take(apply(pod("web-1", "web", "10.244.1.5", "1")));
         let first = held(&store, "web-1").unwrap().address();
-        assert!(store.take(watcher::Event::Apply(pod(
-            "web-1",
-            "web",
-            "10.244.1.5",
-            "2"
-        ))));
+        assert!(store.take(apply(pod("web-1", "web", "10.244.1.5", "2"))));
         assert_eq!(held(&store, "web-1").unwrap().address(), first);
-        assert!(!store.take(watcher::Event::Apply(pod("web-1", "db", "10.244.1.5", "3"))));
+        assert!(!store.take(apply(pod("web-1", "db", "10.244.1.5", "3"))));
         let now = held(&store, "web-1").unwrap();
         assert_ne!(now.address(), first);
         assert_eq!(now.planned().unwrap().labels.get("app").unwrap(), "db");
@@ -249,32 +246,12 @@ mod tests {
     #[test]
     fn a_pod_deleted_is_no_longer_held() {
         let store = PodStore::default();
-        store.take(watcher::Event::Apply(pod(
-            "web-1",
-            "web",
-            "10.244.1.5",
-            "1",
-        )));
-        store.take(watcher::Event::Apply(pod(
-            "web-2",
-            "web",
-            "10.244.1.6",
-            "1",
-        )));
-        assert!(!store.take(watcher::Event::Delete(pod(
-            "web-1",
-            "web",
-            "10.244.1.5",
-            "2"
-        ))));
+        store.take(apply(pod("web-1", "web", "10.244.1.5", "1")));
+        store.take(apply(pod("web-2", "web", "10.244.1.6", "1")));
+        assert!(!store.take(delete(pod("web-1", "web", "10.244.1.5", "2"))));
         assert_eq!(names(&store), ["web-2"]);
         // Deleted again, or never held: nothing changes.
-        assert!(store.take(watcher::Event::Delete(pod(
-            "web-1",
-            "web",
-            "10.244.1.5",
-            "2"
-        ))));
+        assert!(store.take(delete(pod("web-1", "web", "10.244.1.5", "2"))));
     }
 
     /// A list replaces what is held once complete: the Pods it lists
@@ -284,18 +261,8 @@ mod tests {
         let store = PodStore::default();
         assert!(!store.listed());
         store.take(watcher::Event::Init);
-        store.take(watcher::Event::InitApply(pod(
-            "web-1",
-            "web",
-            "10.244.1.5",
-            "1",
-        )));
-        store.take(watcher::Event::InitApply(pod(
-            "web-2",
-            "web",
-            "10.244.1.6",
-            "1",
-        )));
+        store.take(listed(pod("web-1", "web", "10.244.1.5", "1")));
+        store.take(listed(pod("web-2", "web", "10.244.1.6", "1")));
         // Not held before the list is complete.
         assert!(store.state().is_empty());
         assert!(!store.listed());
@@ -308,18 +275,8 @@ mod tests {
         // Listed again after the watch was lost: web-1 as it was, web-2
         // changed, web-3 new, web-2's old self held until the list ends.
         store.take(watcher::Event::Init);
-        store.take(watcher::Event::InitApply(pod(
-            "web-1",
-            "web",
-            "10.244.1.5",
-            "7",
-        )));
-        store.take(watcher::Event::InitApply(pod(
-            "web-3",
-            "web",
-            "10.244.1.7",
-            "7",
-        )));
+        store.take(listed(pod("web-1", "web", "10.244.1.5", "7")));
+        store.take(listed(pod("web-3", "web", "10.244.1.7", "7")));
         assert_eq!(names(&store), ["web-1", "web-2"]);
         assert_eq!(held(&store, "web-2").unwrap().address(), web2);
         store.take(watcher::Event::InitDone);
