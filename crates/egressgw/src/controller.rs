@@ -45,7 +45,7 @@ use crate::cluster::following::Publishing;
 use crate::cluster::health::{self, Health};
 use crate::cluster::lease::{self, Elector, Liveness};
 use crate::cluster::metrics::{ApiRequests, ControllerMetrics, REQUEST_TIMEOUT, Verb};
-use crate::cluster::watch::{ClusterVersion, Stores, watch as watch_kind};
+use crate::cluster::watch::{ClusterVersion, Stores, stored_status, watch as watch_kind};
 use crate::cluster::{self, ClusterArgs};
 use crate::load_config;
 use crate::slices::{self, SliceWrite};
@@ -589,13 +589,13 @@ impl Control {
         let cluster_policies = self.stores.cluster_policies.state();
         let namespaced = policies.iter().map(|p| {
             let ns = p.meta().namespace.clone().unwrap_or_default();
-            let status = p.ok().and_then(|p| p.status.clone());
+            let status = stored_status(&**p);
             let id = PolicyRef::namespaced(ns, p.name_any());
             let generation = p.meta().generation;
             (id, writes::Object { status, generation })
         });
         let cluster = cluster_policies.iter().map(|p| {
-            let status = p.ok().and_then(|p| p.status.clone());
+            let status = stored_status(&**p);
             let id = PolicyRef::cluster(p.name_any());
             let generation = p.meta().generation;
             (id, writes::Object { status, generation })

@@ -11,15 +11,17 @@
 //! object it takes, and that copy is then one count more, not the object's
 //! every string and map again.
 //!
-//! An agent keeps less of a policy: it plans from the policy converted
+//! A daemon keeps less of a policy: it plans from the policy converted
 //! into the planner's terms, so it converts the policy as the watch takes
-//! it and keeps that, with the metadata a store needs
+//! it and keeps that, with the metadata a store and an Event need and,
+//! for the controller, which writes it, the status
 //! ([`Decoded::Converted`]), not the object. The planner's snapshot and
 //! its indexes share that one converted policy.
 
 use std::borrow::Cow;
 use std::sync::Arc;
 
+use egressgw_api::policy::EgressPolicyStatus;
 use egressgw_core::model::Policy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
@@ -32,13 +34,16 @@ pub enum Decoded<K> {
     /// It decoded.
     Ok(Arc<K>),
     /// It decoded and converted, and only the converted policy is kept,
-    /// with the object's name, namespace and version ([`Decoded::convert`]).
+    /// with the object's name, namespace, version, uid and generation, and
+    /// its status when asked ([`Decoded::convert`]).
     Converted {
-        /// The name, namespace and `resourceVersion`.
+        /// The name, namespace, `resourceVersion`, uid and generation.
         meta: Box<ObjectMeta>,
         /// The policy in the planner's terms, shared with the snapshots
         /// planned from it.
         policy: Arc<Policy>,
+        /// The object's status, when kept.
+        status: Option<Box<EgressPolicyStatus>>,
     },
     /// It did not: its metadata and why.
     Undecodable {
@@ -66,12 +71,16 @@ impl<K> Decoded<K> {
         }
     }
 
-    /// Keeps only `convert`'s result and the metadata a store needs (the
-    /// name, namespace and `resourceVersion`), when the object decoded
+    /// Keeps only `convert`'s result, the status `status` gives, and the
+    /// metadata a store and an Event need (the name, namespace,
+    /// `resourceVersion`, uid and generation), when the object decoded
     /// and converts; otherwise changes nothing: an object that does not
     /// convert is kept whole, for its problems to be reported.
-    pub fn convert<E>(&mut self, convert: impl FnOnce(&K) -> Result<Policy, E>)
-    where
+    pub fn convert<E>(
+        &mut self,
+        convert: impl FnOnce(&K) -> Result<Policy, E>,
+        status: impl FnOnce(&K) -> Option<EgressPolicyStatus>,
+    ) where
         K: Resource,
     {
         let Decoded::Ok(object) = self else {
@@ -80,16 +89,20 @@ impl<K> Decoded<K> {
         let Ok(policy) = convert(object) else {
             return;
         };
+        let status = status(object).map(Box::new);
         let meta = object.meta();
         let meta = ObjectMeta {
             name: meta.name.clone(),
             namespace: meta.namespace.clone(),
             resource_version: meta.resource_version.clone(),
+            uid: meta.uid.clone(),
+            generation: meta.generation,
             ..ObjectMeta::default()
         };
         *self = Decoded::Converted {
             meta: Box::new(meta),
             policy: Arc::new(policy),
+            status,
         };
     }
 }

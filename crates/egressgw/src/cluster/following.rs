@@ -619,7 +619,7 @@ spec:
         );
         let mut stored = Decoded::Ok(Arc::new(serde_yaml::from_str(&yaml).unwrap()));
         if converted {
-            stored.convert(EgressPolicy::to_model);
+            stored.convert(EgressPolicy::to_model, |_| None);
         }
         Arc::new(stored)
     }

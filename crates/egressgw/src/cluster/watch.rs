@@ -652,7 +652,7 @@ impl<P: PolicyKind> Selection<'_, Decoded<P>> {
         Self {
             fields: None,
             labels: None,
-            trim: if agent { as_planned } else { Trim::trim },
+            trim: if agent { as_planned } else { as_written },
             keep_resent: agent,
         }
     }
@@ -681,6 +681,7 @@ fn published_only(gateway: &mut EgressGateway) {
 
 /// The two policy kinds, whose statuses are of one type.
 pub trait PolicyKind: Resource<DynamicType = ()> + Clone {
+    fn status(&self) -> Option<&EgressPolicyStatus>;
     fn status_mut(&mut self) -> Option<&mut EgressPolicyStatus>;
     /// The policy in the planner's terms, or every problem with it.
     fn to_model(&self) -> Result<egressgw_core::model::Policy, ValidationErrors>;
@@ -689,6 +690,9 @@ pub trait PolicyKind: Resource<DynamicType = ()> + Clone {
 }
 
 impl PolicyKind for EgressPolicy {
+    fn status(&self) -> Option<&EgressPolicyStatus> {
+        self.status.as_ref()
+    }
     fn status_mut(&mut self) -> Option<&mut EgressPolicyStatus> {
         self.status.as_mut()
     }
@@ -704,6 +708,9 @@ impl PolicyKind for EgressPolicy {
 }
 
 impl PolicyKind for EgressClusterPolicy {
+    fn status(&self) -> Option<&EgressPolicyStatus> {
+        self.status.as_ref()
+    }
     fn status_mut(&mut self) -> Option<&mut EgressPolicyStatus> {
         self.status.as_mut()
     }
@@ -725,9 +732,27 @@ impl PolicyKind for EgressClusterPolicy {
 /// agent of the cluster.
 fn as_planned<P: PolicyKind>(policy: &mut Decoded<P>) {
     policy.trim();
-    policy.convert(P::to_model);
+    policy.convert(P::to_model, |_| None);
     if let Some(status) = policy.ok_mut().and_then(PolicyKind::status_mut) {
         status.conditions.clear();
+    }
+}
+
+/// What the controller keeps of a policy: the policy converted, as an
+/// agent keeps it, with the status the controller compares its writes
+/// with; one that does not convert, whole, to be reported.
+fn as_written<P: PolicyKind>(policy: &mut Decoded<P>) {
+    policy.trim();
+    policy.convert(P::to_model, |p| p.status().cloned());
+}
+
+/// The status of a stored policy: the object's, or the one kept with the
+/// policy converted.
+pub fn stored_status<P: PolicyKind>(policy: &Decoded<P>) -> Option<EgressPolicyStatus> {
+    match policy {
+        Decoded::Ok(p) => p.status().cloned(),
+        Decoded::Converted { status, .. } => status.as_deref().cloned(),
+        Decoded::Undecodable { .. } => None,
     }
 }
 
@@ -1100,7 +1125,7 @@ mod tests {
 
         // An agent keeps a policy converted, and stores one resent as the
         // policy it holds; a policy changed anew. The controller takes
-        // every policy anew, whole.
+        // every policy anew.
         let held = || {
             let stored = store.get(&ObjectRef::new("web").within("team-a"));
             match stored.as_deref() {
@@ -1134,20 +1159,33 @@ mod tests {
                 ..ObjectMeta::default()
             }
         );
-        let (object, _) = taken_by(false, "6", "node-1");
-        let Decoded::Ok(object) = object else {
-            panic!("the controller keeps the object: {object:?}")
-        };
+        let (object, resent) = taken_by(false, "6", "node-1");
+        assert!(!resent, "the controller takes every policy anew");
+        assert!(object.converted().is_some(), "{object:?}");
         // Compared with the held one, it keeps its own version.
-        assert_eq!(object.metadata.resource_version.as_deref(), Some("6"));
+        assert_eq!(object.meta().resource_version.as_deref(), Some("6"));
 
+        // The controller keeps a policy converted too, with the status it
+        // compares its writes with, and the uid and generation its Events
+        // and conditions name.
         let controller = Selection::<Decoded<EgressPolicy>>::policies(false).trim;
-        let mut whole = policy("2", "4 pod(s) leave", "node-1");
-        controller(&mut whole);
-        let Decoded::Ok(whole) = whole else {
-            panic!("the policy decodes")
-        };
-        assert_eq!(whole.status.as_ref().expect("a status").conditions.len(), 1);
+        let mut written = policy("2", "4 pod(s) leave", "node-1");
+        if let Some(p) = written.ok_mut() {
+            p.metadata.uid = Some("u-7".into());
+            p.metadata.generation = Some(3);
+        }
+        controller(&mut written);
+        assert!(written.converted().is_some(), "{written:?}");
+        let status = stored_status(&written).expect("a status");
+        assert_eq!(status.conditions[0].message, "4 pod(s) leave");
+        assert_eq!(status.node.as_deref(), Some("node-1"));
+        assert_eq!(written.meta().uid.as_deref(), Some("u-7"));
+        assert_eq!(written.meta().generation, Some(3));
+        assert_eq!(
+            written.object_ref(&()).uid.as_deref(),
+            Some("u-7"),
+            "an Event names the policy by its uid"
+        );
 
         // A policy that does not convert is kept whole for its problems
         // to be named, without its conditions.
@@ -1155,6 +1193,7 @@ mod tests {
         if let Some(p) = invalid.ok_mut() {
             p.spec.dest_subnet = vec!["nonsense".into()];
         }
+        let mut whole = invalid.clone();
         agent(&mut invalid);
         let Decoded::Ok(invalid) = invalid else {
             panic!("kept whole: {invalid:?}")
@@ -1168,6 +1207,10 @@ mod tests {
                 .conditions
                 .is_empty()
         );
+        // The controller keeps it whole with its conditions.
+        controller(&mut whole);
+        assert!(whole.ok().is_some(), "{whole:?}");
+        assert_eq!(stored_status(&whole).expect("a status").conditions.len(), 1);
     }
 
     fn slice(
