@@ -201,7 +201,9 @@ async fn wait_for_source(
     let limit = Duration::from_secs(args.source_wait);
     let mut last = String::from("no answer yet");
     while start.elapsed() < limit {
-        match iperf3(args, server, &["-n", "64K"])
+        // Once each time: a busy server is tried again here, within the
+        // wait's own bound.
+        match iperf3_once(args, server, &["-n", "64K"])
             .await
             .and_then(|j| parse_iperf3(&j))
         {

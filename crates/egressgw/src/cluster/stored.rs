@@ -100,11 +100,23 @@ impl StoredPod {
     pub fn same(&self, other: &Self) -> bool {
         match (&self.0, &other.0) {
             (Stored::Converted(a), Stored::Converted(b)) => Arc::ptr_eq(a, b) || a == b,
-            (Stored::Watched(a), Stored::Watched(b)) => a == b,
+            (Stored::Watched(a), Stored::Watched(b)) => same_but_version(a, b),
             (Stored::Published(a, i), Stored::Published(b, j)) => {
                 a.spec.pods[*i] == b.spec.pods[*j]
             }
             _ => false,
         }
     }
+}
+
+/// Whether `a` and `b` are the same but for their `resourceVersion`: one
+/// sent again for a change nothing keeps.
+fn same_but_version(a: &WatchedPod, b: &WatchedPod) -> bool {
+    if a.spec != b.spec || a.status != b.status || a.converted != b.converted {
+        return false;
+    }
+    let mut meta = a.metadata.clone();
+    meta.resource_version
+        .clone_from(&b.metadata.resource_version);
+    meta == b.metadata
 }

@@ -177,7 +177,11 @@ impl Stores {
         for wait in waits {
             wait.map_err(|_| anyhow::anyhow!("a watch stopped before its first list"))?;
         }
-        self.pods.first.wait_until_listed().await;
+        self.pods
+            .first
+            .wait_until_listed()
+            .await
+            .map_err(|_| anyhow::anyhow!("the pod watch stopped before its first list"))?;
         Ok(())
     }
 
@@ -799,8 +803,7 @@ fn watch_pods(
     tasks: &mut Vec<JoinHandle<()>>,
     renew: Duration,
 ) -> PodStore {
-    let store = PodStore::default();
-    let writer = store.clone();
+    let (store, writer) = PodStore::new();
     let stream = watcher(api, watch_config(fields, None, renew))
         .backoff(WatchBackoff::default())
         .map_ok(move |event| writer.take(event));
