@@ -61,10 +61,10 @@ fn node_state(cfg: &Config, pods: u32) -> NodeState {
                     gateway: format!("gw-{gateway}"),
                     mark: cfg.mark(gateway),
                 },
-                policy: Some(PolicyRef::namespaced(
-                    format!("ns-{}", policy / 10),
-                    format!("p-{policy}"),
-                )),
+                policy: Some(
+                    PolicyRef::namespaced(format!("ns-{}", policy / 10), format!("p-{policy}"))
+                        .into(),
+                ),
                 group: None,
             }
         })

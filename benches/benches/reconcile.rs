@@ -54,7 +54,7 @@ fn node_state(cfg: &Config, entries: u32) -> NodeState {
             table: cfg.route_table_base + i - 1,
         })
         .collect();
-    let policy = PolicyRef::namespaced("bench", "p");
+    let policy = std::sync::Arc::new(PolicyRef::namespaced("bench", "p"));
     let classify = (0..entries)
         .map(|n| {
             let (pod, prefix) = (n / 10, n % 10);

@@ -4,6 +4,7 @@
 //! equal exactly when they mean the same thing, and `diff` can walk them.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use serde::Serialize;
@@ -151,8 +152,8 @@ pub struct ReplyRoute {
     pub dst: IpAddr,
     /// The tunnel IP of the pod's node, in the pod's family.
     pub via: IpAddr,
-    /// The pod's node.
-    pub origin: String,
+    /// The pod's node, shared by the entries of its pods.
+    pub origin: Arc<str>,
     /// Table number (the reply table).
     pub table: u32,
 }
@@ -200,8 +201,8 @@ pub struct ClassifyEntry {
     /// What to do.
     pub action: Action,
     /// The policy that decided it (`None` for a bypass carved out by an exclusion
-    /// that no other policy covers).
-    pub policy: Option<PolicyRef>,
+    /// that no other policy covers), shared by the entries it decides.
+    pub policy: Option<Arc<PolicyRef>>,
     /// The failover group (an id in [`NodeState::groups`]) whose live
     /// candidate the traffic goes to; `None` for a bypass.
     pub group: Option<u32>,
@@ -227,10 +228,10 @@ pub struct SnatEntry {
     /// SNAT target.
     pub to: SnatTo,
     /// The node the pod runs on (this node for `Local` traffic): replies go
-    /// back to it through the tunnel.
-    pub origin: String,
-    /// The policy it serves.
-    pub policy: PolicyRef,
+    /// back to it through the tunnel. Shared by the entries of its pods.
+    pub origin: Arc<str>,
+    /// The policy it serves, shared by the entries it decides.
+    pub policy: Arc<PolicyRef>,
 }
 
 /// An EIP a gateway node owns.

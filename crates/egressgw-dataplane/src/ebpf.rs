@@ -244,7 +244,6 @@ impl Desired {
     /// verdicts' counters are left at 0: [`Classifier::sync`] gives each
     /// policy its own.
     pub fn new(state: &NodeState, cfg: &Config) -> Self {
-        let mut policies: BTreeMap<&PolicyRef, SharedPolicy> = BTreeMap::new();
         let classify = state
             .classify
             .iter()
@@ -266,11 +265,7 @@ impl Desired {
                     mask: cfg.mark_mask,
                     counter: 0,
                 };
-                let policy = e
-                    .policy
-                    .as_ref()
-                    .map(|p| Arc::clone(policies.entry(p).or_insert_with(|| Arc::new(p.clone()))));
-                ((e.src, e.dst.trunc()), (verdict, policy))
+                ((e.src, e.dst.trunc()), (verdict, e.policy.clone()))
             })
             .collect();
         let mut tunnels = BTreeMap::new();
@@ -1376,7 +1371,7 @@ mod tests {
             src: "10.244.1.5".parse().unwrap(),
             dst: dst.parse().unwrap(),
             action,
-            policy: Some(PolicyRef::namespaced("team-a", "web")),
+            policy: Some(PolicyRef::namespaced("team-a", "web").into()),
             group: None,
         };
         let state = NodeState {

@@ -6,7 +6,6 @@
 //! `/26` bypassed inside it). [`disjoint`] turns such a table into ranges that
 //! never overlap and answer every lookup the same way.
 
-use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use egressgw_core::net::IpRange;
@@ -39,19 +38,30 @@ pub struct SrcRange<V> {
 pub fn disjoint<V: Clone + Eq>(
     entries: impl IntoIterator<Item = (IpAddr, IpNet, Option<V>)>,
 ) -> Vec<SrcRange<V>> {
-    let mut by_src: BTreeMap<IpAddr, BTreeMap<(u128, u8), Option<V>>> = BTreeMap::new();
-    for (src, dst, value) in entries {
-        if src.is_ipv4() != dst.addr().is_ipv4() {
+    // One list sorted by source, then prefix, rather than a map per
+    // source: a node's table has one or a few prefixes for each of tens
+    // of thousands of sources. The sort is stable, so that of entries with
+    // the same source and prefix the last one given is kept.
+    let mut keyed: Vec<(IpAddr, Prefix, Option<V>)> = entries
+        .into_iter()
+        .filter(|(src, dst, _)| src.is_ipv4() == dst.addr().is_ipv4())
+        .map(|(src, dst, value)| {
+            let dst = dst.trunc();
+            (src, (to_u128(dst.network()), dst.prefix_len()), value)
+        })
+        .collect();
+    keyed.sort_by_key(|(src, prefix, _)| (*src, *prefix));
+    let mut prefixes: Vec<(Prefix, Option<V>)> = Vec::new();
+    let mut out: Vec<SrcRange<V>> = Vec::new();
+    let mut keyed = keyed.into_iter().peekable();
+    while let Some((src, prefix, value)) = keyed.next() {
+        match prefixes.last_mut() {
+            Some((last, kept)) if *last == prefix => *kept = value,
+            _ => prefixes.push((prefix, value)),
+        }
+        if keyed.peek().is_some_and(|(next, ..)| *next == src) {
             continue;
         }
-        let dst = dst.trunc();
-        by_src
-            .entry(src)
-            .or_default()
-            .insert((to_u128(dst.network()), dst.prefix_len()), value);
-    }
-    let mut out: Vec<SrcRange<V>> = Vec::new();
-    for (src, prefixes) in by_src {
         let before = out.len();
         sweep(src, &prefixes, &mut |first, last, value: &V| {
             let (first, last) = (from_u128(src, first), from_u128(src, last));
@@ -71,9 +81,14 @@ pub fn disjoint<V: Clone + Eq>(
                 }),
             }
         });
+        prefixes.clear();
     }
     out
 }
+
+/// A destination prefix as its network address and length: in this order,
+/// a prefix comes after every prefix that encloses it.
+type Prefix = (u128, u8);
 
 /// Walks one source's prefixes in address order and calls `emit` for every
 /// maximal segment covered by the same innermost prefix with a value.
@@ -81,11 +96,7 @@ pub fn disjoint<V: Clone + Eq>(
 /// `prefixes` is keyed by (network, prefix length), so a prefix comes after
 /// every prefix that encloses it: prefixes nest or are disjoint, and a stack
 /// of the open ones holds the innermost on top.
-fn sweep<V>(
-    src: IpAddr,
-    prefixes: &BTreeMap<(u128, u8), Option<V>>,
-    emit: &mut impl FnMut(u128, u128, &V),
-) {
+fn sweep<V>(src: IpAddr, prefixes: &[(Prefix, Option<V>)], emit: &mut impl FnMut(u128, u128, &V)) {
     let bits = bits(src);
     // Open prefixes: (last address, value), innermost on top.
     let mut stack: Vec<(u128, &Option<V>)> = Vec::new();
@@ -101,7 +112,8 @@ fn sweep<V>(
             *cursor = upto.checked_add(1);
         }
     };
-    for (&(first, len), value) in prefixes {
+    for ((first, len), value) in prefixes {
+        let (first, len) = (*first, *len);
         let host_bits = bits - u32::from(len);
         let last = first | low_mask(host_bits);
         while let Some(&(top_last, top_value)) = stack.last() {

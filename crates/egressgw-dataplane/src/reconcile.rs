@@ -545,7 +545,7 @@ mod tests {
             src: ip(src),
             dst: dst.parse().unwrap(),
             action,
-            policy: Some(PolicyRef::namespaced("team-a", "web")),
+            policy: Some(PolicyRef::namespaced("team-a", "web").into()),
             group: None,
         };
         let tunnel = Action::Tunnel {

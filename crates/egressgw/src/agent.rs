@@ -852,7 +852,7 @@ fn policy_gateways(state: &NodeState) -> BTreeMap<PolicyRef, String> {
         .filter_map(|e| {
             let id = e.group?;
             let group = state.groups.iter().find(|g| g.id == id)?;
-            Some((e.policy.clone()?, group.gateway.clone()))
+            Some((PolicyRef::clone(e.policy.as_ref()?), group.gateway.clone()))
         })
         .collect()
 }

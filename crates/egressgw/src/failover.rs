@@ -322,7 +322,7 @@ impl Memory {
     /// Resolves `planned` against `live`, asking the segment about every
     /// EIP this node should take over (and again about those found in use
     /// a while ago) before it counts as held.
-    pub async fn resolve(&mut self, planned: &NodeState, sight: &Sight) -> Outcome {
+    pub async fn resolve(&mut self, planned: &Arc<NodeState>, sight: &Sight) -> Outcome {
         let started = Instant::now();
         let Sight {
             live,
@@ -687,7 +687,7 @@ mod tests {
             targets.insert(g.key.clone(), live.map(|c| c.node.clone()));
         }
         Resolved {
-            state: planned.clone(),
+            state: Arc::new(planned.clone()),
             targets,
             claims: Vec::new(),
             released: Vec::new(),

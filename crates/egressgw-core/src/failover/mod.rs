@@ -31,8 +31,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
-use crate::state::{Action, NodeState};
+use crate::state::{Action, ClassifyEntry, NodeState, OwnedEip};
 
 /// What a node sees now.
 #[derive(Debug, Clone, Copy)]
@@ -75,8 +76,12 @@ impl Quorum {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resolved {
     /// The state to reconcile: classification sent to the live
-    /// candidates, and the EIPs this node holds and keeps.
-    pub state: NodeState,
+    /// candidates, and the EIPs this node holds and keeps. The planned
+    /// state itself when that is what it already says (every group's
+    /// traffic goes to its first candidate, and this node holds every EIP
+    /// it is the first candidate of): a node in a steady state resolves
+    /// without a copy of its entries.
+    pub state: Arc<NodeState>,
     /// Where each group's traffic goes now, by key: `None` when it has no
     /// live candidate (dropped or, failing open, sent the normal way).
     pub targets: BTreeMap<String, Option<String>>,
@@ -92,7 +97,7 @@ pub struct Resolved {
 
 /// Resolves `planned` (the planner's state for this node, every candidate
 /// assumed alive) against `view`.
-pub fn resolve(planned: &NodeState, view: View<'_>) -> Resolved {
+pub fn resolve(planned: &Arc<NodeState>, view: View<'_>) -> Resolved {
     let me = planned.node.as_str();
     let quorum = Quorum {
         reached: 1 + planned
@@ -185,22 +190,35 @@ pub fn resolve(planned: &NodeState, view: View<'_>) -> Resolved {
         );
     }
 
-    let mut state = planned.clone();
-    for entry in &mut state.classify {
-        if let Some(action) = entry
+    let action_of = |entry: &ClassifyEntry| {
+        entry
             .group
             .and_then(|id| actions.get(usize::try_from(id).ok()?))
-        {
-            entry.action = action.clone();
-        }
-    }
-    state.eips = keep
+    };
+    let eips: Vec<OwnedEip> = keep
         .iter()
-        .map(|(ip, gateway)| crate::state::OwnedEip {
+        .map(|(ip, gateway)| OwnedEip {
             ip: *ip,
             gateway: (*gateway).to_owned(),
         })
         .collect();
+    let unchanged = eips == planned.eips
+        && planned
+            .classify
+            .iter()
+            .all(|e| action_of(e).is_none_or(|a| *a == e.action));
+    let state = if unchanged {
+        Arc::clone(planned)
+    } else {
+        let mut state = NodeState::clone(planned);
+        for entry in &mut state.classify {
+            if let Some(action) = action_of(entry) {
+                entry.action = action.clone();
+            }
+        }
+        state.eips = eips;
+        Arc::new(state)
+    };
     let released = view
         .held
         .iter()

@@ -1,10 +1,16 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use crate::model::Mac;
 use crate::state::{Action, Candidate, ClassifyEntry, Group, NodeState, OwnedEip, Peer};
 
-use super::{View, resolve};
+use super::{Resolved, View};
+
+/// [`super::resolve`] of a copy of `planned`.
+fn resolve(planned: &NodeState, view: View<'_>) -> Resolved {
+    super::resolve(&Arc::new(planned.clone()), view)
+}
 
 const EIP: &str = "198.51.100.200";
 
@@ -128,14 +134,21 @@ fn with_every_node_live_the_plan_stands() {
     let plan = planned("a", &["a", "b", "c"], &["b", "c"], true);
     let seen = Seen::new(&["b", "c"]);
     let out = resolve(&plan, seen.view());
-    assert_eq!(out.state, plan);
+    assert_eq!(*out.state, plan);
     assert!(out.claims.is_empty());
 
-    let holder = planned("b", &["a", "b", "c"], &["b", "c"], true);
+    // The holder's plan stands as it is: resolved without a copy.
+    let holder = Arc::new(planned("b", &["a", "b", "c"], &["b", "c"], true));
     let seen = Seen::new(&["a", "c"]).holding();
-    let out = resolve(&holder, seen.view());
-    assert_eq!(out.state, holder);
+    let out = super::resolve(&holder, seen.view());
+    assert!(Arc::ptr_eq(&out.state, &holder));
     assert!(out.released.is_empty());
+
+    // Once its EIP goes elsewhere, the plan is copied and changed.
+    let out = super::resolve(&holder, Seen::new(&["a", "c"]).view());
+    assert!(!Arc::ptr_eq(&out.state, &holder));
+    assert!(out.state.eips.is_empty());
+    assert_eq!(*holder, planned("b", &["a", "b", "c"], &["b", "c"], true));
 }
 
 #[test]

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use foldhash::fast::RandomState;
 use ipnet::IpNet;
 
-use crate::model::{Config, Policy, Snapshot};
+use crate::model::{Config, Policy, PolicyRef, Snapshot};
 use crate::net::Family;
 use crate::state::{
     Action, Candidate, ClassifyEntry, Group, NodeState, OwnedEip, Peer, ReplyRoute, Route, Rule,
@@ -38,9 +38,10 @@ pub(super) struct Serving {
     /// classification, SNAT or reply route) and the groups they have
     /// whatever the pods (the EIPs they may take over).
     pub base: BTreeMap<String, (NodeState, Vec<Arc<Group>>)>,
-    /// Per pod node: whether it can send each family through the tunnel,
-    /// and its tunnel address of each family.
-    facts: FoldMap<String, ([bool; 2], [Option<IpAddr>; 2])>,
+    /// Per pod node: its name, shared by the entries of its pods, whether
+    /// it can send each family through the tunnel, and its tunnel address
+    /// of each family.
+    facts: FoldMap<String, Facts>,
     /// Per policy (by index) and family: how its traffic is carried.
     policies: Vec<[Option<Served>; 2]>,
     /// The groups of EIPs, by gateway and EIP: a later frame takes over
@@ -52,11 +53,17 @@ pub(super) struct Serving {
     reply_table: u32,
 }
 
+/// A pod node's name, shared by the entries of its pods; whether it can
+/// send each family through the tunnel; its tunnel address of each family.
+type Facts = (Arc<str>, [bool; 2], [Option<IpAddr>; 2]);
+
 /// How one policy's traffic of one family is carried.
 #[derive(Debug, Clone)]
 struct Served {
     /// The policy, shared with the snapshot planned.
     policy: Arc<Policy>,
+    /// Its identity, shared by the entries it decides.
+    id: Arc<PolicyRef>,
     fail_closed: bool,
     to: SnatTo,
     /// Its unit's failover group, `None` when no node carries it (its
@@ -176,10 +183,12 @@ pub(super) fn serving<'a>(
         .iter()
         .enumerate()
         .map(|(i, w)| {
+            let id = Arc::new(w.policy.id.clone());
             Family::ALL.map(|family| {
                 let unit = unit_for(i, w, family)?;
                 Some(Served {
                     policy: Arc::clone(w.policy),
+                    id: Arc::clone(&id),
                     fail_closed: w.fail_closed,
                     to: w.eips[fi(family)].map_or(SnatTo::NodeIp, SnatTo::Eip),
                     group: groups.get(&unit).cloned(),
@@ -192,6 +201,7 @@ pub(super) fn serving<'a>(
         .keys()
         .map(|node| {
             let facts = (
+                Arc::from(node.as_str()),
                 Family::ALL.map(|f| tunnels.can_send(node, f)),
                 Family::ALL.map(|f| tunnels.address(node, f)),
             );
@@ -297,10 +307,12 @@ impl Serving {
         like: [Option<usize>; 2],
     ) {
         let put = put.map(|(at, policy)| {
+            let id = Arc::new(policy.id.clone());
             let served = Family::ALL.map(|f| {
                 let like = self.policies[like[fi(f)]?][fi(f)].as_ref()?;
                 Some(Served {
                     policy: Arc::clone(policy),
+                    id: Arc::clone(&id),
                     ..like.clone()
                 })
             });
@@ -350,12 +362,12 @@ impl Serving {
         mut to: impl FnMut(&str, Entry),
     ) {
         let family = Family::of(src);
-        let (can_send, address) = self
-            .facts
-            .get(node)
-            .map_or((false, None), |(send, address)| {
-                (send[fi(family)], address[fi(family)])
-            });
+        let (origin, can_send, address) = match self.facts.get(node) {
+            Some((name, send, address)) => {
+                (Arc::clone(name), send[fi(family)], address[fi(family)])
+            }
+            None => (Arc::from(node), false, None),
+        };
         // A node without a tunnel of this family cannot send its pods'
         // traffic to another node: those decisions are left out (or, failing
         // closed, dropped), rather than sent into a missing device.
@@ -382,7 +394,7 @@ impl Serving {
             let Some(carried) = &served.group else {
                 // No node at all, and the gateway fails closed.
                 if here {
-                    let policy = Some(served.policy.id.clone());
+                    let policy = Some(Arc::clone(&served.id));
                     to(node, classify(Action::Drop, policy, None));
                 }
                 continue;
@@ -405,7 +417,7 @@ impl Serving {
                     };
                     (action, Some(Arc::clone(group)))
                 };
-                let policy = Some(served.policy.id.clone());
+                let policy = Some(Arc::clone(&served.id));
                 to(node, classify(action, policy, group_of));
             }
             if !local && !can_send {
@@ -424,7 +436,7 @@ impl Serving {
                     let reply = ReplyRoute {
                         dst: src,
                         via,
-                        origin: node.to_owned(),
+                        origin: Arc::clone(&origin),
                         table: self.reply_table,
                     };
                     to(gateway, Entry::Reply(reply));
@@ -433,8 +445,8 @@ impl Serving {
                     src,
                     dst: *dst,
                     to: served.to,
-                    origin: node.to_owned(),
-                    policy: served.policy.id.clone(),
+                    origin: Arc::clone(&origin),
+                    policy: Arc::clone(&served.id),
                 };
                 to(gateway, Entry::Snat(snat));
             }

@@ -1349,7 +1349,7 @@ fn snat_entries_name_the_node_replies_go_back_to() {
         .node
         .clone()
         .unwrap();
-    assert_eq!(plan.nodes[&node].snat[0].origin, "n1");
+    assert_eq!(plan.nodes[&node].snat[0].origin.as_ref(), "n1");
 }
 
 #[test]

@@ -352,7 +352,7 @@ impl FirewallSpec {
                 let counted = match e.action {
                     Action::Bypass => None,
                     Action::Tunnel { .. } | Action::Local | Action::Drop => {
-                        e.policy.as_ref().map(counter_name)
+                        e.policy.as_deref().map(counter_name)
                     }
                 };
                 (e.src, e.dst, counted)
@@ -365,7 +365,7 @@ impl FirewallSpec {
                 .classify
                 .iter()
                 .filter(|e| e.action != Action::Bypass)
-                .filter_map(|e| e.policy.as_ref())
+                .filter_map(|e| e.policy.as_deref())
                 .map(|p| (counter_name(p), p))
                 .filter(|(name, _)| used.contains(name))
                 .map(|(name, p)| (name, p.clone()))

@@ -21,7 +21,7 @@ fn classify(src: &str, dst: &str, action: Action) -> ClassifyEntry {
         src: ip(src),
         dst: net(dst),
         action,
-        policy: Some(PolicyRef::namespaced("a", "p")),
+        policy: Some(PolicyRef::namespaced("a", "p").into()),
         group: None,
     }
 }
@@ -39,7 +39,7 @@ fn snat(src: &str, dst: &str, to: SnatTo) -> SnatEntry {
         dst: net(dst),
         to,
         origin: "n2".into(),
-        policy: PolicyRef::namespaced("a", "p"),
+        policy: PolicyRef::namespaced("a", "p").into(),
     }
 }
 
@@ -252,7 +252,7 @@ fn a_policy_taking_over_a_source_gets_a_counter_first_and_the_unused_one_goes_la
     );
     let mut state = state();
     for entry in &mut state.classify {
-        entry.policy = Some(q.clone());
+        entry.policy = Some(q.clone().into());
     }
     let desired = FirewallSpec::new(&state, &Config::default());
     let ops = plan(&desired, fw.observe().unwrap().as_deref());
@@ -597,7 +597,7 @@ fn a_changed_spec_lands_in_one_transaction_and_reads_back_as_desired() {
         state.classify.retain(|e| !e.src.is_ipv6());
         // Another policy takes over the source: its counter comes, the old
         // one goes once no element names it.
-        let q = Some(PolicyRef::namespaced("a", "q"));
+        let q = Some(PolicyRef::namespaced("a", "q").into());
         state.classify[0].policy.clone_from(&q);
         state.classify[2].policy = q;
         state.snat[0].to = SnatTo::Eip(ip("192.0.2.11"));

@@ -71,7 +71,7 @@ fn bpffs(pins: &Path) -> Result<(), String> {
 /// egressgw's whole table with an element of every kind, both families.
 fn sample_table() -> FirewallSpec {
     let ip = |s: &str| s.parse::<IpAddr>().expect("a valid address");
-    let policy = PolicyRef::namespaced("doctor", "check");
+    let policy = std::sync::Arc::new(PolicyRef::namespaced("doctor", "check"));
     let classify = |src: &str, dst: &str, action: Action| ClassifyEntry {
         src: ip(src),
         dst: dst.parse().expect("a valid prefix"),

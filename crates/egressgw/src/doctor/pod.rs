@@ -145,7 +145,7 @@ pub fn checks(p: &PodFacts, agent: &Result<AgentView, String>) -> Vec<Check> {
         Some(e) => {
             let policy = e
                 .policy
-                .as_ref()
+                .as_deref()
                 .map_or("(an exclusion)".into(), policy_name);
             let how = match (&e.action, group) {
                 (Action::Bypass, _) => (
@@ -218,7 +218,7 @@ pub fn checks(p: &PodFacts, agent: &Result<AgentView, String>) -> Vec<Check> {
     vec![
         matched,
         kernel_check(p, plan, src, expected),
-        counters(entry.and_then(|e| e.policy.as_ref()), agent),
+        counters(entry.and_then(|e| e.policy.as_deref()), agent),
     ]
 }
 
@@ -367,7 +367,7 @@ mod tests {
             src: src.parse().unwrap(),
             dst: dst.parse().unwrap(),
             action,
-            policy: Some(PolicyRef::namespaced("team-a", "web")),
+            policy: Some(PolicyRef::namespaced("team-a", "web").into()),
             group,
         }
     }
