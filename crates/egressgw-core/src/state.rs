@@ -29,7 +29,9 @@ pub struct NodeState {
     /// On a gateway node: the way back through the tunnel for each pod of
     /// another node that leaves through this one. Replies of connections that
     /// came out of the tunnel carry the reply mark and look these up.
-    pub replies: Vec<ReplyRoute>,
+    /// Shared by the copies of the state that differ elsewhere (see
+    /// [`crate::failover::Resolved::state`]).
+    pub replies: Arc<Vec<ReplyRoute>>,
     /// In-cluster prefixes: traffic to them is never classified.
     pub cluster_cidrs: Vec<IpNet>,
     /// (local pod source, destination prefix) -> what to do; longest
@@ -40,8 +42,9 @@ pub struct NodeState {
     /// `Tunnel` and `Local` decisions for this node appear here, so these
     /// entries apply to packets that came out of the tunnel or were
     /// classified `Local` on this node, never to other traffic. Per source
-    /// the longest destination prefix wins, as for `classify`.
-    pub snat: Vec<SnatEntry>,
+    /// the longest destination prefix wins, as for `classify`. Shared by
+    /// the copies of the state that differ elsewhere.
+    pub snat: Arc<Vec<SnatEntry>>,
     /// EIPs this node must own and announce.
     pub eips: Vec<OwnedEip>,
     /// The failover groups this node's entries refer to, or whose EIP it

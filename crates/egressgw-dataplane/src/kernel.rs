@@ -238,7 +238,7 @@ impl Desired {
                         .insert((r.table, Family::Ipv6.everything()), via.into());
                 }
             }
-            for r in &state.replies {
+            for r in state.replies.iter() {
                 d.routes.insert((r.table, Family::host(r.dst)), r.via);
             }
             for rule in &state.rules {

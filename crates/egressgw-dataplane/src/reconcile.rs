@@ -844,7 +844,7 @@ mod tests {
             let mut fewer = node_state(false);
             fewer.peers.clear();
             fewer.routes.clear();
-            fewer.replies.clear();
+            fewer.replies = Default::default();
             fewer.rules.clear();
             let report = dp.reconcile(&fewer).await;
             assert!(report.is_ok());

@@ -136,7 +136,8 @@ pub(crate) fn node_state(eip: bool) -> NodeState {
             via: ip("172.31.0.2"),
             origin: "b".into(),
             table: cfg.reply_table(),
-        }],
+        }]
+        .into(),
         eips: if eip {
             vec![OwnedEip {
                 ip: ip("198.51.100.200"),

@@ -881,8 +881,8 @@ impl Planner {
         addresses.sort_unstable();
         addresses.dedup();
         let taken = |ip: &IpAddr| addresses.binary_search(ip).is_ok();
-        state.snat.retain(|e| !taken(&e.src));
-        state.replies.retain(|r| !taken(&r.dst));
+        Arc::make_mut(&mut state.snat).retain(|e| !taken(&e.src));
+        Arc::make_mut(&mut state.replies).retain(|r| !taken(&r.dst));
         let mut adding = Adding::new(&self.frame.serving, &self.node, &mut self.classify);
         for src in addresses.iter().copied() {
             adding.classify.remove(&src);
@@ -983,8 +983,8 @@ impl<'p> Adding<'p> {
 
     /// `state` with the entries added, finished.
     fn finish(mut self, state: &mut NodeState) {
-        state.snat.append(&mut self.snat);
-        state.replies.append(&mut self.replies);
+        Arc::make_mut(&mut state.snat).append(&mut self.snat);
+        Arc::make_mut(&mut state.replies).append(&mut self.replies);
         let (classify, follows): (Vec<ClassifyEntry>, Vec<Option<Arc<Group>>>) =
             self.classify.values().flatten().cloned().unzip();
         state.classify = classify;

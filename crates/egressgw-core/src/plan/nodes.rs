@@ -483,10 +483,12 @@ impl Serving {
             });
         }
         state.classify.sort();
-        state.snat.sort();
-        state.snat.dedup();
-        state.replies.sort();
-        state.replies.dedup();
+        let snat = Arc::make_mut(&mut state.snat);
+        snat.sort();
+        snat.dedup();
+        let replies = Arc::make_mut(&mut state.replies);
+        replies.sort();
+        replies.dedup();
         state.rules.retain(|r| *r != self.reply_rule);
         if !state.replies.is_empty() {
             state.rules.push(self.reply_rule.clone());
@@ -525,8 +527,8 @@ pub(super) fn build(serving: &Serving, classified: &Classified<'_>) -> BTreeMap<
                         state.classify.push(entry);
                         follows.push(group);
                     }
-                    Entry::Snat(entry) => state.snat.push(entry),
-                    Entry::Reply(route) => state.replies.push(route),
+                    Entry::Snat(entry) => Arc::make_mut(&mut state.snat).push(entry),
+                    Entry::Reply(route) => Arc::make_mut(&mut state.replies).push(route),
                 }
             },
         );

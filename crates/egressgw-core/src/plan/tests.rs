@@ -280,7 +280,7 @@ fn an_unselected_pod_gets_no_entries() {
     assert!(
         plan.nodes
             .values()
-            .flat_map(|n| &n.snat)
+            .flat_map(|n| n.snat.iter())
             .all(|e| e.src != ip("10.244.1.6"))
     );
 }
@@ -1334,7 +1334,7 @@ fn pods_on_a_node_without_a_tunnel_are_not_steered_into_it() {
     assert!(
         plan.nodes
             .values()
-            .flat_map(|n| &n.snat)
+            .flat_map(|n| n.snat.iter())
             .all(|e| e.src != ip("10.244.1.5"))
     );
 }

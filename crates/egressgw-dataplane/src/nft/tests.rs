@@ -69,7 +69,8 @@ fn state() -> NodeState {
                 "2001:db8::/32",
                 SnatTo::Eip(ip("2001:db8:ff::10")),
             ),
-        ],
+        ]
+        .into(),
         ..NodeState::default()
     }
 }
@@ -102,7 +103,8 @@ fn a_small_table_renders_as_one_deterministic_script() {
             "10.244.2.5",
             "198.51.100.0/24",
             SnatTo::Eip(ip("192.0.2.10")),
-        )],
+        )]
+        .into(),
         ..NodeState::default()
     };
     let spec = FirewallSpec::new(&state, &Config::default());
@@ -218,7 +220,7 @@ fn an_equal_table_plans_nothing() {
 fn a_changed_element_value_is_deleted_then_added() {
     let mut fw = applied(&spec());
     let mut state = state();
-    state.snat[0].to = SnatTo::Eip(ip("192.0.2.11"));
+    Arc::make_mut(&mut state.snat)[0].to = SnatTo::Eip(ip("192.0.2.11"));
     let ops = plan(
         &FirewallSpec::new(&state, &Config::default()),
         fw.observe().unwrap().as_deref(),
@@ -600,8 +602,9 @@ fn a_changed_spec_lands_in_one_transaction_and_reads_back_as_desired() {
         let q = Some(PolicyRef::namespaced("a", "q").into());
         state.classify[0].policy.clone_from(&q);
         state.classify[2].policy = q;
-        state.snat[0].to = SnatTo::Eip(ip("192.0.2.11"));
-        state.snat[1].to = SnatTo::Eip(ip("192.0.2.12"));
+        let snat = Arc::make_mut(&mut state.snat);
+        snat[0].to = SnatTo::Eip(ip("192.0.2.11"));
+        snat[1].to = SnatTo::Eip(ip("192.0.2.12"));
         state.cluster_cidrs.push(net("10.245.0.0/16"));
         let mut cfg = Config::default();
         cfg.vxlan.name = "egw0".into();
@@ -702,7 +705,7 @@ fn what_the_backend_knows_of_the_table_is_what_the_kernel_holds() {
         let mut nft = Nft::new();
         assert_eq!(nft.observe().unwrap(), None);
         let mut state = state();
-        state.snat[0].to = SnatTo::Eip(ip("192.0.2.11"));
+        Arc::make_mut(&mut state.snat)[0].to = SnatTo::Eip(ip("192.0.2.11"));
         state.classify.retain(|e| !e.src.is_ipv6());
         state.classify[0].action = tunnel(0x0300_0000);
         let changed = FirewallSpec::new(&state, &Config::default());

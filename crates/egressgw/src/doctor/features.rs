@@ -108,7 +108,8 @@ fn sample_table() -> FirewallSpec {
             snat("10.0.0.4", "0.0.0.0/0", SnatTo::Eip(ip("192.0.2.10"))),
             snat("10.0.0.4", "198.51.100.0/24", SnatTo::NodeIp),
             snat("fd00::4", "::/0", SnatTo::Eip(ip("2001:db8::10"))),
-        ],
+        ]
+        .into(),
         ..NodeState::default()
     };
     FirewallSpec::new(&state, &cfg)
