@@ -609,6 +609,11 @@ impl Config {
         }
     }
 
+    /// The families enabled, IPv4 first.
+    pub fn enabled_families(&self) -> impl Iterator<Item = Family> + '_ {
+        Family::ALL.into_iter().filter(|f| self.family_enabled(*f))
+    }
+
     /// Checks the settings; every problem is reported, named by its key.
     pub fn validate(&self) -> Result<(), Vec<String>> {
         let mut errors = Vec::new();

@@ -97,7 +97,7 @@ impl<'a> Sharing<'a> {
         Self {
             gateways: super::gateways::validity(snapshot),
             namespaces: namespace_labels(snapshot),
-            families: enabled_families(snapshot),
+            families: snapshot.config.enabled_families().collect(),
             own: Own::new(snapshot, cluster),
         }
     }
@@ -156,14 +156,6 @@ fn namespace_labels(snapshot: &Snapshot) -> FoldMap<&str, &Labels> {
         .collect()
 }
 
-/// The address families the settings enable.
-fn enabled_families(snapshot: &Snapshot) -> Vec<Family> {
-    Family::ALL
-        .into_iter()
-        .filter(|f| snapshot.config.family_enabled(*f))
-        .collect()
-}
-
 /// Resolves gateways and allocates EIPs for every valid policy; the result
 /// is sorted oldest first.
 pub(super) fn allocate<'a>(
@@ -186,7 +178,7 @@ pub(super) fn allocate<'a>(
         .map(|p| resolve_gateway(p, gateways, &namespaces))
         .collect();
 
-    let families = enabled_families(snapshot);
+    let families: Vec<Family> = snapshot.config.enabled_families().collect();
     for w in works.iter_mut().filter(|w| w.failure.is_none()) {
         let gw = gateways.by_name[w.gateway.expect("resolved")].gateway;
         w.failure = check_pools(w, gw, &families).or_else(|| {

@@ -129,10 +129,7 @@ fn resolve_with(snapshot: &Snapshot, whole: bool) -> Gateways<'_> {
 /// families of a gateway that is otherwise `usable`.
 fn pool_notes(snapshot: &Snapshot, gw: &Gateway, cluster: &[IpNet], usable: bool) -> Vec<String> {
     let mut notes = Vec::new();
-    let enabled: Vec<Family> = Family::ALL
-        .into_iter()
-        .filter(|f| snapshot.config.family_enabled(*f))
-        .collect();
+    let enabled: Vec<Family> = snapshot.config.enabled_families().collect();
     for family in &enabled {
         for range in gw.pool(*family).ranges() {
             if let Some(net) = cluster.iter().find(|net| {

@@ -31,9 +31,9 @@ pub(super) fn status(
         .map(|n| (n.name.as_str(), n))
         .collect();
     let why = |node: &str| {
-        let mut reasons: Vec<&str> = Family::ALL
-            .into_iter()
-            .filter(|f| snapshot.config.family_enabled(*f))
+        let mut reasons: Vec<&str> = snapshot
+            .config
+            .enabled_families()
             .filter_map(|f| ineligibility(nodes.get(node).copied(), tunnels, f))
             .collect();
         reasons.dedup();

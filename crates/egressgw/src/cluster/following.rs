@@ -288,6 +288,11 @@ fn follow_pods(
     seen: &mut HashMap<Address, Pod>,
     pods: Vec<Pod>,
 ) -> usize {
+    // Every Pod stored where it was: nothing to follow, and no second map
+    // of them built (the usual case of a plan made for another object).
+    if pods.len() == seen.len() && pods.iter().all(|p| seen.contains_key(&p.address())) {
+        return 0;
+    }
     let mut next = HashMap::with_capacity(pods.len());
     let mut fresh = Vec::new();
     for pod in pods {
