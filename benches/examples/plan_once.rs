@@ -13,7 +13,8 @@
 //! to the planner plans the same. With `PLAN_ONCE_CHANGES=N` beside
 //! `PLAN_ONCE_AGENT=worker|gateway`, the agent's incremental planner is
 //! built, N of its Pods changed one by one and policies edited, deleted
-//! and added back, each timed. With
+//! and added back (ten across the list, then up to five of each
+//! allocator, printed apart), each timed. With
 //! `PLAN_ONCE_CONTROLLER=N`, the controller's `egressgw_core::Publisher`
 //! is built from every Pod, N selected Pods are changed one by one, each
 //! timed with the status that follows, then ten policies edited three
@@ -241,19 +242,43 @@ fn planner_changes(
             relabels.push(start.elapsed());
         }
     }
-    // Policies deleted and added back one at a time, as changes.
+    // Policies deleted and added back one at a time, as changes: ten
+    // across the list, then up to five of each allocator.
     let (mut deleted, mut added, mut reached, mut staged) = (Vec::new(), Vec::new(), 0, 0);
     for k in 0..10.min(count) {
         let policy = planner.cluster().policies[k * count / 10].clone();
-        let start = Instant::now();
-        planner.change_policies([egressgw_core::PolicyChange::Removed(policy.id.clone())]);
-        deleted.push(start.elapsed());
-        let (whole, restaged) = (planner.last_change().whole, planner.last_change().staged);
-        let start = Instant::now();
-        planner.change_policies([egressgw_core::PolicyChange::Set(policy)]);
-        added.push(start.elapsed());
-        reached += usize::from(whole || planner.last_change().whole);
-        staged += usize::from(restaged) + usize::from(planner.last_change().staged);
+        let (removal, addition, whole, restaged) = delete_and_add(&mut planner, policy);
+        deleted.push(removal);
+        added.push(addition);
+        reached += usize::from(whole);
+        staged += restaged;
+    }
+    let mut by_kind = String::new();
+    for kind in ["default", "rr", "pinned", "useNodeIP"] {
+        let chosen: Vec<_> = planner
+            .cluster()
+            .policies
+            .iter()
+            .filter(|p| allocator_of(p) == kind)
+            .step_by(count / 5 / 5 + 1)
+            .take(5)
+            .cloned()
+            .collect();
+        let (mut deleted, mut added, mut staged) = (Vec::new(), Vec::new(), 0);
+        for policy in chosen {
+            let (removal, addition, _, restaged) = delete_and_add(&mut planner, policy);
+            deleted.push(removal);
+            added.push(addition);
+            staged += restaged;
+        }
+        if !deleted.is_empty() {
+            by_kind.push_str(&format!(
+                "; {kind}: {} deleted {} and added back {} ({staged} staged)",
+                deleted.len(),
+                quantiles(&mut deleted),
+                quantiles(&mut added),
+            ));
+        }
     }
     let [away, back, delete, add] = &mut times;
     println!(
@@ -262,7 +287,7 @@ fn planner_changes(
          delete {}, add {}; {} policy edits: as a cluster {}, as a change {}; \
          {} namespaces relabelled and back {}; \
          {} policies deleted {} and added back {} ({reached} of them planning the node whole, \
-         {staged} of the 20 changes running the stages again); \
+         {staged} of the 20 changes running the stages again){by_kind}; \
          {:.0} MiB at the peak",
         changing.len(),
         quantiles(away),
@@ -279,6 +304,43 @@ fn planner_changes(
         quantiles(&mut added),
         rss("VmHWM:")
     );
+}
+
+/// Deletes `policy` from `planner` and adds it back, each as a change:
+/// how long each took, whether either planned the node whole, and how many
+/// ran the cluster-wide stages again.
+fn delete_and_add(
+    planner: &mut egressgw_core::Planner,
+    policy: std::sync::Arc<egressgw_core::model::Policy>,
+) -> (std::time::Duration, std::time::Duration, bool, usize) {
+    let start = Instant::now();
+    planner.change_policies([egressgw_core::PolicyChange::Removed(policy.id.clone())]);
+    let deleted = start.elapsed();
+    let first = planner.last_change();
+    let start = Instant::now();
+    planner.change_policies([egressgw_core::PolicyChange::Set(policy)]);
+    let added = start.elapsed();
+    let second = planner.last_change();
+    (
+        deleted,
+        added,
+        first.whole || second.whole,
+        usize::from(first.staged) + usize::from(second.staged),
+    )
+}
+
+/// How `policy` takes its EIPs.
+fn allocator_of(policy: &egressgw_core::model::Policy) -> &'static str {
+    let spec = &policy.egress_ip;
+    if spec.use_node_ip {
+        "useNodeIP"
+    } else if spec.ipv4.is_some() || spec.ipv6.is_some() {
+        "pinned"
+    } else if spec.allocator == egressgw_core::model::Allocator::RoundRobin {
+        "rr"
+    } else {
+        "default"
+    }
 }
 
 /// Policy `k` of `planner` as it was before its destination was added

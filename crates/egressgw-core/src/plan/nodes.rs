@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use foldhash::fast::RandomState;
 use ipnet::IpNet;
@@ -62,14 +62,23 @@ type Facts = (Arc<str>, [bool; 2], [Option<IpAddr>; 2]);
 struct Served {
     /// The policy, shared with the snapshot planned.
     policy: Arc<Policy>,
-    /// Its identity, shared by the entries it decides.
-    id: Arc<PolicyRef>,
+    /// Its identity, shared by the entries it decides; made for the first
+    /// of them (a frame is built for every change the stages read, and
+    /// most policies decide no entry of the node).
+    id: OnceLock<Arc<PolicyRef>>,
     fail_closed: bool,
     to: SnatTo,
     /// Its unit's failover group, `None` when no node carries it (its
     /// traffic is then dropped if the gateway fails closed, and left alone
     /// otherwise).
     group: Option<Arc<Carried>>,
+}
+
+impl Served {
+    /// The policy's identity, shared by the entries it decides.
+    fn id(&self) -> Arc<PolicyRef> {
+        Arc::clone(self.id.get_or_init(|| Arc::new(self.policy.id.clone())))
+    }
 }
 
 impl PartialEq for Served {
@@ -183,12 +192,11 @@ pub(super) fn serving<'a>(
         .iter()
         .enumerate()
         .map(|(i, w)| {
-            let id = Arc::new(w.policy.id.clone());
             Family::ALL.map(|family| {
                 let unit = unit_for(i, w, family)?;
                 Some(Served {
                     policy: Arc::clone(w.policy),
-                    id: Arc::clone(&id),
+                    id: OnceLock::new(),
                     fail_closed: w.fail_closed,
                     to: w.eips[fi(family)].map_or(SnatTo::NodeIp, SnatTo::Eip),
                     group: groups.get(&unit).cloned(),
@@ -307,12 +315,11 @@ impl Serving {
         like: [Option<usize>; 2],
     ) {
         let put = put.map(|(at, policy)| {
-            let id = Arc::new(policy.id.clone());
             let served = Family::ALL.map(|f| {
                 let like = self.policies[like[fi(f)]?][fi(f)].as_ref()?;
                 Some(Served {
                     policy: Arc::clone(policy),
-                    id: Arc::clone(&id),
+                    id: OnceLock::new(),
                     ..like.clone()
                 })
             });
@@ -394,7 +401,7 @@ impl Serving {
             let Some(carried) = &served.group else {
                 // No node at all, and the gateway fails closed.
                 if here {
-                    let policy = Some(Arc::clone(&served.id));
+                    let policy = Some(served.id());
                     to(node, classify(Action::Drop, policy, None));
                 }
                 continue;
@@ -417,7 +424,7 @@ impl Serving {
                     };
                     (action, Some(Arc::clone(group)))
                 };
-                let policy = Some(Arc::clone(&served.id));
+                let policy = Some(served.id());
                 to(node, classify(action, policy, group_of));
             }
             if !local && !can_send {
@@ -446,7 +453,7 @@ impl Serving {
                     dst: *dst,
                     to: served.to,
                     origin: Arc::clone(&origin),
-                    policy: Arc::clone(&served.id),
+                    policy: served.id(),
                 };
                 to(gateway, Entry::Snat(snat));
             }
