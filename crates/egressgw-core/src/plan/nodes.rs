@@ -504,6 +504,15 @@ impl Serving {
     }
 }
 
+/// A node's state being built: the state, the group each classification
+/// entry follows, its SNAT entries and its reply routes.
+type Building = (
+    NodeState,
+    Vec<Option<Arc<Group>>>,
+    Vec<SnatEntry>,
+    Vec<ReplyRoute>,
+);
+
 /// Builds the state of the nodes `serving` was resolved for.
 pub(super) fn build(serving: &Serving, classified: &Classified<'_>) -> BTreeMap<String, NodeState> {
     let index: FoldMap<&str, usize> = serving
@@ -512,10 +521,12 @@ pub(super) fn build(serving: &Serving, classified: &Classified<'_>) -> BTreeMap<
         .enumerate()
         .map(|(i, n)| (n.as_str(), i))
         .collect();
-    let mut states: Vec<(NodeState, Vec<Option<Arc<Group>>>)> = serving
+    // Per node: its state, the group each classification entry follows,
+    // and its SNAT entries and reply routes, shared once complete.
+    let mut states: Vec<Building> = serving
         .base
         .values()
-        .map(|(state, _)| (state.clone(), Vec::new()))
+        .map(|(state, _)| (state.clone(), Vec::new(), Vec::new(), Vec::new()))
         .collect();
     for source in &classified.sources {
         let here = index.contains_key(source.node);
@@ -528,14 +539,14 @@ pub(super) fn build(serving: &Serving, classified: &Classified<'_>) -> BTreeMap<
                 let Some(i) = index.get(node).copied() else {
                     return;
                 };
-                let (state, follows) = &mut states[i];
+                let (state, follows, snat, replies) = &mut states[i];
                 match entry {
                     Entry::Classify(entry, group) => {
                         state.classify.push(entry);
                         follows.push(group);
                     }
-                    Entry::Snat(entry) => Arc::make_mut(&mut state.snat).push(entry),
-                    Entry::Reply(route) => Arc::make_mut(&mut state.replies).push(route),
+                    Entry::Snat(entry) => snat.push(entry),
+                    Entry::Reply(route) => replies.push(route),
                 }
             },
         );
@@ -543,7 +554,9 @@ pub(super) fn build(serving: &Serving, classified: &Classified<'_>) -> BTreeMap<
     states
         .into_iter()
         .zip(serving.base.values())
-        .map(|((mut state, follows), (_, own))| {
+        .map(|((mut state, follows, snat, replies), (_, own))| {
+            state.snat = Arc::new(snat);
+            state.replies = Arc::new(replies);
             serving.finish(&mut state, &follows, own);
             (state.node.clone(), state)
         })
