@@ -75,8 +75,8 @@ pub struct Report {
     /// Per agent: the Pods it watches, its reconciles and their mean
     /// time, as it reports them.
     watched: Vec<(String, String)>,
-    /// Per process: (what, RSS MiB, peak MiB).
-    memory: Vec<(String, f64, f64)>,
+    /// Per process, its memory.
+    memory: Vec<Memory>,
     /// Seconds from each probe Pod's creation to its entry, and from its
     /// address in the API to its entry.
     probe_created: Vec<f64>,
@@ -778,8 +778,21 @@ fn parse_labels(text: &str) -> BTreeMap<String, String> {
     labels
 }
 
-/// RSS and peak RSS of egressgw's daemons and the API server and etcd.
-fn memory() -> Vec<(String, f64, f64)> {
+/// One process's memory, in MiB, from `/proc/<pid>/status`.
+#[derive(Debug)]
+struct Memory {
+    what: String,
+    /// Resident now (`VmRSS`).
+    rss: f64,
+    /// Of it, pages of files (`RssFile`): the binary's own code and data,
+    /// shared with every process running it.
+    file: f64,
+    /// The most it was resident at once (`VmHWM`).
+    peak: f64,
+}
+
+/// The memory of egressgw's daemons and the API server and etcd.
+fn memory() -> Vec<Memory> {
     let mut found = Vec::new();
     let Ok(entries) = fs::read_dir("/proc") else {
         return found;
@@ -828,9 +841,14 @@ fn memory() -> Vec<(String, f64, f64)> {
                 .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
                 .unwrap_or(0.0)
         };
-        found.push((what, kib("VmRSS:") / 1024.0, kib("VmHWM:") / 1024.0));
+        found.push(Memory {
+            what,
+            rss: kib("VmRSS:") / 1024.0,
+            file: kib("RssFile:") / 1024.0,
+            peak: kib("VmHWM:") / 1024.0,
+        });
     }
-    found.sort_by(|a, b| a.0.cmp(&b.0));
+    found.sort_by(|a, b| a.what.cmp(&b.what));
     found
 }
 
@@ -912,10 +930,14 @@ impl fmt::Display for Report {
         }
         let _ = writeln!(
             out,
-            "\n| process | RSS MiB | peak MiB |\n| --- | --- | --- |"
+            "\n| process | RSS MiB | of it, file pages MiB | peak MiB |\n| --- | --- | --- | --- |"
         );
-        for (what, rss, peak) in &self.memory {
-            let _ = writeln!(out, "| {what} | {rss:.0} | {peak:.0} |");
+        for m in &self.memory {
+            let _ = writeln!(
+                out,
+                "| {} | {:.0} | {:.0} | {:.0} |",
+                m.what, m.rss, m.file, m.peak
+            );
         }
         if !self.probe_created.is_empty() {
             let _ = writeln!(
