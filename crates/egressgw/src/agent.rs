@@ -306,27 +306,60 @@ async fn agent(args: &AgentArgs, config: Config, running: &Running) -> anyhow::R
     let mut traffic = tokio::time::interval(TRAFFIC_EVERY);
     traffic.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let wait = if agent.reconcile(replan).await {
+        let succeeded = agent.reconcile(replan).await;
+        let wait = if succeeded {
             retry.reset();
             agent.memory.recheck_in().map_or(RESYNC, |d| d.min(RESYNC))
         } else {
             retry.next()
         };
         let until = tokio::time::Instant::now() + wait;
-        replan = loop {
+        let woken = loop {
             tokio::select! {
                 () = changed.notified() => {
                     tokio::time::sleep(DEBOUNCE).await;
-                    break true;
+                    break Wake::Changed;
                 }
-                () = liveness.changed.notified() => break false,
-                () = tokio::time::sleep_until(until) => break true,
+                () = liveness.changed.notified() => break Wake::Peers,
+                () = tokio::time::sleep_until(until) => break Wake::Timer,
                 _ = traffic.tick() => {
                     agent.refresh_metrics();
                     agent.health.beat();
                 }
             }
         };
+        replan = woken.plans_again(succeeded);
+    }
+}
+
+/// What woke the agent's loop for its next run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wake {
+    /// A watched object changed (after the debounce).
+    Changed,
+    /// A peer started or stopped answering through the tunnel.
+    Peers,
+    /// The resync, a retry after a failed run, or an EIP's recheck.
+    Timer,
+}
+
+impl Wake {
+    /// Whether the run it starts plans the node again from the stores,
+    /// after a last run that `succeeded` or not. Only a change of a watched
+    /// object can change the plan: the stores change only by their watches,
+    /// and every change wakes the loop ([`Wake::Changed`]; one that comes
+    /// during a run wakes it again right after). A resync therefore
+    /// reconciles the kernel with the plan it has, which costs a gateway
+    /// node of a large cluster a list of every Pod it serves and their
+    /// comparison each time. A run that failed may have failed to plan (a
+    /// watch still listing, the node's tunnel not allocated yet): its
+    /// retry plans again.
+    fn plans_again(self, succeeded: bool) -> bool {
+        match self {
+            Self::Changed => true,
+            Self::Peers => false,
+            Self::Timer => !succeeded,
+        }
     }
 }
 
@@ -616,6 +649,7 @@ impl Agent {
     /// Takes the planner's state as this node's plan.
     fn adopt(&mut self, replanned: Replanned, start: Instant, underlay: Option<IpAddr>) -> bool {
         tracing::debug!(node = self.node, ?replanned, took = ?start.elapsed(), "planned");
+        self.metrics.planned();
         let Some(state) = self.following.state() else {
             tracing::warn!(node = self.node, "the planner has no state for this node");
             return false;
@@ -922,5 +956,18 @@ mod tests {
         // The heartbeat.
         let later = start + HEARTBEAT_EVERY;
         assert!(status_due(Some(&last), &ready, phase, later));
+    }
+
+    #[test]
+    fn only_a_change_or_a_retry_plans_again_and_a_resync_reconciles_the_plan_it_has() {
+        assert!(Wake::Changed.plans_again(true));
+        assert!(Wake::Changed.plans_again(false));
+        // The peers decide the failover, which is resolved on the plan.
+        assert!(!Wake::Peers.plans_again(true));
+        assert!(!Wake::Peers.plans_again(false));
+        // The resync after a run that went well: nothing to plan anew.
+        assert!(!Wake::Timer.plans_again(true));
+        // The retry of a run that failed, perhaps to plan.
+        assert!(Wake::Timer.plans_again(false));
     }
 }

@@ -72,8 +72,8 @@ pub struct Report {
     /// Watch events (count, bytes) the API server sent per resource over
     /// the same time.
     watch_events: BTreeMap<String, (f64, f64)>,
-    /// Per agent: the Pods it watches, its reconciles and their mean
-    /// time, as it reports them.
+    /// Per agent: the Pods it watches, its plans, its reconciles and
+    /// their mean time, as it reports them.
     watched: Vec<(String, String)>,
     /// Per process, its memory.
     memory: Vec<Memory>,
@@ -222,8 +222,8 @@ impl Steps<'_> {
         Ok(())
     }
 
-    /// The agents' own count of the Pods they watch, and of their
-    /// reconciles.
+    /// The agents' own count of the Pods they watch, of their plans and
+    /// of their reconciles.
     fn watched(&self) -> Vec<(String, String)> {
         self.lab
             .state
@@ -246,12 +246,14 @@ impl Steps<'_> {
                 let one = |name: &str| samples(&text, name).first().map_or(0.0, |s| s.1);
                 let count = one("egressgw_reconcile_duration_seconds_count");
                 let sum = one("egressgw_reconcile_duration_seconds_sum");
+                let plans = one("egressgw_plans_total");
                 let mean = if count > 0.0 {
                     sum / count * 1_000.0
                 } else {
                     f64::NAN
                 };
-                (n.name.clone(), format!("{scopes} | {count:.0} | {mean:.1}"))
+                let row = format!("{scopes} | {plans:.0} | {count:.0} | {mean:.1}");
+                (n.name.clone(), row)
             })
             .collect()
     }
@@ -923,7 +925,7 @@ impl fmt::Display for Report {
         }
         let _ = writeln!(
             out,
-            "\n| agent | Pods watched (scope) | reconciles | mean reconcile ms |\n| --- | --- | --- | --- |"
+            "\n| agent | Pods watched (scope) | plans | reconciles | mean reconcile ms |\n| --- | --- | --- | --- | --- |"
         );
         for (node, watched) in &self.watched {
             let _ = writeln!(out, "| {node} | {watched} |");

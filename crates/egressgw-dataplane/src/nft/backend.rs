@@ -149,7 +149,10 @@ impl Nft {
             .wait_with_output()
             .map_err(|e| err(format!("wait: {e}")))?;
         if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+            // Taken as it is, not copied: a listing of the table can be
+            // megabytes.
+            Ok(String::from_utf8(out.stdout)
+                .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
         } else {
             Err(err(String::from_utf8_lossy(&out.stderr).trim().to_owned()))
         }
@@ -202,6 +205,9 @@ impl Firewall for Nft {
         {
             return Ok(known.table.clone());
         }
+        // What was known goes before the table is read again, not after:
+        // the two are never held at once.
+        self.known = None;
         let table = self.read()?;
         self.known = now.map(|generation| Known {
             table: table.clone(),

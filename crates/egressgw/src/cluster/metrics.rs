@@ -56,6 +56,7 @@ pub struct AgentMetrics {
     recovery_seconds: Histogram,
     gateway_unreachable: Family<[(&'static str, String); 1], Gauge>,
     watched_pods: Family<Label, Gauge>,
+    plans: Counter,
     api: ApiRequests,
 }
 
@@ -92,6 +93,7 @@ impl AgentMetrics {
             recovery_seconds: Histogram::new(FAILOVER_BUCKETS),
             gateway_unreachable: Family::default(),
             watched_pods: Family::default(),
+            plans: Counter::default(),
             api: ApiRequests::register(registry),
         };
         // Rare events start at 0, so that the first one is an increase.
@@ -212,8 +214,20 @@ impl AgentMetrics {
              selects it and no controller publishes them); the other scopes are 0",
             metrics.watched_pods.clone(),
         );
+        registry.register(
+            "egressgw_plans",
+            "Times this agent planned its node from the objects it watches: once per change \
+             of them (a burst of changes is one), not at the resync that reconciles the \
+             kernel every 30 s",
+            metrics.plans.clone(),
+        );
         registry.register_collector(Box::new(Arc::clone(&metrics.traffic)));
         metrics
+    }
+
+    /// The agent planned its node from the stores once more.
+    pub fn planned(&self) {
+        self.plans.inc();
     }
 
     /// The agent planned from `count` Pods of `scope`.

@@ -448,12 +448,7 @@ impl OnDemand {
                     egressgw_api::endpoints::GATEWAY_LABEL,
                     values.join(",")
                 );
-                let selection = Selection {
-                    fields: None,
-                    labels: Some(&labels),
-                    trim: Trim::trim,
-                    keep_resent: false,
-                };
+                let selection = Selection::slices(&labels);
                 Running::Gateways(
                     names.clone(),
                     watch_fields(
@@ -621,8 +616,9 @@ struct Selection<'a, K> {
     trim: fn(&mut K),
     /// Whether an object sent again with nothing kept changed (see
     /// [`resent`]) is stored as the object held, not anew; only for kinds
-    /// whose copy is one count more ([`Decoded`]), and whose stored
-    /// `resourceVersion` no one reads.
+    /// whose copy is one count more ([`Decoded`]) or shares what it holds
+    /// ([`PublishedSlice`]'s Pods), and whose stored `resourceVersion` no
+    /// one reads.
     keep_resent: bool,
 }
 
@@ -671,6 +667,21 @@ impl Selection<'_, EgressGateway> {
             labels: None,
             trim: if agent { published_only } else { Trim::trim },
             keep_resent: false,
+        }
+    }
+}
+
+impl<'a> Selection<'a, PublishedSlice> {
+    /// The slices `labels` selects. One sent again unchanged is stored as
+    /// the one held: the copy shares its Pods with it, and so with the
+    /// planner, which plans again only when something changed; stored
+    /// anew, its Pods would be held twice until then.
+    fn slices(labels: &'a str) -> Self {
+        Self {
+            fields: None,
+            labels: Some(labels),
+            trim: Trim::trim,
+            keep_resent: true,
         }
     }
 }
@@ -1347,6 +1358,44 @@ mod tests {
         assert!(!same_place(&third, &fourth, "web-4"));
         assert!(same_pod(&third, &fourth, "web-4"));
         assert!(!same_pod(&third, &fourth, "web-3"));
+    }
+
+    /// A slice the API server sends again with only what is trimmed
+    /// changed wakes no one and is stored sharing the Pods of the one held,
+    /// which the planner holds too; a slice changed is stored anew.
+    #[test]
+    fn a_slice_sent_again_unchanged_is_stored_sharing_the_pods_held() {
+        let decoded = |s: &EgressEndpointSlice| -> PublishedSlice {
+            let json = serde_json::to_value(s).expect("a slice serializes");
+            serde_json::from_value(json).expect("a slice decodes")
+        };
+        let (store, mut writer) = reflector::store::<PublishedSlice>();
+        let first = slice("gw-0", "gw", "1", &[("web-1", "node-1")]);
+        writer.apply_watcher_event(&watcher::Event::Apply(decoded(&first)));
+        let held = store
+            .get(&ObjectRef::new("gw-0").within("egressgw-system"))
+            .expect("stored");
+        let selection = Selection::<PublishedSlice>::slices("egressgw.io/gateway");
+        let take = |s: &EgressEndpointSlice| {
+            let event = watcher::Event::Apply(decoded(s));
+            match taken(event, &store, selection.trim, selection.keep_resent) {
+                (watcher::Event::Apply(object), resent) => (object, resent),
+                other => panic!("{other:?}"),
+            }
+        };
+        let mut annotated = first.clone();
+        annotated.metadata.resource_version = Some("2".into());
+        annotated.metadata.annotations = Some([("note".to_owned(), "x".to_owned())].into());
+        let (object, resent) = take(&annotated);
+        assert!(resent);
+        assert!(Arc::ptr_eq(&object.spec.pods[0].0, &held.spec.pods[0].0));
+        let mut moved = first.clone();
+        moved.metadata.resource_version = Some("3".into());
+        moved.spec.pods[0].node = "node-2".into();
+        let (object, resent) = take(&moved);
+        assert!(!resent);
+        assert!(!Arc::ptr_eq(&object.spec.pods[0].0, &held.spec.pods[0].0));
+        assert_eq!(object.spec.pods[0].0.node.as_deref(), Some("node-2"));
     }
 
     /// A kubelet's status renewal changes only its conditions' heartbeat
