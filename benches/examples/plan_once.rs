@@ -14,7 +14,8 @@
 //! `PLAN_ONCE_AGENT=worker|gateway`, the agent's incremental planner is
 //! built, N of its Pods changed one by one and policies edited, deleted
 //! and added back (ten across the list, then up to five of each
-//! allocator, printed apart), each timed. With
+//! allocator, printed apart; `PLAN_ONCE_EACH=M` takes up to M of each,
+//! for a profile of them), each timed. With
 //! `PLAN_ONCE_CONTROLLER=N`, the controller's `egressgw_core::Publisher`
 //! is built from every Pod, N selected Pods are changed one by one, each
 //! timed with the status that follows, then ten policies edited three
@@ -254,14 +255,19 @@ fn planner_changes(
         staged += restaged;
     }
     let mut by_kind = String::new();
+    let each = std::env::var("PLAN_ONCE_EACH")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(5_usize)
+        .max(1);
     for kind in ["default", "rr", "pinned", "useNodeIP"] {
         let chosen: Vec<_> = planner
             .cluster()
             .policies
             .iter()
             .filter(|p| allocator_of(p) == kind)
-            .step_by(count / 5 / 5 + 1)
-            .take(5)
+            .step_by(count / 5 / each + 1)
+            .take(each)
             .cloned()
             .collect();
         let (mut deleted, mut added, mut staged) = (Vec::new(), Vec::new(), 0);
