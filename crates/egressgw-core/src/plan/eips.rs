@@ -147,6 +147,256 @@ impl<'a> Sharing<'a> {
     }
 }
 
+/// What stage 3 gives one policy alone ([`Sharing::alone`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Alone<'a> {
+    /// The gateway it uses; `None` when it failed.
+    pub gateway: Option<&'a str>,
+    /// Whether its gateway fails closed.
+    pub fail_closed: bool,
+    /// Its EIP per family ([`fi`]).
+    pub eips: [Option<IpAddr>; 2],
+    /// Families it leaves with the node's address (`useNodeIP`).
+    pub node_ip: [bool; 2],
+}
+
+/// Who holds, pins and last held each address, among every policy but
+/// one: what stage 3 gave the others, read back from what is carried.
+#[derive(Debug, Default)]
+pub(super) struct Others<'a> {
+    /// Per address: the owners of the other policies pinning it (a
+    /// namespace; `None` for a cluster policy).
+    pins: FoldMap<IpAddr, Vec<Option<&'a str>>>,
+    /// Per address: the owners of the other policies whose last status
+    /// named it.
+    previous: FoldMap<IpAddr, Vec<Option<&'a str>>>,
+    /// The addresses the others hold, pinned or `rr`.
+    held: HashSet<IpAddr, RandomState>,
+    /// The addresses the others that cannot be served last held: kept
+    /// reserved for them, unless what they failed on came after the
+    /// reservation (a pin refused, a pool exhausted).
+    reserved: HashSet<IpAddr, RandomState>,
+    /// Per address: the others (by index) whose traffic leaves with it,
+    /// each with whether it pins it.
+    users: FoldMap<IpAddr, Vec<(usize, bool)>>,
+    /// The gateways an `rr` policy of which holds no address its last
+    /// status named, or cannot be served: one policy more or less may move
+    /// its EIP.
+    unsettled: HashSet<&'a str, RandomState>,
+}
+
+impl<'a> Others<'a> {
+    /// From `policies` (stage 3's order) and per policy the EIPs its
+    /// traffic leaves with (`None` in both families: it could not be
+    /// allocated), every policy but the one at `except`.
+    pub(super) fn new(
+        sharing: &Sharing<'a>,
+        policies: &'a [Arc<Policy>],
+        eips: impl Fn(usize) -> [Option<Option<IpAddr>>; 2],
+        except: Option<usize>,
+    ) -> Self {
+        let mut others = Others::default();
+        for (k, policy) in policies.iter().enumerate() {
+            if Some(k) == except {
+                continue;
+            }
+            let owner = policy.id.namespace.as_deref();
+            let spec = &policy.egress_ip;
+            for family in Family::ALL {
+                if let Some(ip) = pinned(policy, family) {
+                    others.pins.entry(ip).or_default().push(owner);
+                }
+            }
+            for ip in &policy.previous_eips {
+                others.previous.entry(*ip).or_default().push(owner);
+            }
+            let leaves = eips(k);
+            let rr = spec.allocator == Allocator::RoundRobin && !spec.use_node_ip;
+            let gateway = policy.gateway.as_deref().or(sharing.gateways.default);
+            if leaves == [None, None] {
+                others.reserved.extend(policy.previous_eips.iter().copied());
+                if rr && let Some(gateway) = gateway {
+                    others.unsettled.insert(gateway);
+                }
+                continue;
+            }
+            for family in Family::ALL {
+                let Some(Some(ip)) = leaves[fi(family)] else {
+                    continue;
+                };
+                let pins = pinned(policy, family).is_some() && !spec.use_node_ip;
+                others.users.entry(ip).or_default().push((k, pins));
+                if pins || rr {
+                    others.held.insert(ip);
+                }
+                if rr && !pins && !policy.previous_eips.contains(&ip) {
+                    others.unsettled.extend(gateway);
+                }
+            }
+        }
+        others
+    }
+
+    /// The others whose traffic leaves with `ip`, each with whether it
+    /// pins it.
+    pub(super) fn users(&self, ip: IpAddr) -> &[(usize, bool)] {
+        self.users.get(&ip).map_or(&[], Vec::as_slice)
+    }
+}
+
+impl<'a> Sharing<'a> {
+    /// The gateway `name`, when there is one.
+    pub(super) fn gateway(&self, name: &str) -> Option<&super::gateways::GatewayInfo<'a>> {
+        self.gateways.by_name.get(name)
+    }
+
+    /// Stage 3 for `policy` alone, the others' outcome of it being what
+    /// `others` says, when that holds whichever of them is older: `None`
+    /// when the outcome may depend on their order (an address it last held
+    /// is held by another; it pins an address another owner pins or last
+    /// held).
+    pub(super) fn alone(&self, policy: &'a Arc<Policy>, others: &Others<'_>) -> Option<Alone<'a>> {
+        let mut w = resolve_gateway(policy, &self.gateways, &self.namespaces);
+        let failed = Alone {
+            gateway: None,
+            fail_closed: w.fail_closed,
+            eips: [None, None],
+            node_ip: [false, false],
+        };
+        if w.failure.is_some() {
+            return Some(failed);
+        }
+        let gw = self.gateways.by_name[w.gateway?].gateway;
+        let families = &self.families;
+        if check_pools(&w, gw, families).is_some()
+            || families
+                .iter()
+                .any(|f| in_cluster(&w, gw, *f, &self.own).is_some())
+        {
+            return Some(failed);
+        }
+        let spec = &policy.egress_ip;
+        let owner = policy.id.namespace.as_deref();
+        let mut held: HashSet<IpAddr, RandomState> = HashSet::default();
+        for family in families {
+            let slot = fi(*family);
+            if spec.use_node_ip {
+                w.node_ip[slot] = true;
+            } else if let Some(ip) = pinned(policy, *family) {
+                if gw.default_eip(*family) == Some(ip) {
+                    return Some(failed);
+                }
+                let another = |of: &FoldMap<IpAddr, Vec<Option<&str>>>| {
+                    of.get(&ip).is_some_and(|os| os.iter().any(|o| *o != owner))
+                };
+                if another(&others.pins) || another(&others.previous) {
+                    return None;
+                }
+                held.insert(ip);
+                w.eips[slot] = Some(ip);
+            } else if spec.allocator == Allocator::Default {
+                w.eips[slot] = gw.default_eip(*family);
+            }
+        }
+        if spec.allocator == Allocator::RoundRobin && !spec.use_node_ip {
+            // Another `rr` policy of the gateway may get its EIP after
+            // this one or before it, by age.
+            if others.unsettled.contains(gw.name.as_str()) {
+                return None;
+            }
+            // Whether `ip` is free; `None` when that depends on why another
+            // policy failed.
+            let free = |ip: &IpAddr, family: Family, held: &HashSet<IpAddr, RandomState>| {
+                if Some(*ip) == gw.default_eip(family)
+                    || held.contains(ip)
+                    || others.held.contains(ip)
+                    || self.own.holds(*ip)
+                {
+                    return Some(false);
+                }
+                (!others.reserved.contains(ip)).then_some(true)
+            };
+            // Its previous EIPs first, as the stages' first pass takes
+            // them; one another holds may be that one's by age alone.
+            for family in families {
+                let slot = fi(*family);
+                if w.eips[slot].is_some() || gw.pool(*family).is_empty() {
+                    continue;
+                }
+                let mut previous = policy.previous_eips.iter().filter(|ip| {
+                    Family::of(**ip) == *family
+                        && gw.pool(*family).contains(**ip)
+                        && Some(**ip) != gw.default_eip(*family)
+                        && !self.own.holds(**ip)
+                });
+                if let Some(ip) = previous.next() {
+                    if !free(ip, *family, &held)? {
+                        return None;
+                    }
+                    held.insert(*ip);
+                    w.eips[slot] = Some(*ip);
+                }
+            }
+            for family in families {
+                let slot = fi(*family);
+                if w.eips[slot].is_some() || gw.pool(*family).is_empty() {
+                    continue;
+                }
+                let mut choice = None;
+                for ip in gw.pool(*family).iter() {
+                    if free(&ip, *family, &held)? {
+                        choice = Some(ip);
+                        break;
+                    }
+                }
+                match choice {
+                    Some(ip) => {
+                        held.insert(ip);
+                        w.eips[slot] = Some(ip);
+                    }
+                    None => return Some(failed),
+                }
+            }
+        }
+        Some(Alone {
+            gateway: w.gateway,
+            fail_closed: w.fail_closed,
+            eips: w.eips,
+            node_ip: w.node_ip,
+        })
+    }
+
+    /// Whether the stages' outcome for the others stays as it is when the
+    /// address `ip` is taken, freed, or named by a status of `owner`'s
+    /// policy: no other owner pins it or last held it, and every `rr`
+    /// policy of the gateway whose pool holds it keeps its own EIP. An
+    /// address a gateway shares by default is never pinned or handed out,
+    /// so it always does.
+    pub(super) fn settled(&self, ip: IpAddr, owner: Option<&str>, others: &Others<'_>) -> bool {
+        let family = Family::of(ip);
+        let usable = self
+            .gateways
+            .by_name
+            .values()
+            .filter(|info| info.problem.is_none());
+        let mut of_pool = None;
+        for info in usable {
+            if info.gateway.pool(family).contains(ip) {
+                if info.gateway.default_eip(family) == Some(ip) {
+                    return true;
+                }
+                of_pool = Some(info.gateway.name.as_str());
+            }
+        }
+        let another = |of: &FoldMap<IpAddr, Vec<Option<&str>>>| {
+            of.get(&ip).is_some_and(|os| os.iter().any(|o| *o != owner))
+        };
+        !another(&others.pins)
+            && !another(&others.previous)
+            && of_pool.is_none_or(|g| !others.unsettled.contains(g))
+    }
+}
+
 /// Each namespace's labels, by name.
 fn namespace_labels(snapshot: &Snapshot) -> FoldMap<&str, &Labels> {
     snapshot
@@ -181,33 +431,8 @@ pub(super) fn allocate<'a>(
     let families: Vec<Family> = snapshot.config.enabled_families().collect();
     for w in works.iter_mut().filter(|w| w.failure.is_none()) {
         let gw = gateways.by_name[w.gateway.expect("resolved")].gateway;
-        w.failure = check_pools(w, gw, &families).or_else(|| {
-            families.iter().find_map(|family| {
-                let pinned = pinned(w.policy, *family);
-                let ip = match pinned {
-                    Some(ip) => ip,
-                    None if w.policy.egress_ip.allocator == Allocator::Default
-                        && !w.policy.egress_ip.use_node_ip =>
-                    {
-                        gw.default_eip(*family)?
-                    }
-                    None => return None,
-                };
-                let whose = own.whose(ip)?;
-                let field = match pinned {
-                    Some(_) => format!("spec.egressIP.{family}"),
-                    None => format!(
-                        "the default EIP of EgressGateway {} (spec.ippools.{family}DefaultEIP, \
-                         else the pool's first address)",
-                        gw.name
-                    ),
-                };
-                Some((
-                    Reason::EipInCluster,
-                    format!("{field}: {ip} {whose}; an EIP must be an address only egressgw uses"),
-                ))
-            })
-        });
+        w.failure = check_pools(w, gw, &families)
+            .or_else(|| families.iter().find_map(|f| in_cluster(w, gw, *f, &own)));
     }
 
     // Addresses a pinned or rr policy owns. Usable gateways' pools do not
@@ -462,6 +687,39 @@ fn check_pools(w: &Work<'_>, gw: &Gateway, families: &[Family]) -> Option<(Reaso
             ),
         )
     })
+}
+
+/// Why the EIP `w` would take in `family` (pinned, or its gateway's
+/// default one) cannot be one: it is the cluster's own.
+fn in_cluster(
+    w: &Work<'_>,
+    gw: &Gateway,
+    family: Family,
+    own: &Own<'_>,
+) -> Option<(Reason, String)> {
+    let pinned = pinned(w.policy, family);
+    let ip = match pinned {
+        Some(ip) => ip,
+        None if w.policy.egress_ip.allocator == Allocator::Default
+            && !w.policy.egress_ip.use_node_ip =>
+        {
+            gw.default_eip(family)?
+        }
+        None => return None,
+    };
+    let whose = own.whose(ip)?;
+    let field = match pinned {
+        Some(_) => format!("spec.egressIP.{family}"),
+        None => format!(
+            "the default EIP of EgressGateway {} (spec.ippools.{family}DefaultEIP, else the \
+             pool's first address)",
+            gw.name
+        ),
+    };
+    Some((
+        Reason::EipInCluster,
+        format!("{field}: {ip} {whose}; an EIP must be an address only egressgw uses"),
+    ))
 }
 
 fn pinned(policy: &Policy, family: Family) -> Option<IpAddr> {

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use crate::model::{Pod, Policy, PolicyRef, Snapshot};
 use crate::net::Family;
-use crate::state::{ClassifyEntry, Group, NodeState, ReplyRoute, SnatEntry};
+use crate::state::{ClassifyEntry, Group, NodeState, ReplyRoute, SnatEntry, SnatTo};
 
 use super::classify::{Table, TableAt, Tables};
 use super::edits::PolicyChange;
@@ -248,22 +248,13 @@ impl Frame {
     /// `earlier` (the last frame of the node) is taken over.
     fn new(cluster: &Snapshot, node: &str, earlier: Option<&Frame>) -> Self {
         // An agent follows the published placement.
+        let stages = stages(cluster, Placement::Published);
+        let serving = nodes::serving(cluster, &stages, Some(node), earlier.map(|e| &e.serving));
         let Stages {
-            tunnels,
             cluster_cidrs,
             policies: works,
-            placed,
             ..
-        } = stages(cluster, Placement::Published);
-        let serving = nodes::serving(
-            cluster,
-            &tunnels,
-            &works,
-            &placed,
-            &cluster_cidrs,
-            Some(node),
-            earlier.map(|e| &e.serving),
-        );
+        } = stages;
         let tables = Tables::new(&works, &cluster_cidrs);
         let policies = works.iter().map(|w| Arc::clone(w.policy)).collect();
         Frame {
@@ -379,7 +370,21 @@ impl Frame {
         out: Option<&Arc<Policy>>,
         put: Option<&Arc<Policy>>,
     ) -> Option<FrameChanges> {
-        let sharing = eips::Sharing::new(cluster, self.tables.cluster_cidrs());
+        // Read apart from the tables, which the swap changes.
+        let cidrs = self.tables.cluster_cidrs().to_vec();
+        let sharing = eips::Sharing::new(cluster, &cidrs);
+        self.swap_shared(&sharing, out, put)
+            .or_else(|| self.swap_alone(cluster, &sharing, out, put))
+    }
+
+    /// [`Frame::swap`] for policies sharing their gateway's default EIP
+    /// with others.
+    fn swap_shared(
+        &mut self,
+        sharing: &eips::Sharing<'_>,
+        out: Option<&Arc<Policy>>,
+        put: Option<&Arc<Policy>>,
+    ) -> Option<FrameChanges> {
         let shared = |policy| sharing.default_eips(policy);
         // The stages' order: oldest first, then by identity.
         let policies = &self.matcher.policies;
@@ -435,9 +440,8 @@ impl Frame {
                 })
             })
             .collect();
-        let like = put.map_or([None, None], |(_, _, like, _)| like);
-        self.serving
-            .splice(taken, put.map(|(at, p, ..)| (at, p)), like);
+        let put_served = put.map(|(at, p, like, _)| (at, self.serving.served_like(p, like)));
+        self.serving.splice(taken, put_served);
         let tables = self.tables.splice(
             &to_new,
             taken,
@@ -447,6 +451,206 @@ impl Frame {
             .splice(taken, put.map(|(at, p, ..)| (at, Arc::clone(p))));
         let added = put.map(|(at, ..)| at).into_iter().collect();
         Some(FrameChanges {
+            moved: Some(Moved {
+                to_new,
+                added,
+                tables,
+            }),
+            ..FrameChanges::default()
+        })
+    }
+
+    /// [`Frame::swap`] for a policy of any allocator whose outcome of the
+    /// stages changes no other's ([`eips::Sharing::alone`],
+    /// [`eips::Sharing::settled`]): the EIPs it takes or frees are no one
+    /// else's to take, and a unit it alone uses goes to the node the
+    /// controller published, with the standbys the stages would give it.
+    fn swap_alone(
+        &mut self,
+        cluster: &Snapshot,
+        sharing: &eips::Sharing<'_>,
+        out: Option<&Arc<Policy>>,
+        put: Option<&Arc<Policy>>,
+    ) -> Option<FrameChanges> {
+        let policies = &self.matcher.policies;
+        let before =
+            |of: &Policy| policies.partition_point(|p| (&p.age, &p.id) < (&of.age, &of.id));
+        let taken = match out {
+            Some(out) => {
+                let at = before(out);
+                policies.get(at).filter(|p| p.id == out.id)?;
+                Some(at)
+            }
+            None => None,
+        };
+        let serving = &self.serving;
+        let leaves = |k: usize| {
+            serving.served_of(k).each_ref().map(|s| {
+                s.as_ref().map(|s| match s.to() {
+                    SnatTo::Eip(ip) => Some(ip),
+                    SnatTo::NodeIp => None,
+                })
+            })
+        };
+        let others = eips::Others::new(sharing, policies, leaves, taken);
+        let owner = out.or(put)?.id.namespace.as_deref();
+        let alone = match put {
+            Some(put) => Some(sharing.alone(put, &others)?),
+            None => None,
+        };
+        // Every address whose holder or last holder changes.
+        let mut touched: Vec<IpAddr> = Vec::new();
+        if let (Some(out), Some(k)) = (out, taken) {
+            touched.extend(out.previous_eips.iter().copied());
+            touched.extend(leaves(k).into_iter().flatten().flatten());
+        }
+        if let (Some(put), Some(alone)) = (put, &alone) {
+            touched.extend(put.previous_eips.iter().copied());
+            touched.extend(alone.eips.iter().flatten().copied());
+            // What it takes, or keeps reserved, is held by no other (but
+            // those sharing it: by default, or pinned alike).
+            let gateway = alone
+                .gateway
+                .and_then(|g| Some(sharing.gateway(g)?.gateway));
+            for family in Family::ALL {
+                let Some(ip) = alone.eips[fi(family)] else {
+                    continue;
+                };
+                let default = gateway.is_some_and(|g| g.default_eip(family) == Some(ip));
+                let users = others.users(ip);
+                if !default && !users.iter().all(|(_, pins)| *pins) {
+                    return None;
+                }
+            }
+            if alone.gateway.is_none()
+                && put
+                    .previous_eips
+                    .iter()
+                    .any(|ip| !others.users(*ip).is_empty())
+            {
+                return None;
+            }
+        }
+        touched.sort_unstable();
+        touched.dedup();
+        if !touched
+            .iter()
+            .all(|ip| sharing.settled(*ip, owner, &others))
+        {
+            return None;
+        }
+        // Stage 4 for its units: the node published, else none.
+        let mut new_eips: Vec<(String, IpAddr, Arc<nodes::Carried>)> = Vec::new();
+        let put = match (put, alone) {
+            (Some(put), Some(alone)) => {
+                let mut served = [None, None];
+                let mut steers = [false, false];
+                if let Some(name) = alone.gateway {
+                    let gateway = &sharing.gateway(name)?.gateway;
+                    let holder = |ip: IpAddr| {
+                        let mut reported =
+                            cluster.nodes.iter().filter(|n| n.held_eips.contains(&ip));
+                        match (reported.next(), reported.next()) {
+                            (Some(node), None) => Some(node.name.as_str()),
+                            _ => gateway.previous_nodes.get(&ip).map(String::as_str),
+                        }
+                    };
+                    let node_ip = (alone.node_ip != [false, false])
+                        .then(|| {
+                            let key = format!("{name}/node-ip/{}", put.id);
+                            let active = put.previous_node.as_deref()?;
+                            serving.new_group(
+                                key,
+                                name,
+                                None,
+                                alone.node_ip,
+                                active,
+                                alone.fail_closed,
+                            )
+                        })
+                        .flatten();
+                    for family in Family::ALL {
+                        let f = fi(family);
+                        let (to, group) = if alone.node_ip[f] {
+                            (SnatTo::NodeIp, node_ip.clone())
+                        } else if let Some(ip) = alone.eips[f] {
+                            if let Some((like, _)) = others.users(ip).first() {
+                                let mut like_of = [None, None];
+                                like_of[f] = Some(*like);
+                                served[f] = serving.served_like(put, like_of)[f].take();
+                                steers[f] = serving.placed(*like, family) || alone.fail_closed;
+                                continue;
+                            }
+                            let group = holder(ip).and_then(|active| {
+                                let key = format!("{name}/{ip}");
+                                let families = [family == Family::Ipv4, family == Family::Ipv6];
+                                serving.new_group(
+                                    key,
+                                    name,
+                                    Some(ip),
+                                    families,
+                                    active,
+                                    alone.fail_closed,
+                                )
+                            });
+                            if let Some(group) = &group {
+                                new_eips.push((name.to_owned(), ip, Arc::clone(group)));
+                            }
+                            (SnatTo::Eip(ip), group)
+                        } else {
+                            continue;
+                        };
+                        steers[f] = group.is_some() || alone.fail_closed;
+                        served[f] = Some(Serving::served(put, alone.fail_closed, to, group));
+                    }
+                }
+                let at = before(put);
+                let at = at - usize::from(taken.is_some_and(|t| t < at));
+                Some((at, put, served, steers))
+            }
+            _ => None,
+        };
+        // The units it alone used go.
+        let mut gone: Vec<(String, IpAddr)> = Vec::new();
+        if let Some(k) = taken {
+            for served in serving.served_of(k).iter().flatten() {
+                if let (SnatTo::Eip(ip), Some(group)) = (served.to(), served.group())
+                    && others.users(ip).is_empty()
+                {
+                    gone.push((group.gateway.clone(), ip));
+                }
+            }
+        }
+        let count = self.matcher.policies.len();
+        let to_new: Vec<Option<usize>> = (0..count)
+            .map(|j| {
+                let j = match taken {
+                    Some(t) if j == t => return None,
+                    Some(t) if j > t => j - 1,
+                    _ => j,
+                };
+                Some(match &put {
+                    Some((at, ..)) if j >= *at => j + 1,
+                    _ => j,
+                })
+            })
+            .collect();
+        let mut base = false;
+        for (gateway, ip) in &gone {
+            base |= self.serving.drop_eip(gateway, *ip);
+        }
+        let steering = put.as_ref().map(|(at, p, _, steers)| (*at, &***p, *steers));
+        let tables = self.tables.splice(&to_new, taken, steering);
+        let added = put.as_ref().map(|(at, ..)| *at).into_iter().collect();
+        let matched = put.as_ref().map(|(at, p, ..)| (*at, Arc::clone(p)));
+        self.serving
+            .splice(taken, put.map(|(at, _, served, _)| (at, served)));
+        for (gateway, ip, group) in &new_eips {
+            base |= self.serving.add_eip(gateway, *ip, group);
+        }
+        self.matcher.splice(taken, matched);
+        Some(FrameChanges {
+            base,
             moved: Some(Moved {
                 to_new,
                 added,

@@ -184,17 +184,13 @@ fn stages(snapshot: &Snapshot, placement: Placement) -> Stages<'_> {
 }
 
 fn build_with(snapshot: &Snapshot, states: States<'_>, placement: Placement, report: bool) -> Plan {
-    let Stages {
-        gateways,
-        tunnels,
-        cluster_cidrs,
-        policies,
-        placed,
-    } = stages(snapshot, placement);
+    let stages = stages(snapshot, placement);
     // The status needs only how many pods each policy selects.
     let classified = match states {
-        States::None => classify::count(snapshot, &policies),
-        States::All | States::One(_) => classify::classify(snapshot, &policies, &cluster_cidrs),
+        States::None => classify::count(snapshot, &stages.policies),
+        States::All | States::One(_) => {
+            classify::classify(snapshot, &stages.policies, &stages.cluster_cidrs)
+        }
     };
     let nodes = match states {
         States::None => BTreeMap::new(),
@@ -203,18 +199,17 @@ fn build_with(snapshot: &Snapshot, states: States<'_>, placement: Placement, rep
                 States::One(node) => Some(node),
                 _ => None,
             };
-            let serving = nodes::serving(
-                snapshot,
-                &tunnels,
-                &policies,
-                &placed,
-                &cluster_cidrs,
-                only,
-                None,
-            );
+            let serving = nodes::serving(snapshot, &stages, only, None);
             nodes::build(&serving, &classified)
         }
     };
+    let Stages {
+        gateways,
+        tunnels,
+        policies,
+        placed,
+        ..
+    } = stages;
     let status = if report {
         report::status(
             snapshot,

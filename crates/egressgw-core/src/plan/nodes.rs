@@ -23,9 +23,9 @@ use crate::state::{
 };
 
 use super::classify::{Classified, Table};
-use super::placement::{Placed, Unit, unit_for};
+use super::placement::{Unit, failover_order, unit_for, unit_key};
 use super::tunnels::Tunnels;
-use super::{Work, fi};
+use super::{Stages, fi};
 
 /// A hash map with a fast hasher, for lookups by node name within a plan.
 type FoldMap<K, V> = HashMap<K, V, RandomState>;
@@ -47,6 +47,10 @@ pub(super) struct Serving {
     /// The groups of EIPs, by gateway and EIP: a later frame takes over
     /// those it would build alike.
     eip_groups: FoldMap<String, FoldMap<IpAddr, Arc<Carried>>>,
+    /// Per usable gateway and family ([`fi`]): the nodes that may carry
+    /// its traffic, ready or not, by name. A unit placed without the stages
+    /// ([`Serving::new_group`]) finds its candidates there.
+    fit: FoldMap<String, [Vec<Fit>; 2]>,
     /// The reply rule, on nodes with reply routes.
     reply_rule: Rule,
     /// The reply table.
@@ -57,9 +61,21 @@ pub(super) struct Serving {
 /// send each family through the tunnel; its tunnel address of each family.
 type Facts = (Arc<str>, [bool; 2], [Option<IpAddr>; 2]);
 
+/// A node that may carry a gateway's traffic of one family.
+#[derive(Debug, Clone)]
+struct Fit {
+    node: String,
+    /// Ready to, besides: a new placement would take it.
+    eligible: bool,
+    mark: u32,
+    /// It has an address of the family (what a `useNodeIP` policy leaves
+    /// with).
+    addressed: bool,
+}
+
 /// How one policy's traffic of one family is carried.
 #[derive(Debug, Clone)]
-struct Served {
+pub(super) struct Served {
     /// The policy, shared with the snapshot planned.
     policy: Arc<Policy>,
     /// Its identity, shared by the entries it decides; made for the first
@@ -75,6 +91,16 @@ struct Served {
 }
 
 impl Served {
+    /// What its traffic leaves with.
+    pub fn to(&self) -> SnatTo {
+        self.to
+    }
+
+    /// Its unit's failover group; `None` when no node carries it.
+    pub fn group(&self) -> Option<&Arc<Group>> {
+        self.group.as_ref().map(|c| &c.group)
+    }
+
     /// The policy's identity, shared by the entries it decides.
     fn id(&self) -> Arc<PolicyRef> {
         Arc::clone(self.id.get_or_init(|| Arc::new(self.policy.id.clone())))
@@ -95,7 +121,7 @@ impl PartialEq for Served {
 /// A unit's failover group (the `id` is set per node), and which of its
 /// candidates have their state built.
 #[derive(Debug, PartialEq, Eq)]
-struct Carried {
+pub(super) struct Carried {
     group: Arc<Group>,
     built: Vec<bool>,
 }
@@ -116,13 +142,17 @@ pub(super) enum Entry {
 /// last frame of the same nodes) is taken over rather than built again.
 pub(super) fn serving<'a>(
     snapshot: &Snapshot,
-    tunnels: &Tunnels,
-    works: &[Work<'a>],
-    placed: &Placed<'a>,
-    cluster_cidrs: &[IpNet],
+    stages: &Stages<'a>,
     only: Option<&str>,
     earlier: Option<&Serving>,
 ) -> Serving {
+    let Stages {
+        gateways,
+        tunnels,
+        cluster_cidrs,
+        policies: works,
+        placed,
+    } = stages;
     let cfg = &snapshot.config;
     let base = base_states(snapshot, tunnels, cluster_cidrs, only);
     let built: FoldMap<&str, ()> = base.iter().map(|s| (s.node.as_str(), ())).collect();
@@ -160,7 +190,7 @@ pub(super) fn serving<'a>(
         }
         let group = Group {
             id: 0,
-            key: group_key(unit, works),
+            key: unit_key(unit, works),
             gateway: unit.gateway().to_owned(),
             eip: match unit {
                 Unit::Eip(_, ip) => Some(*ip),
@@ -216,6 +246,32 @@ pub(super) fn serving<'a>(
             (node.clone(), facts)
         })
         .collect();
+    let addresses: FoldMap<&str, &[IpAddr]> = snapshot
+        .nodes
+        .iter()
+        .map(|n| (n.name.as_str(), n.addresses.as_slice()))
+        .collect();
+    let fit = gateways
+        .by_name
+        .iter()
+        .filter(|(_, info)| info.problem.is_none())
+        .map(|(name, info)| {
+            let of = Family::ALL.map(|f| {
+                info.candidates[fi(f)]
+                    .iter()
+                    .map(|n| Fit {
+                        node: (*n).to_owned(),
+                        eligible: info.eligible(n, f),
+                        mark: mark(n),
+                        addressed: addresses
+                            .get(n)
+                            .is_some_and(|a| a.iter().any(|ip| Family::of(*ip) == f)),
+                    })
+                    .collect()
+            });
+            ((*name).to_owned(), of)
+        })
+        .collect();
     let base = base
         .into_iter()
         .map(|mut state| {
@@ -249,6 +305,7 @@ pub(super) fn serving<'a>(
         facts,
         policies,
         eip_groups,
+        fit,
         reply_rule: Rule {
             priority: cfg.rule_priority,
             mark: cfg.reply_mark(),
@@ -305,32 +362,170 @@ impl Serving {
             .is_some_and(|s| s.group.is_some())
     }
 
-    /// Takes policy `out` out and puts `put` in at its index, its traffic
-    /// of each family carried as that of the policy `like` says (by index
-    /// before), as `Matcher::splice` does.
-    pub fn splice(
-        &mut self,
-        out: Option<usize>,
-        put: Option<(usize, &Arc<Policy>)>,
+    /// How `policy` is carried in each family when its traffic is carried
+    /// as that of the policy `like` says (by index).
+    pub fn served_like(
+        &self,
+        policy: &Arc<Policy>,
         like: [Option<usize>; 2],
-    ) {
-        let put = put.map(|(at, policy)| {
-            let served = Family::ALL.map(|f| {
-                let like = self.policies[like[fi(f)]?][fi(f)].as_ref()?;
-                Some(Served {
-                    policy: Arc::clone(policy),
-                    id: OnceLock::new(),
-                    ..like.clone()
-                })
-            });
-            (at, served)
-        });
+    ) -> [Option<Served>; 2] {
+        Family::ALL.map(|f| {
+            let like = self.policies[like[fi(f)]?][fi(f)].as_ref()?;
+            Some(Served {
+                policy: Arc::clone(policy),
+                id: OnceLock::new(),
+                ..like.clone()
+            })
+        })
+    }
+
+    /// How `policy`, of a gateway failing closed or not, is carried in a
+    /// family where it leaves with `to`, by `group` (`None`: no node).
+    pub fn served(
+        policy: &Arc<Policy>,
+        fail_closed: bool,
+        to: SnatTo,
+        group: Option<Arc<Carried>>,
+    ) -> Served {
+        Served {
+            policy: Arc::clone(policy),
+            id: OnceLock::new(),
+            fail_closed,
+            to,
+            group,
+        }
+    }
+
+    /// How policy `k` is carried in each family.
+    pub fn served_of(&self, k: usize) -> &[Option<Served>; 2] {
+        &self.policies[k]
+    }
+
+    /// Takes policy `out` out and puts `put` in at its index, carried as
+    /// given, as `Matcher::splice` does.
+    pub fn splice(&mut self, out: Option<usize>, put: Option<(usize, [Option<Served>; 2])>) {
         if let Some(out) = out {
             self.policies.remove(out);
         }
         if let Some((at, served)) = put {
             self.policies.insert(at, served);
         }
+    }
+
+    /// The group of a unit of `gateway` that the stages did not place,
+    /// held by `active`: the EIP `eip`'s, or with `eip` `None` that of a
+    /// `useNodeIP` policy leaving with the node's address of `families`.
+    /// Its standbys are the other nodes that may carry it, as the stages
+    /// order them ([`failover_order`]). `None` when `active` may not carry
+    /// it.
+    pub fn new_group(
+        &self,
+        key: String,
+        gateway: &str,
+        eip: Option<IpAddr>,
+        families: [bool; 2],
+        active: &str,
+        fail_closed: bool,
+    ) -> Option<Arc<Carried>> {
+        let fits = self.fit.get(gateway)?;
+        let used: Vec<usize> = match eip {
+            Some(ip) => vec![fi(Family::of(ip))],
+            None => (0..2).filter(|i| families[*i]).collect(),
+        };
+        let first = *used.first()?;
+        // Each node that may carry every family used, with whether it is
+        // not ready and its mark.
+        let mut fit: Vec<(bool, &str, u32)> = Vec::new();
+        'nodes: for c in &fits[first] {
+            let mut ready = true;
+            for u in &used {
+                let of = &fits[*u];
+                let Ok(at) = of.binary_search_by(|e| e.node.as_str().cmp(&c.node)) else {
+                    continue 'nodes;
+                };
+                if eip.is_none() && !of[at].addressed {
+                    continue 'nodes;
+                }
+                ready &= of[at].eligible;
+            }
+            fit.push((!ready, c.node.as_str(), c.mark));
+        }
+        fit.iter().find(|(_, n, _)| *n == active)?;
+        let order = failover_order(&key, active, fit.iter().map(|(nr, n, _)| (*nr, *n)));
+        let candidates: Vec<Candidate> = order
+            .iter()
+            .map(|n| Candidate {
+                node: (*n).to_owned(),
+                mark: fit
+                    .iter()
+                    .find(|(_, f, _)| f == n)
+                    .map_or(0, |(_, _, m)| *m),
+            })
+            .collect();
+        let built = candidates
+            .iter()
+            .map(|c| self.base.contains_key(&c.node))
+            .collect();
+        Some(Arc::new(Carried {
+            group: Arc::new(Group {
+                id: 0,
+                key,
+                gateway: gateway.to_owned(),
+                eip,
+                candidates,
+                fail_closed,
+            }),
+            built,
+        }))
+    }
+
+    /// Gives the nodes being built the EIP `ip` of `gateway`, now carried
+    /// by `carried`: the candidates its group, the active node the EIP;
+    /// whether any of them is built.
+    pub fn add_eip(&mut self, gateway: &str, ip: IpAddr, carried: &Arc<Carried>) -> bool {
+        self.eip_groups
+            .entry(gateway.to_owned())
+            .or_default()
+            .insert(ip, Arc::clone(carried));
+        let mut built = false;
+        for (state, own) in self.base.values_mut() {
+            let group = &carried.group;
+            let Some(rank) = group.candidates.iter().position(|c| c.node == state.node) else {
+                continue;
+            };
+            built = true;
+            // In the units' order, as the stages build it.
+            let at = own.partition_point(|g| (g.gateway.as_str(), g.eip) < (gateway, Some(ip)));
+            own.insert(at, Arc::clone(group));
+            if rank == 0 {
+                state.eips.push(OwnedEip {
+                    ip,
+                    gateway: gateway.to_owned(),
+                });
+                state.eips.sort();
+                state.eips.dedup();
+            }
+        }
+        built
+    }
+
+    /// Takes the EIP `ip` of `gateway`, which no policy uses any more, out
+    /// of the nodes being built; whether any of them had it.
+    pub fn drop_eip(&mut self, gateway: &str, ip: IpAddr) -> bool {
+        if let Some(of) = self.eip_groups.get_mut(gateway) {
+            of.remove(&ip);
+            if of.is_empty() {
+                self.eip_groups.remove(gateway);
+            }
+        }
+        let mut built = false;
+        for (state, own) in self.base.values_mut() {
+            let before = own.len();
+            own.retain(|g| !(g.gateway == gateway && g.eip == Some(ip)));
+            state.eips.retain(|e| !(e.ip == ip && e.gateway == gateway));
+            built |= own.len() != before;
+        }
+        built
     }
 
     /// The pod nodes whose tunnel facts differ in `other`.
@@ -607,14 +802,6 @@ fn base_states(
             state
         })
         .collect()
-}
-
-/// A group's [`Group::key`].
-fn group_key(unit: &Unit<'_>, works: &[Work<'_>]) -> String {
-    match unit {
-        Unit::Eip(gateway, ip) => format!("{gateway}/{ip}"),
-        Unit::NodeIp(gateway, i) => format!("{gateway}/node-ip/{}", works[*i].policy.id),
-    }
 }
 
 fn vxlan(cfg: &Config, tunnels: &Tunnels, node: &str) -> Option<Vxlan> {

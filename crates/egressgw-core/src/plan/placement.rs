@@ -10,7 +10,10 @@
 //! to the ready node with the fewest units (ties: by name).
 //!
 //! Every placed unit also gets its failover order: the active node, then
-//! the other candidates, ready ones first, each part by load then name.
+//! the other candidates, ready ones first, each part in an order of the
+//! unit's own ([`standby_rank`]): the standbys of the EIPs one node holds
+//! are spread over the others, and no unit's order depends on another's,
+//! so one unit coming or going reorders no other.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -195,15 +198,8 @@ pub(super) fn place<'a>(
                     &node_ip
                 }
             };
-            let mut standbys: Vec<(bool, usize, &'a str)> = fit
-                .iter()
-                .filter(|(_, n)| *n != active)
-                .map(|(not_ready, n)| (*not_ready, load.get(n).copied().unwrap_or(0), *n))
-                .collect();
-            standbys.sort_unstable();
-            let order = std::iter::once(active)
-                .chain(standbys.into_iter().map(|(_, _, n)| n))
-                .collect();
+            let key = unit_key(unit, works);
+            let order = failover_order(&key, active, fit.iter().copied());
             (unit.clone(), order)
         })
         .collect();
@@ -230,6 +226,54 @@ pub(super) fn place<'a>(
         candidates,
         users: users.into_iter().collect(),
     }
+}
+
+/// A unit's key: its group's ([`crate::state::Group::key`]), and what its
+/// standbys are ranked by.
+pub(super) fn unit_key(unit: &Unit<'_>, works: &[Work<'_>]) -> String {
+    match unit {
+        Unit::Eip(gateway, ip) => format!("{gateway}/{ip}"),
+        Unit::NodeIp(gateway, i) => format!("{gateway}/node-ip/{}", works[*i].policy.id),
+    }
+}
+
+/// The failover order of the unit `key` held by `active`: `active`, then
+/// the other nodes of `fit` (each with whether it is not ready), ready
+/// ones first, each part by [`standby_rank`].
+pub(super) fn failover_order<'n>(
+    key: &str,
+    active: &'n str,
+    fit: impl Iterator<Item = (bool, &'n str)>,
+) -> Vec<&'n str> {
+    let mut standbys: Vec<(bool, u64, &'n str)> = fit
+        .filter(|(_, n)| *n != active)
+        .map(|(not_ready, n)| (not_ready, standby_rank(key, n), n))
+        .collect();
+    standbys.sort_unstable();
+    std::iter::once(active)
+        .chain(standbys.into_iter().map(|(_, _, n)| n))
+        .collect()
+}
+
+/// Where `node` stands among the standbys of the unit `key`, lowest first:
+/// a hash of both (rendezvous hashing), the same on every node and in
+/// every release, so that agents and the controller agree on it without
+/// asking each other. Each unit orders the nodes its own way: when a node
+/// fails, the units it held spread over the others instead of all going
+/// to one.
+pub fn standby_rank(key: &str, node: &str) -> u64 {
+    // FNV-1a over the key, a separator no name holds, and the node, then
+    // the finalizer of splitmix64 to spread nearby inputs.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in key.bytes().chain([0]).chain(node.bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h ^= h >> 30;
+    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h ^= h >> 27;
+    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
 }
 
 /// The unit serving `family` of policy `i`.

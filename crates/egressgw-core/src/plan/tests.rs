@@ -2,7 +2,7 @@
 //! properties over generated ones.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use ipnet::IpNet;
@@ -513,7 +513,7 @@ fn rr_gives_each_policy_its_own_eip_and_reports_exhaustion_without_disturbing_ot
     assert_eq!(
         eips,
         vec![
-            "198.51.100.11".parse::<std::net::Ipv4Addr>().unwrap(),
+            "198.51.100.11".parse::<Ipv4Addr>().unwrap(),
             "198.51.100.12".parse().unwrap(),
             "198.51.100.13".parse().unwrap()
         ]
@@ -931,7 +931,7 @@ fn pods_sharing_an_address_are_published_for_each_others_gateways() {
 fn arb_snapshot() -> impl Strategy<Value = Snapshot> {
     let node = (any::<bool>(), any::<bool>());
     let pod = (0usize..2, 0usize..4, 0usize..3);
-    let pol = (0usize..2, 0usize..3, 0u8..4, 0i32..2, 0u8..3, any::<bool>());
+    let pol = (0usize..2, 0usize..3, 0u8..4, 0i32..2, 0u8..5, any::<bool>());
     (
         prop::collection::vec(node, 1..6),
         prop::collection::vec(pod, 0..12),
@@ -1000,14 +1000,29 @@ fn build_snapshot(
         p.dest_subnets = dests[*dest as usize].clone();
         p.priority = *prio;
         p.age.created = (i % 3) as i64;
-        match alloc {
-            0 => {}
-            1 => p.egress_ip.allocator = Allocator::RoundRobin,
-            _ => p.gateway = Some(format!("gw{}", i % 3)),
-        }
+        allocate_as(&mut p, *alloc, i);
         s.policies.push(Arc::new(p));
     }
     s
+}
+
+/// Gives `p` (the `i`th policy) the `alloc`th way to get its EIP: the
+/// default gateway's shared one, an `rr` one, a named gateway's shared
+/// one, a pinned one (an address two policies of a gateway may pin), or
+/// the node's address.
+fn allocate_as(p: &mut Policy, alloc: u8, i: usize) {
+    p.egress_ip = EgressIpSpec::default();
+    match alloc {
+        0 => {}
+        1 => p.egress_ip.allocator = Allocator::RoundRobin,
+        2 => p.gateway = Some(format!("gw{}", i % 3)),
+        3 => {
+            let g = i % 2;
+            p.gateway = Some(format!("gw{g}"));
+            p.egress_ip.ipv4 = Some(Ipv4Addr::new(198, 51, g as u8, 3));
+        }
+        _ => p.egress_ip.use_node_ip = true,
+    }
 }
 
 fn shuffled(s: &Snapshot, seed: u64) -> Snapshot {
@@ -1408,7 +1423,7 @@ fn a_policy_may_pin_only_a_free_eip_or_its_own_namespaces_and_never_the_shared_d
         })
     };
     let pin = |ns: &str, name: &str, ip: &str| {
-        let ip: std::net::Ipv4Addr = ip.parse().unwrap();
+        let ip: Ipv4Addr = ip.parse().unwrap();
         with(policy(ns, name, "web"), move |p| {
             p.egress_ip.ipv4 = Some(ip);
         })
@@ -1994,6 +2009,11 @@ enum Step {
     /// A manifest applied again: one policy deleted, and another one's
     /// destinations edited, in one change.
     Reapplied(usize, usize, usize),
+    /// A policy given another way to get its EIP ([`allocate_as`]).
+    Allocator(usize, u8),
+    /// The controller's allocations written back as status, and the
+    /// first candidate of each EIP reporting it holds it.
+    Published,
 }
 
 fn arb_step() -> impl Strategy<Value = Step> {
@@ -2015,6 +2035,8 @@ fn arb_step() -> impl Strategy<Value = Step> {
         1 => (0usize..8).prop_map(Step::Deleted),
         1 => (0usize..3).prop_map(Step::FailClosed),
         1 => (0usize..8, 0usize..8, 0usize..4).prop_map(|(p, q, d)| Step::Reapplied(p, q, d)),
+        2 => (0usize..8, 0u8..5).prop_map(|(p, a)| Step::Allocator(p, a)),
+        1 => Just(Step::Published),
     ]
 }
 
@@ -2191,6 +2213,23 @@ fn apply_step_as(planner: &mut impl Follows, step: &Step, by_policies: bool) {
             }
             if p != q && p < cluster.policies.len() {
                 cluster.policies.remove(p);
+            }
+        }
+        Step::Allocator(p, alloc) => {
+            if let Some(policy) = cluster.policy_mut(p) {
+                allocate_as(policy, alloc, p);
+            }
+        }
+        Step::Published => {
+            let status = plan(&cluster).status;
+            remember(&mut cluster, &status);
+            for node in &mut cluster.nodes {
+                node.held_eips = status
+                    .eip_nodes
+                    .iter()
+                    .filter(|(_, n)| **n == node.name)
+                    .map(|(ip, _)| *ip)
+                    .collect();
             }
         }
         Step::Tunnel(n) => {
