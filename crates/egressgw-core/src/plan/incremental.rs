@@ -129,6 +129,10 @@ struct Moved {
     /// The last frame's tables that the change leaves as they were, with
     /// the indexes of now, by the address of the table they replace.
     tables: FoldMap<TableAt, Table>,
+    /// The Pods the policies added may select, by their keys' addresses,
+    /// when they are namespaced: only those of their namespaces. `None`:
+    /// any Pod (a cluster policy was added).
+    reach: Option<FoldSet<*const PodKey>>,
 }
 
 /// Past this many policies added at once, the node is planned whole:
@@ -163,13 +167,14 @@ impl Moved {
             to_new,
             added,
             tables: FoldMap::default(),
+            reach: None,
         })
     }
 
     /// Gives `planned` the indexes of now, and the policies added that
     /// select it; whether its entries may change: a policy selecting it
     /// was deleted or added, or one of its tables was not taken over.
-    fn follow(&self, matcher: &Matcher, planned: &mut Planned) -> bool {
+    fn follow(&self, matcher: &Matcher, key: &Arc<PodKey>, planned: &mut Planned) -> bool {
         let mut lost = false;
         planned.selecting.retain_mut(|i| match self.to_new[*i] {
             Some(now) => {
@@ -182,7 +187,11 @@ impl Moved {
             }
         });
         let mut gained = false;
-        for a in self.added.iter().copied() {
+        let reached = self
+            .reach
+            .as_ref()
+            .is_none_or(|pods| pods.contains(&Arc::as_ptr(key)));
+        for a in self.added.iter().copied().filter(|_| reached) {
             if matcher.selects(a, &planned.pod) {
                 let at = planned.selecting.partition_point(|i| *i < a);
                 planned.selecting.insert(at, a);
@@ -455,6 +464,7 @@ impl Frame {
                 to_new,
                 added,
                 tables,
+                reach: None,
             }),
             ..FrameChanges::default()
         })
@@ -655,6 +665,7 @@ impl Frame {
                 to_new,
                 added,
                 tables,
+                reach: None,
             }),
             ..FrameChanges::default()
         })
@@ -669,19 +680,24 @@ impl Frame {
         key: &Arc<PodKey>,
         planned: &mut Planned,
     ) -> bool {
+        // The Pod itself is read only when a change may reach it by its
+        // namespace or node: walking every Pod, most of the time goes to
+        // reading memory.
         let pod = &planned.pod;
-        let reselect = changes.reselect_all || changes.reselect.contains(pod.namespace.as_str());
+        let reselect = changes.reselect_all
+            || (!changes.reselect.is_empty() && changes.reselect.contains(pod.namespace.as_str()));
         let mut reached = reselect
-            || pod
-                .node
-                .as_deref()
-                .is_some_and(|n| changes.nodes.contains(n));
+            || (!changes.nodes.is_empty()
+                && pod
+                    .node
+                    .as_deref()
+                    .is_some_and(|n| changes.nodes.contains(n)));
         if let Some(moved) = &changes.moved
             && !reselect
         {
             // Followed whether or not the Pod is reached already: its
             // policies' indexes are those of now after this.
-            reached |= moved.follow(&self.matcher, planned);
+            reached |= moved.follow(&self.matcher, key, planned);
         }
         let reached = reached
             || planned
@@ -826,7 +842,7 @@ impl Planner {
                 .edit(edited.iter().map(|k| &cluster.policies[*k]))
         {
             self.cluster = cluster;
-            self.replan(&changes);
+            self.replan(changes);
             return;
         }
         // Namespaces relabelled (or added, or deleted) where no gateway
@@ -843,7 +859,7 @@ impl Planner {
                 ..FrameChanges::default()
             };
             self.cluster = cluster;
-            self.replan(&changes);
+            self.replan(changes);
             return;
         }
         let same_config = cluster.config == self.cluster.config;
@@ -866,11 +882,11 @@ impl Planner {
         if !applied.restage
             && let Some(changes) = self.frame.edit(&applied.edited)
         {
-            self.replan(&changes);
+            self.replan(changes);
         } else if let Some((out, put)) = applied.swap()
             && let Some(changes) = self.frame.swap(&self.cluster, out.as_ref(), put.as_ref())
         {
-            self.replan(&changes);
+            self.replan(changes);
         } else if applied.restage || !applied.edited.is_empty() {
             self.restage(true);
         }
@@ -889,14 +905,18 @@ impl Planner {
         // Freed before the Pods are planned again, not after.
         drop(old);
         match changes {
-            Some(changes) => self.replan(&changes),
+            Some(changes) => self.replan(changes),
             None => self.rebuild(),
         }
         self.last.staged = true;
     }
 
     /// Plans again the Pods `changes` reach.
-    fn replan(&mut self, changes: &FrameChanges) {
+    fn replan(&mut self, mut changes: FrameChanges) {
+        if let Some(moved) = &mut changes.moved {
+            moved.reach = self.reach(&moved.added);
+        }
+        let changes = &changes;
         let mut touched = Vec::new();
         let mut pods = 0;
         let frame = &mut self.frame;
@@ -939,6 +959,20 @@ impl Planner {
             ..LastChange::default()
         };
         self.refresh(touched);
+    }
+
+    /// The Pods the policies `added` (by index in the frame) may select,
+    /// by their keys' addresses: those of their namespaces; `None` when one
+    /// is a cluster policy.
+    fn reach(&self, added: &[usize]) -> Option<FoldSet<*const PodKey>> {
+        let policies = &self.frame.matcher.policies;
+        let mut reach = FoldSet::default();
+        for a in added {
+            let namespace = policies[*a].id.namespace.as_ref()?;
+            let keys = self.by_namespace.get(namespace).into_iter().flatten();
+            reach.extend(keys.map(Arc::as_ptr));
+        }
+        Some(reach)
     }
 
     /// Adds `pod`, or replaces the Pod of its namespace and name.
