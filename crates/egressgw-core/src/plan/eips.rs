@@ -188,12 +188,14 @@ pub(super) struct Others<'a> {
 impl<'a> Others<'a> {
     /// From `policies` (stage 3's order) and per policy the EIPs its
     /// traffic leaves with (`None` in both families: it could not be
-    /// allocated), every policy but the one at `except`.
+    /// allocated), every policy but the one at `except`; of the addresses
+    /// only those `relevant` says, but which gateways are unsettled of all.
     pub(super) fn new(
         sharing: &Sharing<'a>,
         policies: &'a [Arc<Policy>],
         eips: impl Fn(usize) -> [Option<Option<IpAddr>>; 2],
         except: Option<usize>,
+        relevant: impl Fn(IpAddr) -> bool,
     ) -> Self {
         let mut others = Others::default();
         for (k, policy) in policies.iter().enumerate() {
@@ -203,18 +205,19 @@ impl<'a> Others<'a> {
             let owner = policy.id.namespace.as_deref();
             let spec = &policy.egress_ip;
             for family in Family::ALL {
-                if let Some(ip) = pinned(policy, family) {
+                if let Some(ip) = pinned(policy, family).filter(|ip| relevant(*ip)) {
                     others.pins.entry(ip).or_default().push(owner);
                 }
             }
-            for ip in &policy.previous_eips {
+            for ip in policy.previous_eips.iter().filter(|ip| relevant(**ip)) {
                 others.previous.entry(*ip).or_default().push(owner);
             }
             let leaves = eips(k);
             let rr = spec.allocator == Allocator::RoundRobin && !spec.use_node_ip;
             let gateway = policy.gateway.as_deref().or(sharing.gateways.default);
             if leaves == [None, None] {
-                others.reserved.extend(policy.previous_eips.iter().copied());
+                let previous = policy.previous_eips.iter().copied();
+                others.reserved.extend(previous.filter(|ip| relevant(*ip)));
                 if rr && let Some(gateway) = gateway {
                     others.unsettled.insert(gateway);
                 }
@@ -225,12 +228,15 @@ impl<'a> Others<'a> {
                     continue;
                 };
                 let pins = pinned(policy, family).is_some() && !spec.use_node_ip;
+                if rr && !pins && !policy.previous_eips.contains(&ip) {
+                    others.unsettled.extend(gateway);
+                }
+                if !relevant(ip) {
+                    continue;
+                }
                 others.users.entry(ip).or_default().push((k, pins));
                 if pins || rr {
                     others.held.insert(ip);
-                }
-                if rr && !pins && !policy.previous_eips.contains(&ip) {
-                    others.unsettled.extend(gateway);
                 }
             }
         }
@@ -245,6 +251,13 @@ impl<'a> Others<'a> {
 }
 
 impl<'a> Sharing<'a> {
+    /// The gateway `policy` names, or the cluster default, when there is
+    /// one.
+    pub(super) fn gateway_of(&self, policy: &Policy) -> Option<&Gateway> {
+        let name = policy.gateway.as_deref().or(self.gateways.default)?;
+        Some(self.gateways.by_name.get(name)?.gateway)
+    }
+
     /// The gateway `name`, when there is one.
     pub(super) fn gateway(&self, name: &str) -> Option<&super::gateways::GatewayInfo<'a>> {
         self.gateways.by_name.get(name)

@@ -502,7 +502,31 @@ impl Frame {
                 })
             })
         };
-        let others = eips::Others::new(sharing, policies, leaves, taken);
+        // The addresses that matter: those it held, pins or last held,
+        // and those of its gateway's pool, which it may take.
+        let mut named: Vec<IpAddr> = Vec::new();
+        for policy in out.into_iter().chain(put) {
+            named.extend(policy.previous_eips.iter().copied());
+            let spec = &policy.egress_ip;
+            named.extend(
+                spec.ipv4
+                    .map(IpAddr::V4)
+                    .into_iter()
+                    .chain(spec.ipv6.map(IpAddr::V6)),
+            );
+        }
+        if let Some(k) = taken {
+            named.extend(leaves(k).into_iter().flatten().flatten());
+        }
+        let pool = put.and_then(|p| sharing.gateway_of(p));
+        let relevant = |ip: IpAddr| {
+            named.contains(&ip)
+                || pool.is_some_and(|g| {
+                    let family = Family::of(ip);
+                    g.pool(family).contains(ip) || g.default_eip(family) == Some(ip)
+                })
+        };
+        let others = eips::Others::new(sharing, policies, leaves, taken, relevant);
         let owner = out.or(put)?.id.namespace.as_deref();
         let alone = match put {
             Some(put) => Some(sharing.alone(put, &others)?),
