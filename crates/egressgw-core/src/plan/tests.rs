@@ -1805,6 +1805,151 @@ fn a_policy_added_or_deleted_plans_again_only_the_pods_it_selects() {
 }
 
 #[test]
+fn a_policy_of_its_own_eip_or_the_nodes_address_comes_and_goes_without_the_stages() {
+    let base = Cluster::new()
+        .pod("a", "web-1", "n1", "10.244.1.10", "web")
+        .pod("a", "db-1", "n1", "10.244.1.11", "db")
+        .pod("b", "api-1", "n1", "10.244.1.12", "api")
+        .pod("b", "app-1", "n1", "10.244.1.13", "app")
+        .policy(policy("a", "other", "none"))
+        .0;
+    // An `rr` policy, a pinned one and a `useNodeIP` one, as the
+    // controller placed and published them.
+    let rr = with(policy("a", "web", "web"), |p| {
+        p.egress_ip.allocator = Allocator::RoundRobin;
+    });
+    let pinned = with(policy("a", "db", "db"), |p| {
+        p.egress_ip.ipv4 = Some("198.51.100.13".parse().unwrap());
+    });
+    let node_ip = with(policy("b", "api", "api"), |p| {
+        p.egress_ip.use_node_ip = true;
+    });
+    let mut placed = base.clone();
+    placed.policies.extend([rr, pinned, node_ip].map(Arc::new));
+    let status = plan(&placed).status;
+    remember(&mut placed, &status);
+    let mut s = base;
+    remember(&mut s, &status);
+    let published = |name: &str| {
+        let p = placed.policies.iter().find(|p| p.id.name == name);
+        Arc::clone(p.expect("placed"))
+    };
+    let alone = |pods| LastChange {
+        whole: false,
+        staged: false,
+        pods,
+    };
+    for node in ["n1", "g1", "g2"] {
+        let mut planner = Planner::new(s.clone(), node);
+        let planned_as_whole = |planner: &Planner| {
+            let whole = plan_node_published(&planner.snapshot(), node);
+            assert_eq!(planner.state(), whole.as_ref(), "{node}");
+        };
+        for name in ["web", "db", "api"] {
+            planner.change_policies([PolicyChange::Set(published(name))]);
+            assert_eq!(planner.last_change(), alone(1), "{node}: {name} added");
+            planned_as_whole(&planner);
+        }
+        // Each leaves with its own EIP, or the node's address, from the
+        // node the controller published.
+        let n1 = planner.state();
+        if node == "n1" {
+            for pod in ["10.244.1.10", "10.244.1.11", "10.244.1.12"] {
+                assert!(
+                    matches!(actions(n1, pod)[..], [Action::Tunnel { .. }]),
+                    "{pod}"
+                );
+            }
+        }
+        for name in ["web", "db", "api"] {
+            let id = published(name).id.clone();
+            planner.change_policies([PolicyChange::Removed(id)]);
+            assert_eq!(planner.last_change(), alone(1), "{node}: {name} deleted");
+            planned_as_whole(&planner);
+        }
+        assert!(actions(planner.state(), "10.244.1.10").is_empty());
+    }
+
+    // Two `rr` policies the controller has not published: the second may
+    // take its EIP before the first, by age, so the stages decide.
+    let mut planner = Planner::new(s, "n1");
+    let fresh = |name: &str, app: &str, created: i64| {
+        Arc::new(with(policy("b", name, app), |p| {
+            p.egress_ip.allocator = Allocator::RoundRobin;
+            p.age.created = created;
+        }))
+    };
+    planner.change_policies([PolicyChange::Set(fresh("new", "app", 10))]);
+    assert!(!planner.last_change().staged);
+    planner.change_policies([PolicyChange::Set(fresh("older", "api", 5))]);
+    assert!(planner.last_change().staged);
+    let whole = plan_node_published(&planner.snapshot(), "n1");
+    assert_eq!(planner.state(), whole.as_ref());
+}
+
+#[test]
+fn the_eips_of_a_failed_node_spread_over_its_standbys() {
+    // Six gateway nodes, twelve `rr` EIPs placed on them.
+    let mut s = Snapshot::default();
+    for i in 0..6 {
+        s.nodes.push(Node {
+            name: format!("g{i}"),
+            labels: labels(&[("egress", "true")]),
+            addresses: vec![ip(&format!("172.18.0.{}", 11 + i))],
+            external_addresses: Vec::new(),
+            pod_cidrs: vec![net(&format!("10.244.{}.0/24", i + 1))],
+            ready: true,
+            held_eips: Vec::new(),
+        });
+    }
+    s.namespaces.push(Namespace {
+        name: "a".into(),
+        labels: Labels::new(),
+    });
+    s.gateways
+        .push(gateway("gw", "198.51.100.10-198.51.100.40", true, 1));
+    for k in 0..12 {
+        s.policies
+            .push(Arc::new(with(policy("a", &format!("p{k}"), "web"), |p| {
+                p.egress_ip.allocator = Allocator::RoundRobin;
+            })));
+    }
+    let first = plan(&s);
+    let order = |plan: &Plan| -> BTreeMap<IpAddr, Vec<String>> {
+        let state = &plan.nodes["g0"];
+        state
+            .groups
+            .iter()
+            .filter_map(|g| {
+                Some((
+                    g.eip?,
+                    g.candidates.iter().map(|c| c.node.clone()).collect(),
+                ))
+            })
+            .collect()
+    };
+    // The EIPs one node holds go to more than one standby.
+    let of_g0 = order(&first);
+    let held: Vec<&Vec<String>> = of_g0.values().filter(|c| c[0] == "g0").collect();
+    assert!(held.len() >= 2, "{of_g0:?}");
+    let next: HashSet<&String> = held.iter().map(|c| &c[1]).collect();
+    assert!(
+        next.len() >= 2,
+        "every EIP of g0 fails over to one node: {of_g0:?}"
+    );
+    // One EIP more changes no other EIP's standbys.
+    remember(&mut s, &first.status);
+    s.policies
+        .push(Arc::new(with(policy("a", "p12", "web"), |p| {
+            p.egress_ip.allocator = Allocator::RoundRobin;
+        })));
+    let second = order(&plan(&s));
+    for (eip, candidates) in &of_g0 {
+        assert_eq!(second.get(eip), Some(candidates), "{eip}");
+    }
+}
+
+#[test]
 fn a_policy_whose_last_status_names_another_address_runs_the_stages() {
     // A policy of b pins an address nobody held, on a gateway failing
     // closed that has not placed it yet: its traffic is dropped.
