@@ -183,6 +183,19 @@ impl Tables {
         }
     }
 
+    /// Has policy `i` steer each family as `steers` says (its unit got a
+    /// node or lost it); the tables it took part in go.
+    pub fn steer(&mut self, i: usize, steers: [bool; 2]) {
+        if self.steers[i] == steers {
+            return;
+        }
+        self.steers[i] = steers;
+        self.usable[i] = usable(steers, &self.dests[i]);
+        for compiled in &mut self.compiled {
+            compiled.retain(|active, _| !active.contains(&i));
+        }
+    }
+
     /// Into `out`: the policies among `selecting` (ascending indexes of
     /// `policies`, the ones selecting a pod) that steer the pod's address
     /// `src`. A podSubnet policy steers only the addresses inside its

@@ -7,9 +7,11 @@
 //! stages decided as it was: a planner kept between changes takes it
 //! without running them again ([`super::Planner`], [`super::Publisher`]).
 
+use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 
-use crate::model::{Policy, PolicyRef, Snapshot};
+use crate::model::{Gateway, Policy, PolicyRef, Snapshot};
 
 /// Past this many policies edited at once, a planner runs the stages
 /// again: finding each one's place costs a pass over the policies.
@@ -51,6 +53,43 @@ pub(super) fn namespaces_only(old: &Snapshot, new: &Snapshot) -> bool {
         && new.gateways.iter().all(|g| g.namespace_selector.is_none())
         && same_but_namespaces_and_policies(old, new)
         && new.policies == old.policies
+}
+
+/// The EIPs (by gateway) whose node the gateways' last status names
+/// otherwise in `new`, when that is all that changed but for the Pods:
+/// what the controller writes when it places an EIP.
+pub(super) fn published_only(old: &Snapshot, new: &Snapshot) -> Option<Vec<(String, IpAddr)>> {
+    let same = new.namespaces == old.namespaces
+        && new.gateways.len() == old.gateways.len()
+        && new.gateways != old.gateways
+        && new.config == old.config
+        && new.invalid == old.invalid
+        && new.eips_in_use == old.eips_in_use
+        && new.nodes == old.nodes
+        && new.tunnels == old.tunnels
+        && new.policies == old.policies;
+    if !same {
+        return None;
+    }
+    let mut moved = Vec::new();
+    for (a, b) in old.gateways.iter().zip(&new.gateways) {
+        let unpublished = |g: &Gateway| Gateway {
+            previous_nodes: BTreeMap::new(),
+            ..g.clone()
+        };
+        if a.name != b.name || unpublished(a) != unpublished(b) {
+            return None;
+        }
+        let ips = a.previous_nodes.keys().chain(b.previous_nodes.keys());
+        for ip in ips {
+            if a.previous_nodes.get(ip) != b.previous_nodes.get(ip) {
+                moved.push((b.name.clone(), *ip));
+            }
+        }
+    }
+    moved.sort();
+    moved.dedup();
+    Some(moved)
 }
 
 /// Whether `old` and `new` hold the same objects but for their

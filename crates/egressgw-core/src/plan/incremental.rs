@@ -695,6 +695,60 @@ impl Frame {
         })
     }
 
+    /// Follows the controller placing EIPs (`moved`, by gateway: the EIPs
+    /// whose node the gateways' status names otherwise) without running
+    /// the stages: each EIP in use that no single node reports holding
+    /// goes to the node named, with the standbys the stages would give it,
+    /// and the Pods of its policies are planned again.
+    fn republish(&mut self, cluster: &Snapshot, moved: &[(String, IpAddr)]) -> FrameChanges {
+        let mut changes = FrameChanges::default();
+        for (name, ip) in moved {
+            let family = Family::of(*ip);
+            let (users, group) = self.serving.eip_users(family, *ip);
+            let Some(fail_closed) = self.serving.fails_closed(&users, family) else {
+                continue;
+            };
+            let mut reported = cluster.nodes.iter().filter(|n| n.held_eips.contains(ip));
+            let holder = match (reported.next(), reported.next()) {
+                (Some(node), None) => Some(node.name.as_str()),
+                _ => cluster
+                    .gateways
+                    .iter()
+                    .find(|g| g.name == *name)
+                    .and_then(|g| g.previous_nodes.get(ip))
+                    .map(String::as_str),
+            };
+            let now = holder.and_then(|active| {
+                let families = [family == Family::Ipv4, family == Family::Ipv6];
+                let key = format!("{name}/{ip}");
+                self.serving
+                    .new_group(key, name, Some(*ip), families, active, fail_closed)
+            });
+            // The same node gives the same group: the candidates and their
+            // order are not in what changed.
+            if now.as_deref().map(Serving::active) == group.as_deref().map(Serving::active) {
+                continue;
+            }
+            if group.is_some() {
+                changes.base |= self.serving.drop_eip(name, *ip);
+            }
+            if let Some(now) = &now {
+                changes.base |= self.serving.add_eip(name, *ip, now);
+            }
+            for k in users {
+                self.serving.regroup(k, family, now.clone());
+                let steers = Family::ALL.map(|f| {
+                    self.serving.served_of(k)[fi(f)]
+                        .as_ref()
+                        .is_some_and(|s| s.group().is_some() || fail_closed)
+                });
+                self.tables.steer(k, steers);
+                changes.steering.insert(k);
+            }
+        }
+        changes
+    }
+
     /// Plans the Pod `key` again when `changes` reach it: matched against
     /// the policies again, or its tables found again; whether they did.
     fn replan(
@@ -882,6 +936,14 @@ impl Planner {
                     .collect(),
                 ..FrameChanges::default()
             };
+            self.cluster = cluster;
+            self.replan(changes);
+            return;
+        }
+        // The controller placed or moved EIPs, and wrote it in the
+        // gateways' status alone: only their policies' Pods are reached.
+        if let Some(moved) = super::edits::published_only(&self.cluster, &cluster) {
+            let changes = self.frame.republish(&cluster, &moved);
             self.cluster = cluster;
             self.replan(changes);
             return;

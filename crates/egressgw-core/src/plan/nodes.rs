@@ -401,6 +401,46 @@ impl Serving {
         &self.policies[k]
     }
 
+    /// The policies whose traffic of `family` leaves with the EIP `ip`,
+    /// and the group that carries it (`None`: no node).
+    pub fn eip_users(&self, family: Family, ip: IpAddr) -> (Vec<usize>, Option<Arc<Carried>>) {
+        let eip = SnatTo::Eip(ip);
+        let mut group = None;
+        let users = (0..self.policies.len())
+            .filter(|k| {
+                let Some(served) = &self.policies[*k][fi(family)] else {
+                    return false;
+                };
+                if served.to != eip {
+                    return false;
+                }
+                group.clone_from(&served.group);
+                true
+            })
+            .collect();
+        (users, group)
+    }
+
+    /// Has policy `k`'s traffic of `family` carried by `group` (`None`: no
+    /// node).
+    pub fn regroup(&mut self, k: usize, family: Family, group: Option<Arc<Carried>>) {
+        if let Some(served) = &mut self.policies[k][fi(family)] {
+            served.group = group;
+        }
+    }
+
+    /// The node a group's unit is active on.
+    pub fn active(carried: &Carried) -> &str {
+        &carried.group.candidates[0].node
+    }
+
+    /// Whether the gateway `gateway` fails closed, as a policy of it
+    /// carried says: `None` when none is.
+    pub fn fails_closed(&self, users: &[usize], family: Family) -> Option<bool> {
+        let k = users.first()?;
+        Some(self.policies[*k][fi(family)].as_ref()?.fail_closed)
+    }
+
     /// Takes policy `out` out and puts `put` in at its index, carried as
     /// given, as `Matcher::splice` does.
     pub fn splice(&mut self, out: Option<usize>, put: Option<(usize, [Option<Served>; 2])>) {

@@ -1888,6 +1888,64 @@ fn a_policy_of_its_own_eip_or_the_nodes_address_comes_and_goes_without_the_stage
 }
 
 #[test]
+fn an_eip_the_controller_places_is_followed_without_the_stages() {
+    let mut s = Cluster::new()
+        .pod("a", "web-1", "n1", "10.244.1.10", "web")
+        .policy(policy("a", "other", "none"))
+        .0;
+    let status = plan(&s).status;
+    remember(&mut s, &status);
+    let mut planner = Planner::new(s, "n1");
+    // A new `rr` policy: its EIP has no node until the controller says.
+    let web = with(policy("a", "web", "web"), |p| {
+        p.egress_ip.allocator = Allocator::RoundRobin;
+    });
+    planner.change_policies([PolicyChange::Set(Arc::new(web))]);
+    assert!(actions(planner.state(), "10.244.1.10").is_empty());
+    // The controller writes the gateway's status: the EIP's node.
+    let mut cluster = planner.snapshot();
+    let placed = plan(&cluster).status;
+    let (eip, node) = placed
+        .eip_nodes
+        .iter()
+        .find(|(ip, _)| !cluster.gateways[0].previous_nodes.contains_key(ip))
+        .map(|(ip, n)| (*ip, n.clone()))
+        .expect("the new EIP placed");
+    cluster.gateways[0].previous_nodes.insert(eip, node.clone());
+    planner.set_cluster(cluster);
+    assert_eq!(
+        planner.last_change(),
+        LastChange {
+            whole: false,
+            staged: false,
+            pods: 1
+        }
+    );
+    assert_eq!(
+        actions(planner.state(), "10.244.1.10")
+            .first()
+            .and_then(gateway_of),
+        Some(node.as_str())
+    );
+    let whole = plan_node_published(&planner.snapshot(), "n1");
+    assert_eq!(planner.state(), whole.as_ref());
+    // Moved by hand to the other gateway node: followed the same way.
+    let mut cluster = planner.snapshot();
+    let other = if node == "g1" { "g2" } else { "g1" };
+    cluster.gateways[0].previous_nodes.insert(eip, other.into());
+    planner.set_cluster(cluster);
+    assert!(!planner.last_change().staged);
+    assert_eq!(
+        actions(planner.state(), "10.244.1.10")
+            .first()
+            .and_then(gateway_of),
+        Some(other)
+    );
+    let whole = plan_node_published(&planner.snapshot(), "n1");
+    assert_eq!(planner.state(), whole.as_ref());
+}
+
+#[test]
 fn the_eips_of_a_failed_node_spread_over_its_standbys() {
     // Six gateway nodes, twelve `rr` EIPs placed on them.
     let mut s = Snapshot::default();
@@ -2159,6 +2217,11 @@ enum Step {
     /// The controller's allocations written back as status, and the
     /// first candidate of each EIP reporting it holds it.
     Published,
+    /// The gateways' status alone written back as the controller plans it.
+    GatewaysPublished,
+    /// Every EIP a gateway's status names put on one node (as a controller
+    /// of another version might).
+    Placed(usize, usize),
 }
 
 fn arb_step() -> impl Strategy<Value = Step> {
@@ -2182,6 +2245,8 @@ fn arb_step() -> impl Strategy<Value = Step> {
         1 => (0usize..8, 0usize..8, 0usize..4).prop_map(|(p, q, d)| Step::Reapplied(p, q, d)),
         2 => (0usize..8, 0u8..5).prop_map(|(p, a)| Step::Allocator(p, a)),
         1 => Just(Step::Published),
+        1 => Just(Step::GatewaysPublished),
+        1 => (0usize..3, 0usize..6).prop_map(|(g, n)| Step::Placed(g, n)),
     ]
 }
 
@@ -2375,6 +2440,20 @@ fn apply_step_as(planner: &mut impl Follows, step: &Step, by_policies: bool) {
                     .filter(|(_, n)| **n == node.name)
                     .map(|(ip, _)| *ip)
                     .collect();
+            }
+        }
+        Step::GatewaysPublished => {
+            let mut published = cluster.clone();
+            remember(&mut published, &plan(&cluster).status);
+            for (gateway, now) in cluster.gateways.iter_mut().zip(published.gateways) {
+                gateway.previous_nodes = now.previous_nodes;
+            }
+        }
+        Step::Placed(g, n) => {
+            if let Some(gateway) = cluster.gateways.get_mut(g) {
+                for node in gateway.previous_nodes.values_mut() {
+                    *node = format!("node-{}", n % nodes);
+                }
             }
         }
         Step::Tunnel(n) => {
