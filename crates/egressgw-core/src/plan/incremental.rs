@@ -395,18 +395,9 @@ impl Frame {
         put: Option<&Arc<Policy>>,
     ) -> Option<FrameChanges> {
         let shared = |policy| sharing.default_eips(policy);
-        // The stages' order: oldest first, then by identity.
         let policies = &self.matcher.policies;
-        let before =
-            |of: &Policy| policies.partition_point(|p| (&p.age, &p.id) < (&of.age, &of.id));
-        let taken = match out {
-            Some(out) => {
-                let at = before(out);
-                policies.get(at).filter(|p| p.id == out.id)?;
-                Some(at)
-            }
-            None => None,
-        };
+        let before = |of: &Policy| place_of(policies, of);
+        let taken = taken(policies, out)?;
         // Each EIP it left stays another's.
         if let Some(out) = out {
             let alone = shared(out)?;
@@ -435,20 +426,7 @@ impl Frame {
             }
             None => None,
         };
-        let before = self.matcher.policies.len();
-        let to_new: Vec<Option<usize>> = (0..before)
-            .map(|j| {
-                let j = match taken {
-                    Some(t) if j == t => return None,
-                    Some(t) if j > t => j - 1,
-                    _ => j,
-                };
-                Some(match put {
-                    Some((at, ..)) if j >= at => j + 1,
-                    _ => j,
-                })
-            })
-            .collect();
+        let to_new = spliced(self.matcher.policies.len(), taken, put.map(|(at, ..)| at));
         let put_served = put.map(|(at, p, like, _)| (at, self.serving.served_like(p, like)));
         self.serving.splice(taken, put_served);
         let tables = self.tables.splice(
@@ -483,16 +461,8 @@ impl Frame {
         put: Option<&Arc<Policy>>,
     ) -> Option<FrameChanges> {
         let policies = &self.matcher.policies;
-        let before =
-            |of: &Policy| policies.partition_point(|p| (&p.age, &p.id) < (&of.age, &of.id));
-        let taken = match out {
-            Some(out) => {
-                let at = before(out);
-                policies.get(at).filter(|p| p.id == out.id)?;
-                Some(at)
-            }
-            None => None,
-        };
+        let before = |of: &Policy| place_of(policies, of);
+        let taken = taken(policies, out)?;
         let serving = &self.serving;
         let leaves = |k: usize| {
             serving.served_of(k).each_ref().map(|s| {
@@ -655,20 +625,11 @@ impl Frame {
                 }
             }
         }
-        let count = self.matcher.policies.len();
-        let to_new: Vec<Option<usize>> = (0..count)
-            .map(|j| {
-                let j = match taken {
-                    Some(t) if j == t => return None,
-                    Some(t) if j > t => j - 1,
-                    _ => j,
-                };
-                Some(match &put {
-                    Some((at, ..)) if j >= *at => j + 1,
-                    _ => j,
-                })
-            })
-            .collect();
+        let to_new = spliced(
+            self.matcher.policies.len(),
+            taken,
+            put.as_ref().map(|(at, ..)| *at),
+        );
         let mut base = false;
         for (gateway, ip) in &gone {
             base |= self.serving.drop_eip(gateway, *ip);
@@ -1249,6 +1210,42 @@ impl Planner {
         }
         adding.finish(state);
     }
+}
+
+/// Where each of `count` policies goes when the one at `out` is taken out
+/// and one is put in at `put` (an index after that): `None` for the one
+/// taken out.
+fn spliced(count: usize, out: Option<usize>, put: Option<usize>) -> Vec<Option<usize>> {
+    (0..count)
+        .map(|j| {
+            let j = match out {
+                Some(t) if j == t => return None,
+                Some(t) if j > t => j - 1,
+                _ => j,
+            };
+            Some(match put {
+                Some(at) if j >= at => j + 1,
+                _ => j,
+            })
+        })
+        .collect()
+}
+
+/// Where `of` goes among `policies`, in the stages' order: oldest first,
+/// then by identity.
+fn place_of(policies: &[Arc<Policy>], of: &Policy) -> usize {
+    policies.partition_point(|p| (&p.age, &p.id) < (&of.age, &of.id))
+}
+
+/// The index of `out` among `policies` (`Some(None)` for none); `None`
+/// when it is not there.
+fn taken(policies: &[Arc<Policy>], out: Option<&Arc<Policy>>) -> Option<Option<usize>> {
+    let Some(out) = out else {
+        return Some(None);
+    };
+    let at = place_of(policies, out);
+    policies.get(at).filter(|p| p.id == out.id)?;
+    Some(Some(at))
 }
 
 /// A change to one Pod, for [`Planner::change_pods`].

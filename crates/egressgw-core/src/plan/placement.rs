@@ -262,18 +262,8 @@ pub(super) fn failover_order<'n>(
 /// fails, the units it held spread over the others instead of all going
 /// to one.
 pub fn standby_rank(key: &str, node: &str) -> u64 {
-    // FNV-1a over the key, a separator no name holds, and the node, then
-    // the finalizer of splitmix64 to spread nearby inputs.
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in key.bytes().chain([0]).chain(node.bytes()) {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h ^= h >> 30;
-    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    h ^= h >> 27;
-    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
-    h ^ (h >> 31)
+    // The key, a separator no name holds, and the node.
+    super::tunnels::mix(key.bytes().chain([0]).chain(node.bytes()), 0)
 }
 
 /// The unit serving `family` of policy `i`.

@@ -149,7 +149,7 @@ fn underlay(node: &Node) -> Option<IpAddr> {
 fn derive_mac(name: &str, taken: &mut HashSet<Mac>) -> Mac {
     let mut salt = 0u64;
     loop {
-        let h = mix(name.as_bytes(), salt).to_be_bytes();
+        let h = mix(name.bytes(), salt).to_be_bytes();
         let mac = Mac([(h[0] & 0xfc) | 0x02, h[1], h[2], h[3], h[4], h[5]]);
         if taken.insert(mac) {
             return mac;
@@ -158,12 +158,12 @@ fn derive_mac(name: &str, taken: &mut HashSet<Mac>) -> Mac {
     }
 }
 
-/// FNV-1a over the name, then a splitmix64 finaliser so that similar names
-/// (`node-1`, `node-2`) give unrelated MACs.
-fn mix(bytes: &[u8], salt: u64) -> u64 {
+/// FNV-1a over `bytes`, then a splitmix64 finaliser so that similar names
+/// (`node-1`, `node-2`) give unrelated values: the same in every release.
+pub(super) fn mix(bytes: impl IntoIterator<Item = u8>, salt: u64) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ salt;
     for b in bytes {
-        h ^= u64::from(*b);
+        h ^= u64::from(b);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
     h ^= h >> 30;
