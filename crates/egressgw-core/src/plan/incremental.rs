@@ -29,7 +29,7 @@ use super::classify::{Table, TableAt, Tables};
 use super::edits::PolicyChange;
 use super::matching::{Matcher, selects_alike};
 use super::nodes::{self, Entry, Serving};
-use super::{Placement, Stages, eips, fi, stages};
+use super::{Placement, Stages, eips, fi, placement, stages};
 
 /// A Pod's namespace and name.
 type PodKey = (String, String);
@@ -561,7 +561,7 @@ impl Frame {
                     };
                     let node_ip = (alone.node_ip != [false, false])
                         .then(|| {
-                            let key = format!("{name}/node-ip/{}", put.id);
+                            let key = placement::node_ip_key(name, &put.id);
                             let active = put.previous_node.as_deref()?;
                             serving.new_group(
                                 key,
@@ -586,7 +586,7 @@ impl Frame {
                                 continue;
                             }
                             let group = holder(ip).and_then(|active| {
-                                let key = format!("{name}/{ip}");
+                                let key = placement::eip_key(name, ip);
                                 let families = [family == Family::Ipv4, family == Family::Ipv6];
                                 serving.new_group(
                                     key,
@@ -681,7 +681,7 @@ impl Frame {
             };
             let now = holder.and_then(|active| {
                 let families = [family == Family::Ipv4, family == Family::Ipv6];
-                let key = format!("{name}/{ip}");
+                let key = placement::eip_key(name, *ip);
                 self.serving
                     .new_group(key, name, Some(*ip), families, active, fail_closed)
             });

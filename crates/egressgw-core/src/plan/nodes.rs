@@ -434,8 +434,9 @@ impl Serving {
         &carried.group.candidates[0].node
     }
 
-    /// Whether the gateway `gateway` fails closed, as a policy of it
-    /// carried says: `None` when none is.
+    /// Whether the gateway of the policies `users` (one unit's) fails
+    /// closed, as the first of them carried says; `None` when there is
+    /// none.
     pub fn fails_closed(&self, users: &[usize], family: Family) -> Option<bool> {
         let k = users.first()?;
         Some(self.policies[*k][fi(family)].as_ref()?.fail_closed)

@@ -18,7 +18,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
-use crate::model::Snapshot;
+use crate::model::{PolicyRef, Snapshot};
 
 use crate::net::Family;
 
@@ -232,9 +232,19 @@ pub(super) fn place<'a>(
 /// standbys are ranked by.
 pub(super) fn unit_key(unit: &Unit<'_>, works: &[Work<'_>]) -> String {
     match unit {
-        Unit::Eip(gateway, ip) => format!("{gateway}/{ip}"),
-        Unit::NodeIp(gateway, i) => format!("{gateway}/node-ip/{}", works[*i].policy.id),
+        Unit::Eip(gateway, ip) => eip_key(gateway, *ip),
+        Unit::NodeIp(gateway, i) => node_ip_key(gateway, &works[*i].policy.id),
     }
+}
+
+/// The key of the EIP `ip` of `gateway`'s unit.
+pub(super) fn eip_key(gateway: &str, ip: IpAddr) -> String {
+    format!("{gateway}/{ip}")
+}
+
+/// The key of the unit of `policy`, a `useNodeIP` policy of `gateway`.
+pub(super) fn node_ip_key(gateway: &str, policy: &PolicyRef) -> String {
+    format!("{gateway}/node-ip/{policy}")
 }
 
 /// The failover order of the unit `key` held by `active`: `active`, then
