@@ -203,7 +203,9 @@ enum Output {
 /// together, and its background thread gives the system back what has
 /// been free for a few seconds, without being asked. At 1 000 nodes a
 /// gateway node's agent held 129 MiB with glibc and 97 MiB with jemalloc
-/// minutes after the same load (docs/scale.md).
+/// minutes after the same load (docs/scale.md). The `jemalloc` feature,
+/// on by default, chooses it.
+#[cfg(feature = "jemalloc")]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

@@ -100,9 +100,13 @@ impl std::fmt::Display for Write {
 /// How soon a write matters; the most urgent go first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Urgency {
+    /// A gateway's Pods published for the first time: until its status
+    /// says so, the agents of the nodes it selects watch every Pod of the
+    /// cluster instead of its slices (see `cluster::watch::Wanted`).
+    Published,
     /// Where traffic goes: a tunnel (its creation, allocation or
-    /// timeout), an object's first status, a policy's EIPs or node, a
-    /// gateway's nodes and their EIPs, or its published Pods.
+    /// timeout), an object's first status, a policy's EIPs or node, or a
+    /// gateway's nodes and their EIPs.
     Placement,
     /// Whether a condition holds, or why (what users and alerts read).
     Conditions,
@@ -111,11 +115,17 @@ pub enum Urgency {
 }
 
 impl Urgency {
-    pub const ALL: [Urgency; 3] = [Urgency::Placement, Urgency::Conditions, Urgency::Details];
+    pub const ALL: [Urgency; 4] = [
+        Urgency::Published,
+        Urgency::Placement,
+        Urgency::Conditions,
+        Urgency::Details,
+    ];
 
     /// The metrics' label.
     pub fn as_str(self) -> &'static str {
         match self {
+            Urgency::Published => "published",
             Urgency::Placement => "placement",
             Urgency::Conditions => "conditions",
             Urgency::Details => "details",
@@ -140,11 +150,15 @@ impl Write {
                 }
             }
             Write::GatewayStatus { gateway, status } => {
-                match stored.gateways.get(gateway).and_then(|o| o.status.as_ref()) {
+                let old = stored.gateways.get(gateway).and_then(|o| o.status.as_ref());
+                // Only whether its Pods are published matters to the
+                // agents, not how many there are.
+                if status.pods.is_some() && old.is_none_or(|o| o.pods.is_none()) {
+                    return Urgency::Published;
+                }
+                match old {
                     None => Urgency::Placement,
-                    Some(old) if old.node_list != status.node_list || old.pods != status.pods => {
-                        Urgency::Placement
-                    }
+                    Some(old) if old.node_list != status.node_list => Urgency::Placement,
                     Some(old) => conditions_urgency(&old.conditions, &status.conditions),
                 }
             }
@@ -488,6 +502,59 @@ mod tests {
         assert_eq!(plan(&stored, &cluster(true), later()), []);
         stored.published.clear();
         assert_eq!(plan(&stored, &cluster(true), later()), []);
+    }
+
+    /// Until a gateway's status says its Pods are published, the agents
+    /// of its nodes watch every Pod of the cluster: that write goes ahead
+    /// of every other status, the first statuses of policies created with
+    /// it included (at 10 000 policies those took minutes to write, and
+    /// the gateway's waited behind them). How many Pods it has later is a
+    /// detail.
+    #[test]
+    fn a_gateways_pods_published_first_go_before_every_other_status() {
+        let mut stored = fresh();
+        let mut status = cluster(true);
+        let web = status.policies[0].clone();
+        for n in 0..50 {
+            let mut p = web.clone();
+            p.policy = PolicyRef::namespaced("team-a", format!("p{n:02}"));
+            stored.policies.insert(p.policy.clone(), Object::default());
+            status.policies.push(p);
+        }
+        let pods = GatewayPods {
+            selected: 3,
+            slices: 1,
+        };
+        stored.published.insert("egw".into(), pods);
+        let writes = plan(&stored, &status, now());
+        let waves = Waves::new(writes.clone(), &stored);
+        assert!(
+            matches!(&waves.statuses[0], Write::GatewayStatus { status, .. } if status.pods == Some(pods)),
+            "{:?}",
+            waves.statuses[0]
+        );
+        assert_eq!(waves.statuses[0].urgency(&stored), Urgency::Published);
+        assert!(
+            waves.statuses[1..]
+                .iter()
+                .all(|w| w.urgency(&stored) == Urgency::Placement),
+            "{waves:?}"
+        );
+
+        let mut stored = carried_out(stored, &writes);
+        stored.published.insert(
+            "egw".into(),
+            GatewayPods {
+                selected: 4,
+                slices: 1,
+            },
+        );
+        let counted = plan(&stored, &status, later());
+        assert!(
+            matches!(counted.as_slice(), [Write::GatewayStatus { .. }]),
+            "{counted:?}"
+        );
+        assert_eq!(counted[0].urgency(&stored), Urgency::Details);
     }
 
     #[test]
