@@ -669,13 +669,7 @@ impl Agent {
                 .stores
                 .cluster_snapshot_of(self.config.clone(), &policies);
             let gateways = egressgw_core::gateways_selecting(&cluster, &self.node);
-            let wanted = if gateways.is_empty() {
-                Wanted::Node
-            } else if self.stores.pods_published(&gateways) {
-                Wanted::Gateways(gateways.into_iter().map(str::to_owned).collect())
-            } else {
-                Wanted::Cluster
-            };
+            let wanted = Wanted::of(&gateways, |name| self.stores.publication(name));
             if !self.stores.pods.serve(&wanted) {
                 return None;
             }

@@ -151,17 +151,14 @@ impl Stores {
         (stores, tasks)
     }
 
-    /// Whether the controller has published the Pods of every gateway of
-    /// `names`: each one's status says so. An agent of their nodes then
-    /// reads them from slices; otherwise (a controller of an earlier
-    /// release, a gateway whose slices could not be written yet) it
-    /// watches every Pod.
-    pub fn pods_published(&self, names: &[&str]) -> bool {
-        names.iter().all(|name| {
-            self.gateways
-                .get(&ObjectRef::new(name))
-                .is_some_and(|g| g.status.as_ref().is_some_and(|s| s.pods.is_some()))
-        })
+    /// What the status of the gateway `name` says of its Pods.
+    pub fn publication(&self, name: &str) -> Publication {
+        let gateway = self.gateways.get(&ObjectRef::new(name));
+        match gateway.as_ref().and_then(|g| g.status.as_ref()) {
+            None => Publication::NoStatus,
+            Some(status) if status.pods.is_some() => Publication::Published,
+            Some(_) => Publication::NotPublished,
+        }
     }
 
     /// Waits until every store holds its first complete list.
@@ -289,7 +286,47 @@ pub enum Wanted {
     Cluster,
 }
 
+/// What a gateway's status says of its Pods ([`Wanted::of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Publication {
+    /// `status.pods`: its slices hold them.
+    Published,
+    /// A status without `status.pods`: written by a controller that does
+    /// not publish (an earlier release), or whose slice writes for it
+    /// failed.
+    NotPublished,
+    /// No status yet: no controller has taken the gateway in.
+    NoStatus,
+}
+
 impl Wanted {
+    /// The Pods the agent of a node that the gateways `selecting` select
+    /// (see [`egressgw_core::gateways_selecting`]) plans from: its own
+    /// alone when there are none; every Pod of the cluster when a
+    /// controller wrote one of their statuses without publishing its Pods
+    /// (so that an upgrade from a controller that publishes nothing keeps
+    /// every Pod's traffic carried); otherwise their slices. A gateway
+    /// with no status yet counts as published with no Pods: the
+    /// controller writes its first status with its Pods published, before
+    /// any other status, and a controller that does not publish writes one
+    /// without. Listing every Pod of a large cluster for the seconds
+    /// between a gateway's creation and its first status would cost each
+    /// of its nodes' agents far more memory than it holds otherwise, and
+    /// until the controller takes the gateway in, no policy of it has an
+    /// EIP to carry its Pods' traffic with.
+    pub fn of(selecting: &[&str], publication: impl Fn(&str) -> Publication) -> Self {
+        if selecting.is_empty() {
+            Wanted::Node
+        } else if selecting
+            .iter()
+            .any(|g| publication(g) == Publication::NotPublished)
+        {
+            Wanted::Cluster
+        } else {
+            Wanted::Gateways(selecting.iter().map(|g| (*g).to_owned()).collect())
+        }
+    }
+
     pub fn scope(&self) -> PodScope {
         match self {
             Self::Node => PodScope::Node,
@@ -993,6 +1030,40 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    /// A node no gateway selects plans from its own Pods; one that
+    /// gateways select, from their slices while each is published or not
+    /// taken in by a controller yet; from every Pod once a controller
+    /// wrote one of their statuses without publishing.
+    #[test]
+    fn an_agent_watches_every_pod_only_beside_a_controller_that_does_not_publish() {
+        use Publication::*;
+        let of = |selecting: &[&str], says: &[(&str, Publication)]| {
+            Wanted::of(selecting, |name| {
+                says.iter()
+                    .find(|(g, _)| *g == name)
+                    .map_or(NoStatus, |(_, p)| *p)
+            })
+        };
+        let gateways =
+            |names: &[&str]| Wanted::Gateways(names.iter().map(|n| (*n).to_owned()).collect());
+        assert_eq!(of(&[], &[("a", NotPublished)]), Wanted::Node);
+        assert_eq!(
+            of(&["a", "b"], &[("a", Published), ("b", Published)]),
+            gateways(&["a", "b"])
+        );
+        // Created a moment ago: the controller's first status publishes.
+        assert_eq!(
+            of(&["a", "new"], &[("a", Published)]),
+            gateways(&["a", "new"])
+        );
+        assert_eq!(of(&["new"], &[]), gateways(&["new"]));
+        // A controller of an earlier release took it in.
+        assert_eq!(
+            of(&["a", "old"], &[("a", Published), ("old", NotPublished)]),
+            Wanted::Cluster
+        );
+    }
 
     #[test]
     fn a_reading_tells_policies_changes_from_other_kinds() {
