@@ -102,7 +102,7 @@ impl std::fmt::Display for Write {
 pub enum Urgency {
     /// A gateway's Pods published for the first time: until its status
     /// says so, the agents of the nodes it selects watch every Pod of the
-    /// cluster instead of its slices (see `cluster::watch::Wanted`).
+    /// cluster instead of its slices (see `cluster::watch::Wanted::of`).
     Published,
     /// Where traffic goes: a tunnel (its creation, allocation or
     /// timeout), an object's first status, a policy's EIPs or node, or a
