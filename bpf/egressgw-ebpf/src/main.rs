@@ -19,19 +19,37 @@
 //! options or fragments, IPv6 with extension headers and every other
 //! protocol take the marked way, where the kernel does what it must (ICMP
 //! "too big", conntrack).
+//!
+//! The gateway's fast path: on a gateway node, conntrack SNATs a pod's
+//! connection as it always did, and the program learns the translation
+//! from the stack itself: a pod's pure ACK coming out of the tunnel is
+//! remembered by what the SNAT does not change (remote address and port,
+//! sequence and acknowledgement numbers), and when the same packet leaves
+//! an external interface translated (`egressgw_learn`), the translation
+//! is handed to the agent ([`LEARNED`]). The agent makes conntrack's entry
+//! liberal about TCP windows (as the kernel's flowtable does) and fills
+//! the NAT maps; from then on the connection's packets are translated
+//! here and sent straight out (`egressgw_reply` on the tunnel's ingress,
+//! `egressgw_nat_in` on the external interfaces' ingress). SYN, FIN and
+//! RST, and one packet every 30 s, go through the stack, so that
+//! conntrack sees the connection open and close and keeps its entry.
 
 #![no_std]
 #![no_main]
+
+mod gateway;
 
 use aya_ebpf::bindings::{TC_ACT_OK, TC_ACT_SHOT};
 use aya_ebpf::helpers::generated::bpf_redirect;
 use aya_ebpf::macros::{classifier, map};
 use aya_ebpf::maps::lpm_trie::Key;
-use aya_ebpf::maps::{HashMap, LpmTrie, LruHashMap, PerCpuArray};
+use aya_ebpf::maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf};
 use aya_ebpf::programs::TcContext;
 use egressgw_common::{
-    CLASSIFY_MAX, CLUSTER_MAX, COUNTERS_MAX, Counter, Dst4, Dst6, FLOWS_MAX, Flow4, Flow6, Key4,
-    Key6, LOOKUP4_BITS, LOOKUP6_BITS, PodLink, TUNNELS_MAX, Tunnel, Verdict, kind,
+    CLASSIFY_MAX, CLUSTER_MAX, COUNTERS_MAX, Counter, Dst4, Dst6, FLOWS_MAX, Flow4, Flow6,
+    Handshake4, Handshake6, Key4, Key6, LEARNED_BYTES, LOOKUP4_BITS, LOOKUP6_BITS, NAT_MAX, Nat4,
+    Nat6, PENDING_MAX, Pending4, Pending6, PodLink, SWITCHES_MAX, TUNNELS_MAX, Tunnel, Verdict,
+    kind,
 };
 
 // The names are egressgw-common's constants; the macro wants literals.
@@ -52,6 +70,23 @@ static FLOWS4: LruHashMap<Flow4, PodLink> = LruHashMap::with_max_entries(FLOWS_M
 #[map(name = "EGRESSGW_FLOWS6")]
 static FLOWS6: LruHashMap<Flow6, PodLink> = LruHashMap::with_max_entries(FLOWS_MAX, 0);
 
+#[map(name = "EGRESSGW_NAT_OUT4")]
+static NAT_OUT4: LruHashMap<Flow4, Nat4> = LruHashMap::with_max_entries(NAT_MAX, 0);
+#[map(name = "EGRESSGW_NAT_IN4")]
+static NAT_IN4: LruHashMap<Flow4, Nat4> = LruHashMap::with_max_entries(NAT_MAX, 0);
+#[map(name = "EGRESSGW_NAT_OUT6")]
+static NAT_OUT6: LruHashMap<Flow6, Nat6> = LruHashMap::with_max_entries(NAT_MAX, 0);
+#[map(name = "EGRESSGW_NAT_IN6")]
+static NAT_IN6: LruHashMap<Flow6, Nat6> = LruHashMap::with_max_entries(NAT_MAX, 0);
+#[map(name = "EGRESSGW_PENDING4")]
+static PENDING4: LruHashMap<Handshake4, Pending4> = LruHashMap::with_max_entries(PENDING_MAX, 0);
+#[map(name = "EGRESSGW_PENDING6")]
+static PENDING6: LruHashMap<Handshake6, Pending6> = LruHashMap::with_max_entries(PENDING_MAX, 0);
+#[map(name = "EGRESSGW_LEARNED")]
+static LEARNED: RingBuf = RingBuf::with_byte_size(LEARNED_BYTES, 0);
+#[map(name = "EGRESSGW_SWITCHES")]
+static SWITCHES: Array<u32> = Array::with_max_entries(SWITCHES_MAX, 0);
+
 /// Ethernet header length: where the IP header starts on the interfaces
 /// the program attaches to.
 const ETH_HLEN: usize = 14;
@@ -63,8 +98,23 @@ const IPV4_PLAIN: u8 = 0x45;
 /// The IPv6 header's length; extension headers are not parsed.
 const IPV6_HLEN: usize = 40;
 const IPPROTO_TCP: u8 = 6;
+const TCP_FIN: u8 = 0x01;
 const TCP_SYN: u8 = 0x02;
+const TCP_RST: u8 = 0x04;
 const TCP_ACK: u8 = 0x10;
+/// Where the IPv4 header's fields are, without options.
+const IP4_TTL: usize = ETH_HLEN + 8;
+const IP4_CSUM: usize = ETH_HLEN + 10;
+const IP4_SRC: usize = ETH_HLEN + 12;
+const IP4_DST: usize = ETH_HLEN + 16;
+const TCP4: usize = ETH_HLEN + 20;
+/// And the IPv6 header's.
+const IP6_HOPS: usize = ETH_HLEN + 7;
+const IP6_SRC: usize = ETH_HLEN + 8;
+const IP6_DST: usize = ETH_HLEN + 24;
+const TCP6: usize = ETH_HLEN + IPV6_HLEN;
+/// The TCP checksum's offset in its header.
+const TCP_CSUM: usize = 16;
 /// `TC_ACT_REDIRECT`, what `bpf_redirect` returns on success.
 const TC_ACT_REDIRECT: i64 = 7;
 
@@ -78,21 +128,54 @@ pub fn egressgw_reply(ctx: TcContext) -> i32 {
     reply(&ctx).unwrap_or(TC_ACT_OK)
 }
 
+#[classifier]
+pub fn egressgw_nat_in(ctx: TcContext) -> i32 {
+    gateway::nat_in(&ctx)
+}
+
+#[classifier]
+pub fn egressgw_learn(ctx: TcContext) -> i32 {
+    let _ = gateway::learn(&ctx);
+    TC_ACT_OK
+}
+
 /// A reply of a fast-path connection goes straight out of the pod's
-/// interface, from the MAC the pod sent to, to the pod's MAC; everything
-/// else passes.
+/// interface, from the MAC the pod sent to, to the pod's MAC; on a gateway
+/// node a pod's packet of a connection whose translation is known is
+/// translated and sent straight out; everything else passes.
 fn reply(ctx: &TcContext) -> Option<i32> {
     // SAFETY: the values are copied out at once; the maps are not changed
     // through these references.
-    let pod = match ctx.skb.protocol() {
-        ETH_P_IP => *unsafe { FLOWS4.get(tcp4(ctx)?.0.reversed()) }?,
-        ETH_P_IPV6 => *unsafe { FLOWS6.get(tcp6(ctx)?.0.reversed()) }?,
-        _ => return None,
-    };
+    match ctx.skb.protocol() {
+        ETH_P_IP => {
+            let (flow, flags, headers) = tcp4(ctx)?;
+            if let Some(pod) = unsafe { FLOWS4.get(flow.reversed()) } {
+                return to_pod(ctx, *pod);
+            }
+            gateway::out4(ctx, flow, flags, headers)
+        }
+        ETH_P_IPV6 => {
+            let (flow, flags, headers) = tcp6(ctx)?;
+            if let Some(pod) = unsafe { FLOWS6.get(flow.reversed()) } {
+                return to_pod(ctx, *pod);
+            }
+            gateway::out6(ctx, flow, flags, headers)
+        }
+        _ => None,
+    }
+}
+
+/// Sends a reply to the pod `pod` names.
+fn to_pod(ctx: &TcContext, pod: PodLink) -> Option<i32> {
     ctx.store(0, &pod.pod_mac, 0).ok()?;
     ctx.store(6, &pod.node_mac, 0).ok()?;
+    redirect(pod.ifindex)
+}
+
+/// `bpf_redirect` to `ifindex`'s egress; `None` if it refused.
+fn redirect(ifindex: u32) -> Option<i32> {
     // SAFETY: a helper call with no pointer arguments.
-    let done = unsafe { bpf_redirect(pod.ifindex, 0) };
+    let done = unsafe { bpf_redirect(ifindex, 0) };
     (done == TC_ACT_REDIRECT).then_some(done as i32)
 }
 
@@ -220,9 +303,7 @@ fn fast_path(ctx: &TcContext, verdict: &Verdict, ipv6: bool) -> Option<i32> {
     // SAFETY: `skb` is the context the kernel passed in.
     let mark = unsafe { (*ctx.skb.skb).mark };
     ctx.set_mark(mark & !verdict.mask);
-    // SAFETY: a helper call with no pointer arguments.
-    let done = unsafe { bpf_redirect(tunnel.ifindex, 0) };
-    (done == TC_ACT_REDIRECT).then_some(done as i32)
+    redirect(tunnel.ifindex)
 }
 
 /// The verdict for `ctx`'s packet; `None` when it cannot be read (left alone).

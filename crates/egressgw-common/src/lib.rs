@@ -196,6 +196,189 @@ pub struct PodLink {
     pub node_mac: [u8; 6],
 }
 
+/// The gateway's fast path: per connection that the gateway node's
+/// conntrack SNATed to one of its EIPs, how its packets are translated
+/// and where they go, learned from the stack's own translation
+/// ([`Learned`]). Keyed by the connection as its pod's packets come out
+/// of the tunnel ([`Flow4`]: pod, remote, ports) -> [`Nat4`].
+pub const NAT_OUT4: &str = "EGRESSGW_NAT_OUT4";
+/// The same, keyed by the connection as its replies arrive from outside
+/// (remote, EIP, ports) -> [`Nat4`].
+pub const NAT_IN4: &str = "EGRESSGW_NAT_IN4";
+/// [`NAT_OUT4`] for IPv6 ([`Flow6`] -> [`Nat6`]).
+pub const NAT_OUT6: &str = "EGRESSGW_NAT_OUT6";
+/// [`NAT_IN4`] for IPv6.
+pub const NAT_IN6: &str = "EGRESSGW_NAT_IN6";
+/// How many connections the gateway's fast path holds, per family and
+/// direction.
+pub const NAT_MAX: u32 = 1 << 17;
+/// A pod's packet that came out of the tunnel on a gateway node, waiting
+/// to be seen again leaving the node translated ([`Handshake4`] ->
+/// [`Pending4`]).
+pub const PENDING4: &str = "EGRESSGW_PENDING4";
+/// The same for IPv6 ([`Handshake6`] -> [`Pending6`]).
+pub const PENDING6: &str = "EGRESSGW_PENDING6";
+/// How many packets wait, per family.
+pub const PENDING_MAX: u32 = 1 << 14;
+/// The translations the stack made, for the agent to take over
+/// ([`Learned`]), a ring buffer.
+pub const LEARNED: &str = "EGRESSGW_LEARNED";
+/// The ring buffer's size in bytes.
+pub const LEARNED_BYTES: u32 = 1 << 18;
+/// Switches (an array of `u32`, indexed by [`switch`]).
+pub const SWITCHES: &str = "EGRESSGW_SWITCHES";
+/// How many switches there are.
+pub const SWITCHES_MAX: u32 = 4;
+/// The indexes of [`SWITCHES`].
+pub mod switch {
+    /// Non-zero on a gateway node with the gateway's fast path on: its
+    /// pods' packets out of the tunnel are remembered ([`super::PENDING4`])
+    /// and their translations learned.
+    pub const GATEWAY: u32 = 0;
+}
+/// How long, in nanoseconds, a gateway's fast-path connection goes
+/// without a packet through the stack: then one goes, so that conntrack's
+/// entry (and its NAT binding) does not time out.
+pub const REFRESH_NS: u64 = 30_000_000_000;
+
+/// The program on a gateway node's external interfaces' ingress that
+/// sends replies of fast-path connections straight into the tunnel.
+pub const NAT_IN_PROGRAM: &str = "egressgw_nat_in";
+/// The program on their egress that learns the stack's translations.
+pub const LEARN_PROGRAM: &str = "egressgw_learn";
+
+/// How one direction of a gateway's fast-path connection is translated:
+/// the address and port written in place of the source (out: the EIP) or
+/// destination (in: the pod), the Ethernet header written in front, and
+/// the interface it leaves by.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Nat4 {
+    pub addr: [u8; 4],
+    pub port: [u8; 2],
+    /// Destination MAC, source MAC, EtherType.
+    pub l2: [u8; 14],
+    pub ifindex: u32,
+    /// The interface's MTU when the connection was learned: a bigger
+    /// packet goes through the stack, which answers "too big".
+    pub mtu: u32,
+    pub _pad: [u8; 4],
+    /// `bpf_ktime_get_ns` when a packet of it last went through the
+    /// stack (0: not yet).
+    pub refreshed: u64,
+}
+
+/// [`Nat4`] for IPv6.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Nat6 {
+    pub addr: [u8; 16],
+    pub port: [u8; 2],
+    pub l2: [u8; 14],
+    pub ifindex: u32,
+    pub mtu: u32,
+    pub refreshed: u64,
+}
+
+/// What identifies a pod's packet on both sides of the gateway's SNAT:
+/// what the SNAT does not change (the remote address and port, the TCP
+/// sequence and acknowledgement numbers).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Handshake4 {
+    pub remote: [u8; 4],
+    pub seq: [u8; 4],
+    pub ack: [u8; 4],
+    pub rport: [u8; 2],
+    pub _pad: [u8; 2],
+}
+
+/// [`Handshake4`] for IPv6.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Handshake6 {
+    pub remote: [u8; 16],
+    pub seq: [u8; 4],
+    pub ack: [u8; 4],
+    pub rport: [u8; 2],
+    pub _pad: [u8; 2],
+}
+
+/// A pod's packet as it came out of the tunnel: its address and port, the
+/// tunnel device, and the Ethernet header its replies need (to the MAC
+/// it came from, from the MAC it was sent to).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pending4 {
+    pub pod: [u8; 4],
+    pub port: [u8; 2],
+    pub l2: [u8; 14],
+    pub ifindex: u32,
+}
+
+/// [`Pending4`] for IPv6.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pending6 {
+    pub pod: [u8; 16],
+    pub port: [u8; 2],
+    pub l2: [u8; 14],
+    pub ifindex: u32,
+}
+
+/// A translation the gateway node's stack made, seen as the translated
+/// packet left: the pod's connection (`pod`, `pod_port` to `remote`,
+/// `remote_port`) leaves as `eip`, `eip_port`, out of `out_ifindex` with
+/// the Ethernet header `out_l2`; its replies go into the tunnel
+/// (`tunnel_ifindex`) with `tunnel_l2`. IPv4 addresses fill the first 4
+/// bytes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Learned {
+    /// 4 or 6.
+    pub family: u32,
+    pub out_ifindex: u32,
+    pub tunnel_ifindex: u32,
+    pub pod: [u8; 16],
+    pub remote: [u8; 16],
+    pub eip: [u8; 16],
+    pub pod_port: [u8; 2],
+    pub remote_port: [u8; 2],
+    pub eip_port: [u8; 2],
+    pub out_l2: [u8; 14],
+    pub tunnel_l2: [u8; 14],
+    pub _pad: [u8; 2],
+}
+
+impl Learned {
+    /// The record as the ring buffer holds it (its bytes in memory order);
+    /// `None` when there are too few.
+    #[must_use]
+    pub fn decode(bytes: &[u8]) -> Option<Self> {
+        /// The next `N` bytes of `rest`, taken off it.
+        fn take<const N: usize>(rest: &mut &[u8]) -> Option<[u8; N]> {
+            let (field, tail) = rest.split_first_chunk::<N>()?;
+            *rest = tail;
+            Some(*field)
+        }
+        let rest = &mut &bytes[..];
+        Some(Learned {
+            family: u32::from_ne_bytes(take(rest)?),
+            out_ifindex: u32::from_ne_bytes(take(rest)?),
+            tunnel_ifindex: u32::from_ne_bytes(take(rest)?),
+            pod: take(rest)?,
+            remote: take(rest)?,
+            eip: take(rest)?,
+            pod_port: take(rest)?,
+            remote_port: take(rest)?,
+            eip_port: take(rest)?,
+            out_l2: take(rest)?,
+            tunnel_l2: take(rest)?,
+            _pad: [0; 2],
+        })
+    }
+}
+
 /// Packets and bytes.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -203,6 +386,17 @@ pub struct Counter {
     pub packets: u64,
     pub bytes: u64,
 }
+
+// No implicit padding: the sizes are the sums of the fields.
+const _: () = {
+    assert!(size_of::<Nat4>() == 40);
+    assert!(size_of::<Nat6>() == 48);
+    assert!(size_of::<Handshake4>() == 16);
+    assert!(size_of::<Handshake6>() == 28);
+    assert!(size_of::<Pending4>() == 24);
+    assert!(size_of::<Pending6>() == 36);
+    assert!(size_of::<Learned>() == 96);
+};
 
 // aya's `Pod` is an unsafe marker trait: each implementation promises a
 // `Copy`, `#[repr(C)]` type without padding, for which any bytes are a
@@ -223,4 +417,46 @@ mod user {
     unsafe impl aya::Pod for super::Flow4 {}
     unsafe impl aya::Pod for super::Flow6 {}
     unsafe impl aya::Pod for super::PodLink {}
+    unsafe impl aya::Pod for super::Nat4 {}
+    unsafe impl aya::Pod for super::Nat6 {}
+    unsafe impl aya::Pod for super::Handshake4 {}
+    unsafe impl aya::Pod for super::Handshake6 {}
+    unsafe impl aya::Pod for super::Pending4 {}
+    unsafe impl aya::Pod for super::Pending6 {}
+    unsafe impl aya::Pod for super::Learned {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Learned;
+
+    #[test]
+    fn a_learned_record_is_read_field_by_field_and_a_short_one_not_at_all() {
+        // The record as the program writes it: three u32 in memory order,
+        // then the byte arrays in declaration order.
+        let mut bytes = [0u8; 96];
+        bytes[..4].copy_from_slice(&4u32.to_ne_bytes());
+        bytes[4..8].copy_from_slice(&7u32.to_ne_bytes());
+        bytes[8..12].copy_from_slice(&9u32.to_ne_bytes());
+        bytes[12..16].copy_from_slice(&[10, 244, 1, 2]);
+        bytes[28..32].copy_from_slice(&[198, 51, 100, 1]);
+        bytes[44..48].copy_from_slice(&[198, 51, 100, 240]);
+        bytes[60..66].copy_from_slice(&[0x9c, 0x40, 0x1f, 0x91, 0x9c, 0x41]);
+        bytes[66] = 0xaa;
+        bytes[80] = 0xbb;
+        let learned = Learned::decode(&bytes).expect("a whole record");
+        assert_eq!(
+            (learned.family, learned.out_ifindex, learned.tunnel_ifindex),
+            (4, 7, 9)
+        );
+        assert_eq!(learned.pod[..4], [10, 244, 1, 2]);
+        assert_eq!(learned.remote[..4], [198, 51, 100, 1]);
+        assert_eq!(learned.eip[..4], [198, 51, 100, 240]);
+        assert_eq!(
+            (learned.pod_port, learned.remote_port, learned.eip_port),
+            ([0x9c, 0x40], [0x1f, 0x91], [0x9c, 0x41])
+        );
+        assert_eq!((learned.out_l2[0], learned.tunnel_l2[0]), (0xaa, 0xbb));
+        assert_eq!(Learned::decode(&bytes[..93]), None);
+    }
 }

@@ -18,7 +18,7 @@ use std::fmt;
 use egressgw_common::Counter;
 use egressgw_core::model::PolicyRef;
 
-use crate::ebpf::{Classifier, Desired, Synced};
+use crate::ebpf::{Classifier, Desired, Learning, Synced};
 use crate::ops::{Op, OpKind};
 
 /// What classifies pod traffic on a node.
@@ -44,17 +44,24 @@ impl fmt::Display for Datapath {
 
 /// The eBPF classifier as a reconcile drives it.
 pub trait PodClassifier: fmt::Debug {
-    /// Attaches the classifier to exactly the interfaces in `pods`, and the
-    /// reply path to `tunnel`; returns each change made or tried.
+    /// Attaches the classifier to exactly the interfaces in `pods`, the
+    /// reply path to `tunnel` and the gateway's fast path to `external`;
+    /// returns each change made or tried.
     fn follow(
         &mut self,
         pods: &BTreeSet<String>,
         tunnel: Option<&str>,
+        external: &BTreeSet<String>,
     ) -> Vec<(Op, Result<(), String>)>;
     /// Makes the maps hold `desired`, touching only what differs.
     fn sync(&mut self, desired: &Desired) -> Result<Synced, String>;
     /// Packets and bytes classified, per policy.
     fn policy_counters(&self) -> Result<BTreeMap<PolicyRef, Counter>, String>;
+    /// While the gateway's fast path is on: what it learned since the
+    /// start, and how many connections it holds now.
+    fn gateway_learning(&self) -> Option<(Learning, usize)> {
+        None
+    }
 }
 
 impl PodClassifier for Classifier {
@@ -62,8 +69,9 @@ impl PodClassifier for Classifier {
         &mut self,
         pods: &BTreeSet<String>,
         tunnel: Option<&str>,
+        external: &BTreeSet<String>,
     ) -> Vec<(Op, Result<(), String>)> {
-        Classifier::follow(self, pods, tunnel)
+        Classifier::follow(self, pods, tunnel, external)
             .into_iter()
             .map(|(op, result)| (op, result.map_err(|e| e.to_string())))
             .collect()
@@ -76,6 +84,10 @@ impl PodClassifier for Classifier {
     fn policy_counters(&self) -> Result<BTreeMap<PolicyRef, Counter>, String> {
         Classifier::policy_counters(self).map_err(|e| e.to_string())
     }
+
+    fn gateway_learning(&self) -> Option<(Learning, usize)> {
+        Classifier::gateway_learning(self)
+    }
 }
 
 /// A classifier in memory: what it is attached to and the maps' entries.
@@ -85,6 +97,8 @@ pub struct FakeClassifier {
     pub attached: BTreeSet<String>,
     /// The tunnel device the reply path is on.
     pub tunnel: Option<String>,
+    /// The interfaces the gateway's fast path is on.
+    pub external: BTreeSet<String>,
     /// The maps' contents.
     pub maps: Desired,
     /// Counters to report.
@@ -98,8 +112,10 @@ impl PodClassifier for FakeClassifier {
         &mut self,
         wanted: &BTreeSet<String>,
         tunnel: Option<&str>,
+        external: &BTreeSet<String>,
     ) -> Vec<(Op, Result<(), String>)> {
         self.tunnel = tunnel.map(str::to_owned);
+        external.clone_into(&mut self.external);
         let mut done = Vec::new();
         for gone in self.attached.difference(wanted) {
             let text = format!("detach the eBPF classifier on {gone}");
@@ -156,8 +172,11 @@ impl PodClassifier for std::sync::Arc<std::sync::Mutex<FakeClassifier>> {
         &mut self,
         pods: &BTreeSet<String>,
         tunnel: Option<&str>,
+        external: &BTreeSet<String>,
     ) -> Vec<(Op, Result<(), String>)> {
-        self.lock().expect("not poisoned").follow(pods, tunnel)
+        self.lock()
+            .expect("not poisoned")
+            .follow(pods, tunnel, external)
     }
 
     fn sync(&mut self, desired: &Desired) -> Result<Synced, String> {

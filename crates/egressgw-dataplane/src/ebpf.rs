@@ -17,12 +17,19 @@ use aya::programs::tc::{self, SchedClassifierLink, SchedClassifierLinkId};
 use aya::programs::{SchedClassifier, TcAttachType, TestRun, TestRunOptions};
 use aya::util::KernelVersion;
 use egressgw_common as common;
-use egressgw_common::{Counter, Dst4, Dst6, Flow4, Flow6, Key4, Key6, PodLink, Tunnel, Verdict};
+use egressgw_common::{
+    Counter, Dst4, Dst6, Flow4, Flow6, Handshake4, Handshake6, Key4, Key6, Nat4, Nat6, Pending4,
+    Pending6, PodLink, Tunnel, Verdict,
+};
 use egressgw_core::model::{Config, PolicyRef};
 use egressgw_core::state::{Action, NodeState};
 use ipnet::IpNet;
 
 use crate::ops::{Op, OpKind};
+
+mod gateway;
+
+pub use gateway::Learning;
 
 /// The object built into this binary, if it was built with one.
 pub fn object() -> Option<&'static [u8]> {
@@ -72,7 +79,7 @@ fn failed(what: impl Into<String>) -> impl FnOnce(String) -> EbpfError {
 pub const PIN_DIR: &str = "/sys/fs/bpf/egressgw";
 
 /// Every map of the programs, by name.
-const MAPS: [&str; 8] = [
+const MAPS: [&str; 16] = [
     common::CLASSIFY4,
     common::CLASSIFY6,
     common::CLUSTER4,
@@ -81,6 +88,14 @@ const MAPS: [&str; 8] = [
     common::TUNNELS,
     common::FLOWS4,
     common::FLOWS6,
+    common::NAT_OUT4,
+    common::NAT_IN4,
+    common::NAT_OUT6,
+    common::NAT_IN6,
+    common::PENDING4,
+    common::PENDING6,
+    common::LEARNED,
+    common::SWITCHES,
 ];
 
 /// A map's shape as this build's program declares it: key and value size
@@ -106,6 +121,20 @@ fn shape(name: &str) -> Option<Shape> {
         common::TUNNELS => (size::<u32>(), size::<Tunnel>(), common::TUNNELS_MAX),
         common::FLOWS4 => (size::<Flow4>(), size::<PodLink>(), common::FLOWS_MAX),
         common::FLOWS6 => (size::<Flow6>(), size::<PodLink>(), common::FLOWS_MAX),
+        common::NAT_OUT4 | common::NAT_IN4 => (size::<Flow4>(), size::<Nat4>(), common::NAT_MAX),
+        common::NAT_OUT6 | common::NAT_IN6 => (size::<Flow6>(), size::<Nat6>(), common::NAT_MAX),
+        common::PENDING4 => (
+            size::<Handshake4>(),
+            size::<Pending4>(),
+            common::PENDING_MAX,
+        ),
+        common::PENDING6 => (
+            size::<Handshake6>(),
+            size::<Pending6>(),
+            common::PENDING_MAX,
+        ),
+        common::LEARNED => (0, 0, common::LEARNED_BYTES),
+        common::SWITCHES => (size::<u32>(), size::<u32>(), common::SWITCHES_MAX),
         _ => return None,
     };
     Some(Shape {
@@ -153,13 +182,28 @@ enum Role {
     Classify,
     /// `egressgw_reply`, on the tunnel device.
     Reply,
+    /// `egressgw_nat_in`, on a gateway node's external interfaces' ingress.
+    NatIn,
+    /// `egressgw_learn`, on their egress.
+    Learn,
 }
 
 impl Role {
+    const ALL: [Role; 4] = [Role::Classify, Role::Reply, Role::NatIn, Role::Learn];
+
     fn program(self) -> &'static str {
         match self {
             Role::Classify => common::PROGRAM,
             Role::Reply => common::REPLY_PROGRAM,
+            Role::NatIn => common::NAT_IN_PROGRAM,
+            Role::Learn => common::LEARN_PROGRAM,
+        }
+    }
+
+    fn attach_type(self) -> TcAttachType {
+        match self {
+            Role::Learn => TcAttachType::Egress,
+            _ => TcAttachType::Ingress,
         }
     }
 
@@ -168,6 +212,8 @@ impl Role {
         match self {
             Role::Classify => "link-ingress-",
             Role::Reply => "reply-ingress-",
+            Role::NatIn => "nat-ingress-",
+            Role::Learn => "learn-egress-",
         }
     }
 
@@ -175,6 +221,8 @@ impl Role {
         match self {
             Role::Classify => format!("the eBPF classifier on {iface}"),
             Role::Reply => format!("the eBPF reply path on {iface}"),
+            Role::NatIn => format!("the gateway's eBPF fast path on {iface}'s ingress"),
+            Role::Learn => format!("the gateway's eBPF learner on {iface}'s egress"),
         }
     }
 }
@@ -237,6 +285,10 @@ pub struct Desired {
     /// gateway node's. Empty when the fast path is off (`ebpf.fastPath`):
     /// then every packet takes the marked way.
     pub tunnels: BTreeMap<u32, ([u8; 6], [u8; 6])>,
+    /// The EIPs this node holds, when the fast path is on: the gateway's
+    /// fast path takes over connections that leave with one of them.
+    /// Empty: it is off.
+    pub eips: BTreeSet<IpAddr>,
 }
 
 impl Desired {
@@ -283,6 +335,11 @@ impl Desired {
             cluster: state.cluster_cidrs.iter().map(IpNet::trunc).collect(),
             tunnel: state.vxlan.as_ref().map(|v| v.name.clone()),
             tunnels,
+            eips: if cfg.ebpf_fast_path && state.vxlan.is_some() {
+                state.eips.iter().map(|e| e.ip).collect()
+            } else {
+                BTreeSet::new()
+            },
         }
     }
 }
@@ -412,6 +469,12 @@ pub struct Classifier {
     pins: Option<PathBuf>,
     /// The maps' entries as the last sync left them; `None`: read them.
     known: Option<Known>,
+    /// The gateway's fast path: the learner and the NAT maps; `None` where
+    /// it could not start (the node then leaves every connection to the
+    /// stack).
+    gateway: Option<(gateway::Learner, gateway::NatMaps)>,
+    /// The gateway switch as the last sync wrote it.
+    learning: Option<bool>,
 }
 
 impl Classifier {
@@ -477,18 +540,29 @@ impl Classifier {
             .load(object)
             .map_err(|e| e.to_string())
             .map_err(failed("loading the eBPF object"))?;
-        for role in [Role::Classify, Role::Reply] {
+        for role in Role::ALL {
             program(&mut ebpf, role)?
                 .load()
                 .map_err(|e| format!("{e:#}"))
                 .map_err(failed(format!("loading the program {}", role.program())))?;
         }
+        let gateway = match gateway::Learner::start(&mut ebpf)
+            .and_then(|learner| Ok((learner, gateway::NatMaps::open(&ebpf)?)))
+        {
+            Ok(both) => Some(both),
+            Err(e) => {
+                tracing::warn!(error = %e, "the gateway's eBPF fast path is off");
+                None
+            }
+        };
         Ok(Classifier {
             ebpf,
             attached: BTreeMap::new(),
             counters: BTreeMap::new(),
             pins,
             known: None,
+            gateway,
+            learning: None,
         })
     }
 
@@ -547,7 +621,7 @@ impl Classifier {
                 drop(prog.take_link(id));
             } else {
                 let id = prog
-                    .attach(iface, TcAttachType::Ingress)
+                    .attach(iface, role.attach_type())
                     .map_err(|e| format!("{e:#}"))
                     .map_err(failed(what.clone()))?;
                 let link = prog
@@ -573,7 +647,7 @@ impl Classifier {
             let _ = tc::qdisc_add_clsact(iface);
         }
         let id = program(&mut self.ebpf, role)?
-            .attach(iface, TcAttachType::Ingress)
+            .attach(iface, role.attach_type())
             .map_err(|e| format!("{e:#}"))
             .map_err(failed(what))?;
         let attached = Attached {
@@ -612,8 +686,9 @@ impl Classifier {
     }
 
     /// Makes the classifier attached to exactly the interfaces in `pods`,
-    /// and the reply path to `tunnel` (the tunnel device, when it exists):
-    /// attaches where it is missing (or the interface is a new one under an
+    /// the reply path to `tunnel` (the tunnel device, when it exists), and
+    /// the gateway's fast path to `external` (a gateway node's interfaces
+    /// on its EIPs' segments): attaches where it is missing (or the interface is a new one under an
     /// old name) and detaches where it is no longer wanted, including
     /// attachments a predecessor pinned for interfaces now gone. Returns
     /// each change made or tried.
@@ -621,10 +696,13 @@ impl Classifier {
         &mut self,
         pods: &BTreeSet<String>,
         tunnel: Option<&str>,
+        external: &BTreeSet<String>,
     ) -> Vec<(Op, Result<(), EbpfError>)> {
         let tunnel: BTreeSet<String> = tunnel.into_iter().map(str::to_owned).collect();
         let mut done = self.follow_as(Role::Classify, pods);
         done.extend(self.follow_as(Role::Reply, &tunnel));
+        done.extend(self.follow_as(Role::NatIn, external));
+        done.extend(self.follow_as(Role::Learn, external));
         done
     }
 
@@ -679,10 +757,7 @@ impl Classifier {
         for entry in entries.flatten() {
             let path = entry.path();
             let name = entry.file_name().to_string_lossy().into_owned();
-            if [Role::Classify, Role::Reply]
-                .iter()
-                .any(|r| name.starts_with(r.pin_prefix()))
-            {
+            if Role::ALL.iter().any(|r| name.starts_with(r.pin_prefix())) {
                 unpin_link(&path)?;
             } else {
                 std::fs::remove_file(&path)
@@ -774,9 +849,52 @@ impl Classifier {
             synced.removed += 1;
         }
         self.sync_tunnels(desired, &mut synced)?;
+        self.sync_gateway(desired, &mut synced)?;
         known.syncs += 1;
         self.known = Some(known);
         Ok(synced)
+    }
+
+    /// The gateway's fast path: on while the node holds EIPs and the fast
+    /// path is on, and holding only connections of the node's EIPs.
+    fn sync_gateway(&mut self, desired: &Desired, synced: &mut Synced) -> Result<(), EbpfError> {
+        let on = !desired.eips.is_empty() && self.gateway.is_some();
+        if let Some((learner, maps)) = &mut self.gateway {
+            synced.removed += learner.set_eips(&desired.eips, maps);
+        }
+        if self.learning != Some(on) {
+            let what = format!(
+                "switching the gateway's eBPF fast path {}",
+                if on { "on" } else { "off" }
+            );
+            let mut switches: aya::maps::Array<_, u32> = aya::maps::Array::try_from(
+                self.ebpf
+                    .map_mut(common::SWITCHES)
+                    .ok_or_else(|| failed(what.clone())("the object has no switches".into()))?,
+            )
+            .map_err(|e| e.to_string())
+            .map_err(failed(what.clone()))?;
+            // After a restart the pinned switch may already be as wanted.
+            if switches.get(&common::switch::GATEWAY, 0).ok() != Some(u32::from(on)) {
+                switches
+                    .set(common::switch::GATEWAY, u32::from(on), 0)
+                    .map_err(|e| e.to_string())
+                    .map_err(failed(what))?;
+                synced.changed += 1;
+            }
+            self.learning = Some(on);
+        }
+        Ok(())
+    }
+
+    /// What the gateway's fast path learned and holds: connections taken
+    /// over since the start, left to the stack, and held now.
+    pub fn gateway_learning(&self) -> Option<(Learning, usize)> {
+        if self.learning != Some(true) {
+            return None;
+        }
+        let (learner, maps) = self.gateway.as_ref()?;
+        Some((learner.learning(), maps.len()))
     }
 
     /// The fast path's tunnel entries: `desired`'s, with the tunnel

@@ -94,6 +94,12 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
             .collect())
     }
 
+    /// While the gateway's eBPF fast path is on: what it learned since the
+    /// start, and how many connections it holds now.
+    pub fn gateway_learning(&self) -> Option<(crate::ebpf::Learning, usize)> {
+        self.classifier.as_ref()?.gateway_learning()
+    }
+
     /// Makes [`Self::cleanup`] also detach the eBPF classifier and remove
     /// what it pinned in `dir` (a host's `ebpf::PIN_DIR`); on the nftables
     /// datapath the first reconcile does so too, so that a classifier left
@@ -299,10 +305,19 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
         // A failed lookup leaves the attachments as they are; the table
         // classifies what the program does not see.
         let tunnel = state.vxlan.as_ref().map(|v| v.name.as_str());
+        let desired = crate::ebpf::Desired::new(state, &self.config);
+        // The gateway's fast path sits where the EIPs' traffic leaves and
+        // their replies arrive: the interfaces on their segments.
+        let external: BTreeSet<String> = desired
+            .eips
+            .iter()
+            .flat_map(|eip| crate::announce::segment_interfaces(*eip))
+            .map(|(name, _)| name)
+            .collect();
         match self.netlink.pod_interfaces(&pods).await {
             Ok(found) => {
                 let wanted: BTreeSet<String> = found.into_keys().collect();
-                for (op, result) in classifier.follow(&wanted, tunnel) {
+                for (op, result) in classifier.follow(&wanted, tunnel, &external) {
                     report.record(op, result);
                 }
             }
@@ -315,7 +330,6 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
                 Err(e),
             ),
         }
-        let desired = crate::ebpf::Desired::new(state, &self.config);
         match blocking(|| classifier.sync(&desired)) {
             Ok(synced) if synced.is_empty() => {}
             Ok(synced) => report.done(Op::new(

@@ -509,6 +509,11 @@ impl Agent {
             "reconciles": self.reconciles,
             "datapath": self.datapath,
             "traffic": traffic,
+            "gatewayFastPath": self.dataplane.gateway_learning().map(|(learning, held)| serde_json::json!({
+                "connections": held,
+                "taken": learning.taken,
+                "left": learning.left,
+            })),
             "ready": readiness.as_ref().err().map_or(serde_json::json!(true), |why| serde_json::json!({ "ready": false, "why": why })),
             "last": report,
             "eips": state.eips,
@@ -554,6 +559,12 @@ impl Agent {
     fn refresh_metrics(&self) {
         self.metrics
             .probed(&self.liveness.seen(), &self.liveness.live());
+        if let Some((learning, held)) = self.dataplane.gateway_learning() {
+            self.metrics
+                .gateway_fast_path(held, learning.taken, learning.left);
+        } else {
+            self.metrics.gateway_fast_path(0, 0, 0);
+        }
         let Ok(counters) = self.dataplane.policy_counters() else {
             return;
         };

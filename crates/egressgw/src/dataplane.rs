@@ -109,6 +109,15 @@ pub(crate) fn apply(args: &ApplyArgs) -> anyhow::Result<()> {
                 }
                 Err(e) => report.warn(format!("cannot read the policies' counters: {e}")),
             }
+            if let Some((learning, held)) = dp.gateway_learning() {
+                report.facts.insert(
+                    "gateway fast path".into(),
+                    format!(
+                        "{held} connections held; {} taken over, {} left to the stack",
+                        learning.taken, learning.left
+                    ),
+                );
+            }
             print(&report, args.output)?;
             match args.every {
                 Some(secs) => tokio::time::sleep(Duration::from_secs(secs.max(1))).await,

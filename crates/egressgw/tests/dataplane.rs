@@ -316,6 +316,161 @@ fn with_the_ebpf_datapath_selected_pods_leave_from_the_egress_ip_and_are_counted
     );
 }
 
+/// Pod-a1's connections (from `pod`) to the target's `port` at `target`
+/// as node `ns`'s conntrack holds them: each one's state and the bytes it
+/// counted in the original and the reply direction (`nf_conntrack_acct`
+/// on).
+fn tracked(ns: &Netns, pod: &str, target: &str, port: u16) -> Vec<(String, u64, u64)> {
+    let port = port.to_string();
+    let family = if target.contains(':') { "ipv6" } else { "ipv4" };
+    let listing = ns.run(
+        "conntrack",
+        &[
+            "-L", "-f", family, "-p", "tcp", "-s", pod, "-d", target, "--dport", &port,
+        ],
+    );
+    listing
+        .lines()
+        .filter_map(|line| {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let state = (*words.get(3)?).to_owned();
+            let bytes: Vec<u64> = words
+                .iter()
+                .filter_map(|w| w.strip_prefix("bytes=")?.parse().ok())
+                .collect();
+            Some((state, *bytes.first()?, *bytes.get(1)?))
+        })
+        .collect()
+}
+
+/// The gateway fast path's fact in `report`: (held, taken over).
+fn gateway_fast_path(report: &support::cluster::Reconcile) -> Option<(u64, u64)> {
+    // "N connections held; T taken over, L left to the stack"
+    let fact = report.json["facts"]["gateway fast path"].as_str()?;
+    let words: Vec<&str> = fact
+        .split([' ', ';', ','])
+        .filter(|w| !w.is_empty())
+        .collect();
+    Some((words.first()?.parse().ok()?, words.get(3)?.parse().ok()?))
+}
+
+#[test]
+fn with_the_ebpf_datapath_the_gateway_translates_established_connections_past_its_stack() {
+    if !have_root(
+        "with_the_ebpf_datapath_the_gateway_translates_established_connections_past_its_stack",
+    ) {
+        return;
+    }
+    let topo = Topology::new(Masquerade::Nft);
+    the_gateway_translates_established_connections_past_its_stack(
+        &topo,
+        Stack::Ipv4,
+        &Policy::default(),
+        EBPF_CONFIG,
+        (POD_A1_IP, TARGET_IP),
+    );
+}
+
+#[test]
+fn with_the_ebpf_datapath_the_gateway_translates_established_ipv6_connections_past_its_stack() {
+    if !have_root(
+        "with_the_ebpf_datapath_the_gateway_translates_established_ipv6_connections_past_its_stack",
+    ) {
+        return;
+    }
+    let topo = Topology::dual_stack(Masquerade::Nft);
+    the_gateway_translates_established_connections_past_its_stack(
+        &topo,
+        Stack::Dual,
+        &Policy::dual_stack(),
+        EBPF_DUAL_STACK_CONFIG,
+        (POD_A1_IP6, TARGET_IP6),
+    );
+}
+
+/// Pod-a1 downloads from and uploads to the target at `addresses.1`
+/// through gateway node B, which runs an agent (`apply --every`): both
+/// arrive whole, B's conntrack saw each connection open and close and
+/// hardly any of its bytes, and the agent took both over.
+fn the_gateway_translates_established_connections_past_its_stack(
+    topo: &Topology,
+    stack: Stack,
+    policy: &Policy,
+    config: &str,
+    (pod, target): (&str, &str),
+) {
+    let _source = Server::start_for(&topo.target, Service::Source, stack);
+    let _sink = Server::start_for(&topo.target, Service::Sink, stack);
+    // Conntrack on the gateway node counts what passes it.
+    topo.node_b.sysctl("net.netfilter.nf_conntrack_acct", "1");
+    let gw = apply_both(topo, policy, config);
+    // The gateway's fast path takes connections over in a running agent.
+    let (agent, reports) = gw.apply_every(&topo.node_b, "node-b", 1);
+    let limit = Duration::from_secs(30);
+    let first = reports
+        .recv_timeout(limit)
+        .expect("apply --every reports its first reconcile");
+    assert!(first.failed.is_empty(), "{:#}", first.json);
+    assert_eq!(
+        gateway_fast_path(&first).map(|(held, _)| held),
+        Some(0),
+        "{:#}",
+        first.json
+    );
+
+    // Both directions arrive whole: the target's data to the pod, and the
+    // pod's to the target, which takes only segments addressed from the
+    // connection's EIP and port. First with the veths' offloads (the TCP
+    // checksums are left to a device, and only the pseudo-header's part
+    // is changed on the way), then with the ends computing and checking
+    // every checksum themselves, so that a checksum the translation got
+    // wrong loses the segment.
+    for offloads in ["on", "off"] {
+        for end in [&topo.pod_a1, &topo.target] {
+            end.run("ethtool", &["-K", "eth0", "tx", offloads, "rx", offloads]);
+        }
+        assert_download_returns_through_the_tunnel(topo, target);
+        assert_eq!(
+            upload(&topo.pod_a1, target, SOURCE_BYTES),
+            Ok(SOURCE_BYTES),
+            "upload to {target}, offloads {offloads}"
+        );
+    }
+
+    // Node B's conntrack saw each connection open and close (FIN and RST
+    // go through the stack), and hardly any of the bytes between.
+    let half = SOURCE_BYTES as u64 / 2;
+    let downloads = tracked(&topo.node_b, pod, target, support::traffic::SOURCE_PORT);
+    let uploads = tracked(&topo.node_b, pod, target, support::traffic::SINK_PORT);
+    assert!(
+        !downloads.is_empty() && !uploads.is_empty(),
+        "node B tracks {downloads:?} and {uploads:?}"
+    );
+    for (state, original, reply) in downloads.iter().chain(&uploads) {
+        assert!(
+            ["TIME_WAIT", "CLOSE", "LAST_ACK", "CLOSE_WAIT", "FIN_WAIT"].contains(&state.as_str()),
+            "a connection node B saw the end of is {state}: downloads {downloads:?}, uploads {uploads:?}"
+        );
+        assert!(
+            *original < half && *reply < half,
+            "node B's conntrack counted {original} and {reply} bytes of one connection: \
+             its packets went through the stack (downloads {downloads:?}, uploads {uploads:?})"
+        );
+    }
+
+    // The agent says so, and forgot the closed connections.
+    thread::sleep(Duration::from_millis(1500));
+    let last = reports
+        .try_iter()
+        .last()
+        .or_else(|| reports.recv_timeout(limit).ok())
+        .expect("apply --every goes on reporting");
+    let (held, taken) = gateway_fast_path(&last)
+        .unwrap_or_else(|| panic!("no gateway fast path fact: {:#}", last.json));
+    assert!(taken >= 4 && held == 0, "{:#}", last.json["facts"]);
+    drop(agent);
+}
+
 #[test]
 fn with_the_ebpf_datapath_a_policys_counter_holds_what_iperf3_sent_and_its_headers() {
     if !have_root("with_the_ebpf_datapath_a_policys_counter_holds_what_iperf3_sent_and_its_headers")

@@ -56,6 +56,8 @@ pub struct AgentMetrics {
     recovery_seconds: Histogram,
     gateway_unreachable: Family<[(&'static str, String); 1], Gauge>,
     watched_pods: Family<Label, Gauge>,
+    fast_path_connections: Gauge,
+    fast_path_learned: Family<Label, Counter>,
     plans: Counter,
     api: ApiRequests,
 }
@@ -93,6 +95,8 @@ impl AgentMetrics {
             recovery_seconds: Histogram::new(FAILOVER_BUCKETS),
             gateway_unreachable: Family::default(),
             watched_pods: Family::default(),
+            fast_path_connections: Gauge::default(),
+            fast_path_learned: Family::default(),
             plans: Counter::default(),
             api: ApiRequests::register(registry),
         };
@@ -111,6 +115,12 @@ impl AgentMetrics {
         }
         // So are reconciles and their operations: a restarted agent's
         // rates start from its first scrape, not from its first change.
+        for result in ["taken", "left"] {
+            metrics
+                .fast_path_learned
+                .get_or_create(&[("result", result)])
+                .inc_by(0);
+        }
         for result in ["ok", "failed"] {
             metrics
                 .reconciles
@@ -215,6 +225,20 @@ impl AgentMetrics {
             metrics.watched_pods.clone(),
         );
         registry.register(
+            "egressgw_gateway_fast_path_connections",
+            "Connections the gateway's eBPF fast path translates on this node now, past \
+             its stack (0 where it is off)",
+            metrics.fast_path_connections.clone(),
+        );
+        registry.register(
+            "egressgw_gateway_fast_path_learned",
+            "Connections through this gateway node that its eBPF fast path saw conntrack \
+             translate, by result (taken: it translates them from then on; left: they stay \
+             on the stack, e.g. closed before it could take them or not to one of the \
+             node's EIPs)",
+            metrics.fast_path_learned.clone(),
+        );
+        registry.register(
             "egressgw_plans",
             "Times this agent planned its node from the objects it watches: once per change \
              of them (a burst of changes is one), not at the resync that reconciles the \
@@ -223,6 +247,17 @@ impl AgentMetrics {
         );
         registry.register_collector(Box::new(Arc::clone(&metrics.traffic)));
         metrics
+    }
+
+    /// What the gateway's fast path holds now (`held`) and learned since
+    /// the agent started (`taken`, `left`).
+    pub fn gateway_fast_path(&self, held: usize, taken: u64, left: u64) {
+        self.fast_path_connections
+            .set(i64::try_from(held).unwrap_or(i64::MAX));
+        for (result, total) in [("taken", taken), ("left", left)] {
+            let counter = self.fast_path_learned.get_or_create(&[("result", result)]);
+            counter.inc_by(total.saturating_sub(counter.get()));
+        }
     }
 
     /// The agent planned its node from the stores once more.

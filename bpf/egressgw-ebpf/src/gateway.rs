@@ -1,0 +1,497 @@
+//! The gateway's fast path: translating a pod's connection as the
+//! gateway node's conntrack did, after it did, and sending it straight on.
+
+use aya_ebpf::bindings::{BPF_F_PSEUDO_HDR, TC_ACT_OK, TC_ACT_SHOT};
+use aya_ebpf::helpers::generated::{bpf_csum_diff, bpf_ktime_get_ns};
+use aya_ebpf::programs::TcContext;
+use egressgw_common::{
+    Flow4, Flow6, Handshake4, Handshake6, Learned, Pending4, Pending6, REFRESH_NS, switch,
+};
+
+use crate::{
+    ETH_HLEN, ETH_P_IP, ETH_P_IPV6, IP4_CSUM, IP4_DST, IP4_SRC, IP4_TTL, IP6_DST, IP6_HOPS,
+    IP6_SRC, LEARNED, NAT_IN4, NAT_IN6, NAT_OUT4, NAT_OUT6, PENDING4, PENDING6, SWITCHES, TCP_ACK,
+    TCP_CSUM, TCP_FIN, TCP_RST, TCP_SYN, TCP4, TCP6, redirect, tcp4, tcp6,
+};
+
+/// Whether this node learns translations (a gateway node with the
+/// gateway's fast path on).
+fn learning() -> bool {
+    SWITCHES.get(switch::GATEWAY).is_some_and(|on| *on != 0)
+}
+
+/// What the stack must see: the connection opening or closing. Such a
+/// packet also ends what the fast path holds of the connection: after a
+/// close, and before a new connection under the same addresses and ports
+/// (its SYN, and its SYN-ACK, pass here first), which may belong to
+/// another pod.
+fn for_the_stack(flags: u8) -> bool {
+    flags & (TCP_SYN | TCP_FIN | TCP_RST) != 0
+}
+
+/// A packet that carries nothing but an acknowledgement.
+fn pure_ack(flags: u8, headers: u32, ip_payload: u32) -> bool {
+    flags & (TCP_SYN | TCP_FIN | TCP_RST | TCP_ACK) == TCP_ACK && headers == ip_payload
+}
+
+/// The sequence and acknowledgement numbers of the TCP header at `tcp`.
+fn seq_ack(ctx: &TcContext, tcp: usize) -> Option<([u8; 4], [u8; 4])> {
+    Some((ctx.load(tcp + 4).ok()?, ctx.load(tcp + 8).ok()?))
+}
+
+/// The Ethernet header of the way back: to where the packet came from,
+/// from where it was sent to.
+fn reversed_l2(ctx: &TcContext) -> Option<[u8; 14]> {
+    let dst: [u8; 6] = ctx.load(0).ok()?;
+    let src: [u8; 6] = ctx.load(6).ok()?;
+    let ethertype: [u8; 2] = ctx.load(12).ok()?;
+    let mut l2 = [0u8; 14];
+    l2[..6].copy_from_slice(&src);
+    l2[6..12].copy_from_slice(&dst);
+    l2[12..].copy_from_slice(&ethertype);
+    Some(l2)
+}
+
+/// Whether `refreshed` is due: then this packet goes through the stack
+/// (and the time is taken), so that conntrack's entry stays alive.
+fn due(refreshed: &mut u64) -> bool {
+    // SAFETY: a helper call without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if now.wrapping_sub(*refreshed) >= REFRESH_NS {
+        *refreshed = now;
+        return true;
+    }
+    false
+}
+
+/// Whether the packet fits `mtu`: the IP packet, or for a segmentation
+/// offload each segment (`headers`: IP and TCP headers' length).
+fn fits(ctx: &TcContext, mtu: u32, headers: u32) -> bool {
+    // SAFETY: `skb` is the context the kernel passed in.
+    let gso_size = unsafe { (*ctx.skb.skb).gso_size };
+    let ip_len = if gso_size == 0 {
+        ctx.len().saturating_sub(ETH_HLEN as u32)
+    } else {
+        headers + gso_size
+    };
+    ip_len <= mtu
+}
+
+/// After the checks, the rewrite: a failure half-way leaves a packet
+/// that must not go on.
+fn finish(done: Option<()>, ifindex: u32) -> Option<i32> {
+    match done {
+        Some(()) => redirect(ifindex),
+        None => Some(TC_ACT_SHOT),
+    }
+}
+
+/// A pod's packet out of the tunnel (`flow` as it carries it): translated
+/// and sent out as its connection's first packets were, or remembered for
+/// learning; `None`: it goes through the stack.
+pub(crate) fn out4(ctx: &TcContext, flow: Flow4, flags: u8, headers: u32) -> Option<i32> {
+    if !learning() {
+        return None;
+    }
+    if for_the_stack(flags) {
+        forget_out4(flow);
+        return None;
+    }
+    let Some(nat) = NAT_OUT4.get_ptr_mut(flow) else {
+        let total: [u8; 2] = ctx.load(ETH_HLEN + 2).ok()?;
+        if pure_ack(flags, headers, u32::from(u16::from_be_bytes(total))) {
+            remember4(ctx, flow)?;
+        }
+        return None;
+    };
+    // SAFETY: the entry stays valid for the program's run (RCU); only its
+    // `refreshed` is written, by this one packet.
+    let nat = unsafe { &mut *nat };
+    let ttl: u8 = ctx.load(IP4_TTL).ok()?;
+    if due(&mut nat.refreshed) || ttl <= 1 || !fits(ctx, nat.mtu, headers) {
+        return None;
+    }
+    finish(
+        rewrite4(
+            ctx, IP4_SRC, TCP4, flow.src, nat.addr, flow.sport, nat.port, ttl, &nat.l2,
+        ),
+        nat.ifindex,
+    )
+}
+
+/// [`out4`] for IPv6.
+pub(crate) fn out6(ctx: &TcContext, flow: Flow6, flags: u8, headers: u32) -> Option<i32> {
+    if !learning() {
+        return None;
+    }
+    if for_the_stack(flags) {
+        forget_out6(flow);
+        return None;
+    }
+    let Some(nat) = NAT_OUT6.get_ptr_mut(flow) else {
+        let payload: [u8; 2] = ctx.load(ETH_HLEN + 4).ok()?;
+        let tcp_len = headers - crate::IPV6_HLEN as u32;
+        if pure_ack(flags, tcp_len, u32::from(u16::from_be_bytes(payload))) {
+            remember6(ctx, flow)?;
+        }
+        return None;
+    };
+    // SAFETY: as in `out4`.
+    let nat = unsafe { &mut *nat };
+    let hops: u8 = ctx.load(IP6_HOPS).ok()?;
+    if due(&mut nat.refreshed) || hops <= 1 || !fits(ctx, nat.mtu, headers) {
+        return None;
+    }
+    finish(
+        rewrite6(
+            ctx, IP6_SRC, TCP6, flow.src, nat.addr, flow.sport, nat.port, hops, &nat.l2,
+        ),
+        nat.ifindex,
+    )
+}
+
+/// A reply arriving from outside (`flow` as it carries it): translated
+/// back and sent into the tunnel toward the pod's node when its
+/// connection's translation is known; `None`: it goes through the stack.
+fn in4(ctx: &TcContext) -> Option<i32> {
+    let (flow, flags, headers) = tcp4(ctx)?;
+    if for_the_stack(flags) {
+        forget_in4(flow);
+        return None;
+    }
+    let nat = NAT_IN4.get_ptr_mut(flow)?;
+    // SAFETY: as in `out4`.
+    let nat = unsafe { &mut *nat };
+    let ttl: u8 = ctx.load(IP4_TTL).ok()?;
+    if due(&mut nat.refreshed) || ttl <= 1 || !fits(ctx, nat.mtu, headers) {
+        return None;
+    }
+    finish(
+        rewrite4(
+            ctx,
+            IP4_DST,
+            TCP4 + 2,
+            flow.dst,
+            nat.addr,
+            flow.dport,
+            nat.port,
+            ttl,
+            &nat.l2,
+        ),
+        nat.ifindex,
+    )
+}
+
+/// [`in4`] for IPv6.
+fn in6(ctx: &TcContext) -> Option<i32> {
+    let (flow, flags, headers) = tcp6(ctx)?;
+    if for_the_stack(flags) {
+        forget_in6(flow);
+        return None;
+    }
+    let nat = NAT_IN6.get_ptr_mut(flow)?;
+    // SAFETY: as in `out4`.
+    let nat = unsafe { &mut *nat };
+    let hops: u8 = ctx.load(IP6_HOPS).ok()?;
+    if due(&mut nat.refreshed) || hops <= 1 || !fits(ctx, nat.mtu, headers) {
+        return None;
+    }
+    finish(
+        rewrite6(
+            ctx,
+            IP6_DST,
+            TCP6 + 2,
+            flow.dst,
+            nat.addr,
+            flow.dport,
+            nat.port,
+            hops,
+            &nat.l2,
+        ),
+        nat.ifindex,
+    )
+}
+
+/// On a gateway node's external interfaces' ingress.
+pub(crate) fn nat_in(ctx: &TcContext) -> i32 {
+    if !learning() {
+        return TC_ACT_OK;
+    }
+    let done = match ctx.skb.protocol() {
+        ETH_P_IP => in4(ctx),
+        ETH_P_IPV6 => in6(ctx),
+        _ => None,
+    };
+    done.unwrap_or(TC_ACT_OK)
+}
+
+/// On a gateway node's external interfaces' egress: a remembered pod's
+/// packet leaving translated tells the agent the translation.
+pub(crate) fn learn(ctx: &TcContext) -> Option<()> {
+    if !learning() {
+        return None;
+    }
+    let mut learned = Learned {
+        family: 0,
+        // SAFETY: `skb` is the context the kernel passed in.
+        out_ifindex: unsafe { (*ctx.skb.skb).ifindex },
+        tunnel_ifindex: 0,
+        pod: [0; 16],
+        remote: [0; 16],
+        eip: [0; 16],
+        pod_port: [0; 2],
+        remote_port: [0; 2],
+        eip_port: [0; 2],
+        out_l2: ctx.load(0).ok()?,
+        tunnel_l2: [0; 14],
+        _pad: [0; 2],
+    };
+    match ctx.skb.protocol() {
+        ETH_P_IP => {
+            let (flow, flags, _) = tcp4(ctx)?;
+            if for_the_stack(flags) {
+                return None;
+            }
+            let (seq, ack) = seq_ack(ctx, TCP4)?;
+            let key = Handshake4 {
+                remote: flow.dst,
+                seq,
+                ack,
+                rport: flow.dport,
+                _pad: [0; 2],
+            };
+            // SAFETY: the value is copied out at once.
+            let pending = *unsafe { PENDING4.get(key) }?;
+            let _ = PENDING4.remove(key);
+            learned.family = 4;
+            learned.tunnel_ifindex = pending.ifindex;
+            learned.tunnel_l2 = pending.l2;
+            learned.pod[..4].copy_from_slice(&pending.pod);
+            learned.pod_port = pending.port;
+            learned.remote[..4].copy_from_slice(&flow.dst);
+            learned.remote_port = flow.dport;
+            learned.eip[..4].copy_from_slice(&flow.src);
+            learned.eip_port = flow.sport;
+        }
+        ETH_P_IPV6 => {
+            let (flow, flags, _) = tcp6(ctx)?;
+            if for_the_stack(flags) {
+                return None;
+            }
+            let (seq, ack) = seq_ack(ctx, TCP6)?;
+            let key = Handshake6 {
+                remote: flow.dst,
+                seq,
+                ack,
+                rport: flow.dport,
+                _pad: [0; 2],
+            };
+            // SAFETY: the value is copied out at once.
+            let pending = *unsafe { PENDING6.get(key) }?;
+            let _ = PENDING6.remove(key);
+            learned.family = 6;
+            learned.tunnel_ifindex = pending.ifindex;
+            learned.tunnel_l2 = pending.l2;
+            learned.pod = pending.pod;
+            learned.pod_port = pending.port;
+            learned.remote = flow.dst;
+            learned.remote_port = flow.dport;
+            learned.eip = flow.src;
+            learned.eip_port = flow.sport;
+        }
+        _ => return None,
+    }
+    LEARNED.output::<Learned>(&learned, 0).ok()
+}
+
+/// Remembers a pod's pure ACK out of the tunnel, by what the SNAT keeps.
+fn remember4(ctx: &TcContext, flow: Flow4) -> Option<()> {
+    let (seq, ack) = seq_ack(ctx, TCP4)?;
+    let key = Handshake4 {
+        remote: flow.dst,
+        seq,
+        ack,
+        rport: flow.dport,
+        _pad: [0; 2],
+    };
+    let pending = Pending4 {
+        pod: flow.src,
+        port: flow.sport,
+        l2: reversed_l2(ctx)?,
+        // SAFETY: `skb` is the context the kernel passed in.
+        ifindex: unsafe { (*ctx.skb.skb).ifindex },
+    };
+    PENDING4.insert(key, pending, 0).ok()
+}
+
+/// [`remember4`] for IPv6.
+fn remember6(ctx: &TcContext, flow: Flow6) -> Option<()> {
+    let (seq, ack) = seq_ack(ctx, TCP6)?;
+    let key = Handshake6 {
+        remote: flow.dst,
+        seq,
+        ack,
+        rport: flow.dport,
+        _pad: [0; 2],
+    };
+    let pending = Pending6 {
+        pod: flow.src,
+        port: flow.sport,
+        l2: reversed_l2(ctx)?,
+        // SAFETY: `skb` is the context the kernel passed in.
+        ifindex: unsafe { (*ctx.skb.skb).ifindex },
+    };
+    PENDING6.insert(key, pending, 0).ok()
+}
+
+/// Forgets both directions of a closing connection, by its pod's side.
+fn forget_out4(flow: Flow4) {
+    // SAFETY: the value is copied out at once.
+    if let Some(nat) = unsafe { NAT_OUT4.get(flow) }.copied() {
+        let _ = NAT_IN4.remove(Flow4 {
+            src: flow.dst,
+            dst: nat.addr,
+            sport: flow.dport,
+            dport: nat.port,
+        });
+        let _ = NAT_OUT4.remove(flow);
+    }
+}
+
+/// [`forget_out4`] for IPv6.
+fn forget_out6(flow: Flow6) {
+    // SAFETY: the value is copied out at once.
+    if let Some(nat) = unsafe { NAT_OUT6.get(flow) }.copied() {
+        let _ = NAT_IN6.remove(Flow6 {
+            src: flow.dst,
+            dst: nat.addr,
+            sport: flow.dport,
+            dport: nat.port,
+        });
+        let _ = NAT_OUT6.remove(flow);
+    }
+}
+
+/// Forgets both directions of a closing connection, by its remote side.
+fn forget_in4(flow: Flow4) {
+    // SAFETY: the value is copied out at once.
+    if let Some(nat) = unsafe { NAT_IN4.get(flow) }.copied() {
+        let _ = NAT_OUT4.remove(Flow4 {
+            src: nat.addr,
+            dst: flow.src,
+            sport: nat.port,
+            dport: flow.sport,
+        });
+        let _ = NAT_IN4.remove(flow);
+    }
+}
+
+/// [`forget_in4`] for IPv6.
+fn forget_in6(flow: Flow6) {
+    // SAFETY: the value is copied out at once.
+    if let Some(nat) = unsafe { NAT_IN6.get(flow) }.copied() {
+        let _ = NAT_OUT6.remove(Flow6 {
+            src: nat.addr,
+            dst: flow.src,
+            sport: nat.port,
+            dport: flow.sport,
+        });
+        let _ = NAT_IN6.remove(flow);
+    }
+}
+
+/// Rewrites an IPv4 TCP packet's address at `addr_at` and port at
+/// `port_at` (source or destination), with both checksums, takes one from
+/// its TTL and writes the Ethernet header `l2`.
+// Inlined: a BPF call takes at most five arguments.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn rewrite4(
+    ctx: &TcContext,
+    addr_at: usize,
+    port_at: usize,
+    old: [u8; 4],
+    new: [u8; 4],
+    old_port: [u8; 2],
+    new_port: [u8; 2],
+    ttl: u8,
+    l2: &[u8; 14],
+) -> Option<()> {
+    let csum = TCP4 + TCP_CSUM;
+    let (from, to) = (
+        u64::from(u32::from_ne_bytes(old)),
+        u64::from(u32::from_ne_bytes(new)),
+    );
+    ctx.l4_csum_replace(csum, from, to, u64::from(BPF_F_PSEUDO_HDR) | 4)
+        .ok()?;
+    ctx.l3_csum_replace(IP4_CSUM, from, to, 4).ok()?;
+    ctx.store(addr_at, &new, 0).ok()?;
+    port(ctx, csum, port_at, old_port, new_port)?;
+    let protocol: u8 = ctx.load(IP4_TTL + 1).ok()?;
+    let (from, to) = (
+        u64::from(u16::from_ne_bytes([ttl, protocol])),
+        u64::from(u16::from_ne_bytes([ttl - 1, protocol])),
+    );
+    ctx.l3_csum_replace(IP4_CSUM, from, to, 2).ok()?;
+    ctx.store(IP4_TTL, &(ttl - 1), 0).ok()?;
+    ctx.store(0, l2, 0).ok()
+}
+
+/// [`rewrite4`] for IPv6 (no header checksum; the hop limit).
+// Inlined: a BPF call takes at most five arguments.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn rewrite6(
+    ctx: &TcContext,
+    addr_at: usize,
+    port_at: usize,
+    old: [u8; 16],
+    new: [u8; 16],
+    old_port: [u8; 2],
+    new_port: [u8; 2],
+    hops: u8,
+    l2: &[u8; 14],
+) -> Option<()> {
+    let csum = TCP6 + TCP_CSUM;
+    let mut from = words(old);
+    let mut to = words(new);
+    // SAFETY: both arrays live for the call and are 16 bytes long.
+    let diff = unsafe { bpf_csum_diff(from.as_mut_ptr(), 16, to.as_mut_ptr(), 16, 0) };
+    if diff < 0 {
+        return None;
+    }
+    // Size 0: `to` is a checksum difference.
+    ctx.l4_csum_replace(csum, 0, diff as u64, u64::from(BPF_F_PSEUDO_HDR))
+        .ok()?;
+    ctx.store(addr_at, &new, 0).ok()?;
+    port(ctx, csum, port_at, old_port, new_port)?;
+    ctx.store(IP6_HOPS, &(hops - 1), 0).ok()?;
+    ctx.store(0, l2, 0).ok()
+}
+
+/// Rewrites a port, with the TCP checksum.
+fn port(ctx: &TcContext, csum: usize, at: usize, old: [u8; 2], new: [u8; 2]) -> Option<()> {
+    if old == new {
+        return Some(());
+    }
+    let (from, to) = (
+        u64::from(u16::from_ne_bytes(old)),
+        u64::from(u16::from_ne_bytes(new)),
+    );
+    ctx.l4_csum_replace(csum, from, to, 2).ok()?;
+    ctx.store(at, &new, 0).ok()
+}
+
+/// An IPv6 address as the four words `bpf_csum_diff` sums.
+fn words(addr: [u8; 16]) -> [u32; 4] {
+    let mut out = [0u32; 4];
+    for (i, word) in out.iter_mut().enumerate() {
+        *word = u32::from_ne_bytes([
+            addr[4 * i],
+            addr[4 * i + 1],
+            addr[4 * i + 2],
+            addr[4 * i + 3],
+        ]);
+    }
+    out
+}

@@ -1,0 +1,466 @@
+//! The gateway's fast path, the agent's side: it takes over the
+//! translations the program saw the gateway node's stack make.
+//!
+//! For each one ([`common::Learned`]) the learner checks that the address
+//! the connection left with is one of the node's EIPs, makes conntrack's
+//! entry of the connection liberal about TCP windows (the packets the
+//! program translates pass conntrack by, so its idea of the windows falls
+//! behind: the flowtable of the kernel does the same when it offloads a
+//! connection), and only then fills the two NAT maps. A connection whose
+//! entry is gone, or whose address is not an EIP of the node, stays on the
+//! stack's way.
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use aya::maps::{HashMap as AyaHashMap, Map, MapData, RingBuf};
+use egressgw_common as common;
+use egressgw_common::{Flow4, Flow6, Learned, Nat4, Nat6};
+
+use super::{EbpfError, failed};
+use crate::conntrack::{Ctnetlink, TcpTuple};
+
+/// How long the learner waits for a record before it looks whether it
+/// should stop.
+const POLL: Duration = Duration::from_millis(100);
+
+/// What the learner did, since it started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Learning {
+    /// Connections taken over by the gateway's fast path.
+    pub taken: u64,
+    /// Translations not taken: not to one of the node's EIPs, conntrack
+    /// had no open connection for it (it had closed, or never was), or a
+    /// step failed.
+    pub left: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    taken: AtomicU64,
+    left: AtomicU64,
+}
+
+/// The thread that takes learned translations over.
+#[derive(Debug)]
+pub(crate) struct Learner {
+    /// The node's EIPs; held while a translation is taken over and while
+    /// the set changes, so that no connection of an EIP the node gave up
+    /// is taken over after its connections were forgotten.
+    eips: Arc<Mutex<BTreeSet<IpAddr>>>,
+    stop: Arc<AtomicBool>,
+    counts: Arc<Counts>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// The NAT maps, as the learner and the classifier each hold them.
+pub(crate) struct NatMaps {
+    out4: AyaHashMap<MapData, Flow4, Nat4>,
+    in4: AyaHashMap<MapData, Flow4, Nat4>,
+    out6: AyaHashMap<MapData, Flow6, Nat6>,
+    in6: AyaHashMap<MapData, Flow6, Nat6>,
+}
+
+impl std::fmt::Debug for NatMaps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NatMaps")
+    }
+}
+
+/// A second handle on the map `name` of `ebpf`.
+fn reopen(ebpf: &aya::Ebpf, name: &str) -> Result<Map, EbpfError> {
+    let what = format!("opening the map {name}");
+    let map = ebpf
+        .map(name)
+        .ok_or_else(|| failed(what.clone())("the object has no such map".into()))?;
+    let (Map::LruHashMap(data) | Map::HashMap(data) | Map::Array(data)) = map else {
+        return Err(failed(what)("not a hash map or an array".into()));
+    };
+    let id = data
+        .info()
+        .map_err(|e| e.to_string())
+        .map_err(failed(what.clone()))?
+        .id();
+    let data = MapData::from_id(id)
+        .map_err(|e| e.to_string())
+        .map_err(failed(what.clone()))?;
+    Map::from_map_data(data)
+        .map_err(|e| e.to_string())
+        .map_err(failed(what))
+}
+
+impl NatMaps {
+    pub(crate) fn open(ebpf: &aya::Ebpf) -> Result<Self, EbpfError> {
+        fn hash<K: aya::Pod, V: aya::Pod>(
+            ebpf: &aya::Ebpf,
+            name: &str,
+        ) -> Result<AyaHashMap<MapData, K, V>, EbpfError> {
+            AyaHashMap::try_from(reopen(ebpf, name)?)
+                .map_err(|e| e.to_string())
+                .map_err(failed(format!("opening the map {name}")))
+        }
+        Ok(NatMaps {
+            out4: hash(ebpf, common::NAT_OUT4)?,
+            in4: hash(ebpf, common::NAT_IN4)?,
+            out6: hash(ebpf, common::NAT_OUT6)?,
+            in6: hash(ebpf, common::NAT_IN6)?,
+        })
+    }
+
+    /// Forgets every connection that leaves with an address not in
+    /// `eips`, both directions; returns how many.
+    pub(crate) fn forget_unless(&mut self, eips: &BTreeSet<IpAddr>) -> usize {
+        let mut gone = 0;
+        let out4: Vec<(Flow4, Nat4)> = self.out4.iter().flatten().collect();
+        for (flow, nat) in out4 {
+            if !eips.contains(&IpAddr::from(nat.addr)) {
+                let _ = self.in4.remove(&back4(&flow, &nat));
+                let _ = self.out4.remove(&flow);
+                gone += 1;
+            }
+        }
+        let out6: Vec<(Flow6, Nat6)> = self.out6.iter().flatten().collect();
+        for (flow, nat) in out6 {
+            if !eips.contains(&IpAddr::from(nat.addr)) {
+                let _ = self.in6.remove(&back6(&flow, &nat));
+                let _ = self.out6.remove(&flow);
+                gone += 1;
+            }
+        }
+        // Replies whose pod's side went (LRU) are of no use either.
+        let in4: Vec<Flow4> = self.in4.keys().flatten().collect();
+        for flow in in4 {
+            if !eips.contains(&IpAddr::from(flow.dst)) {
+                let _ = self.in4.remove(&flow);
+            }
+        }
+        let in6: Vec<Flow6> = self.in6.keys().flatten().collect();
+        for flow in in6 {
+            if !eips.contains(&IpAddr::from(flow.dst)) {
+                let _ = self.in6.remove(&flow);
+            }
+        }
+        gone
+    }
+
+    /// How many connections the gateway's fast path holds.
+    pub(crate) fn len(&self) -> usize {
+        self.out4.keys().flatten().count() + self.out6.keys().flatten().count()
+    }
+
+    /// Takes `learned` over: both directions into the maps.
+    fn take(&mut self, learned: &Learned, now: u64) -> Result<(), String> {
+        match learned.family {
+            4 => {
+                let (out, nat) = out4(learned, now);
+                self.in4
+                    .insert(back4(&out, &nat), in4(learned, now), 0)
+                    .map_err(|e| e.to_string())?;
+                self.out4.insert(out, nat, 0).map_err(|e| e.to_string())
+            }
+            6 => {
+                let (out, nat) = out6(learned, now);
+                self.in6
+                    .insert(back6(&out, &nat), in6(learned, now), 0)
+                    .map_err(|e| e.to_string())?;
+                self.out6.insert(out, nat, 0).map_err(|e| e.to_string())
+            }
+            other => Err(format!("address family {other}")),
+        }
+    }
+
+    fn holds(&self, learned: &Learned) -> bool {
+        match learned.family {
+            4 => self.out4.get(&out4(learned, 0).0, 0).is_ok(),
+            6 => self.out6.get(&out6(learned, 0).0, 0).is_ok(),
+            _ => false,
+        }
+    }
+}
+
+fn v4(bytes: &[u8; 16]) -> [u8; 4] {
+    [bytes[0], bytes[1], bytes[2], bytes[3]]
+}
+
+/// The pod's side: the connection as its packets come out of the tunnel,
+/// and their translation.
+fn out4(l: &Learned, now: u64) -> (Flow4, Nat4) {
+    let flow = Flow4 {
+        src: v4(&l.pod),
+        dst: v4(&l.remote),
+        sport: l.pod_port,
+        dport: l.remote_port,
+    };
+    let nat = Nat4 {
+        addr: v4(&l.eip),
+        port: l.eip_port,
+        l2: l.out_l2,
+        ifindex: l.out_ifindex,
+        mtu: mtu_of(l.out_ifindex),
+        _pad: [0; 4],
+        refreshed: now,
+    };
+    (flow, nat)
+}
+
+/// The replies' translation.
+fn in4(l: &Learned, now: u64) -> Nat4 {
+    Nat4 {
+        addr: v4(&l.pod),
+        port: l.pod_port,
+        l2: l.tunnel_l2,
+        ifindex: l.tunnel_ifindex,
+        mtu: mtu_of(l.tunnel_ifindex),
+        _pad: [0; 4],
+        refreshed: now,
+    }
+}
+
+fn out6(l: &Learned, now: u64) -> (Flow6, Nat6) {
+    let flow = Flow6 {
+        src: l.pod,
+        dst: l.remote,
+        sport: l.pod_port,
+        dport: l.remote_port,
+    };
+    let nat = Nat6 {
+        addr: l.eip,
+        port: l.eip_port,
+        l2: l.out_l2,
+        ifindex: l.out_ifindex,
+        mtu: mtu_of(l.out_ifindex),
+        refreshed: now,
+    };
+    (flow, nat)
+}
+
+fn in6(l: &Learned, now: u64) -> Nat6 {
+    Nat6 {
+        addr: l.pod,
+        port: l.pod_port,
+        l2: l.tunnel_l2,
+        ifindex: l.tunnel_ifindex,
+        mtu: mtu_of(l.tunnel_ifindex),
+        refreshed: now,
+    }
+}
+
+/// The replies' key: as they arrive from the remote, to the EIP.
+fn back4(out: &Flow4, nat: &Nat4) -> Flow4 {
+    Flow4 {
+        src: out.dst,
+        dst: nat.addr,
+        sport: out.dport,
+        dport: nat.port,
+    }
+}
+
+fn back6(out: &Flow6, nat: &Nat6) -> Flow6 {
+    Flow6 {
+        src: out.dst,
+        dst: nat.addr,
+        sport: out.dport,
+        dport: nat.port,
+    }
+}
+
+/// The connection as conntrack's original tuple holds it.
+fn tuple(l: &Learned) -> Option<TcpTuple> {
+    let (src, dst) = match l.family {
+        4 => (
+            IpAddr::from(Ipv4Addr::from(v4(&l.pod))),
+            IpAddr::from(Ipv4Addr::from(v4(&l.remote))),
+        ),
+        6 => (
+            IpAddr::from(Ipv6Addr::from(l.pod)),
+            IpAddr::from(Ipv6Addr::from(l.remote)),
+        ),
+        _ => return None,
+    };
+    Some(TcpTuple {
+        src,
+        dst,
+        sport: u16::from_be_bytes(l.pod_port),
+        dport: u16::from_be_bytes(l.remote_port),
+    })
+}
+
+/// The address a learned connection left with.
+fn eip(l: &Learned) -> Option<IpAddr> {
+    match l.family {
+        4 => Some(IpAddr::from(Ipv4Addr::from(v4(&l.eip)))),
+        6 => Some(IpAddr::from(Ipv6Addr::from(l.eip))),
+        _ => None,
+    }
+}
+
+/// The MTU of the interface with index `ifindex` now; 0 (every packet
+/// through the stack) when it is gone.
+fn mtu_of(ifindex: u32) -> u32 {
+    nix::net::if_::if_indextoname(ifindex)
+        .ok()
+        .and_then(|name| super::device_mtu(&name.to_string_lossy()))
+        .unwrap_or(0)
+}
+
+/// `bpf_ktime_get_ns`'s clock now.
+fn monotonic_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_or(0, |t| {
+        u64::try_from(t.tv_sec()).unwrap_or(0) * 1_000_000_000
+            + u64::try_from(t.tv_nsec()).unwrap_or(0)
+    })
+}
+
+impl Learner {
+    /// Starts the learner on `ebpf`'s ring buffer and NAT maps. Conntrack
+    /// is spoken to in the network namespace of the calling thread.
+    pub(crate) fn start(ebpf: &mut aya::Ebpf) -> Result<Self, EbpfError> {
+        let ring = ebpf
+            .take_map(common::LEARNED)
+            .ok_or_else(|| failed("opening the ring buffer")("the object has none".into()))?;
+        let mut ring = RingBuf::try_from(ring)
+            .map_err(|e| e.to_string())
+            .map_err(failed("opening the ring buffer"))?;
+        let mut maps = NatMaps::open(ebpf)?;
+        let mut conntrack = Ctnetlink::open()
+            .map_err(|e| e.to_string())
+            .map_err(failed("opening a ctnetlink socket"))?;
+        let eips = Arc::new(Mutex::new(BTreeSet::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let counts = Arc::new(Counts::default());
+        let thread = {
+            let (eips, stop, counts) = (Arc::clone(&eips), Arc::clone(&stop), Arc::clone(&counts));
+            std::thread::Builder::new()
+                .name("egressgw-learn".into())
+                .spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        let mut fds = [nix::poll::PollFd::new(
+                            ring.as_fd(),
+                            nix::poll::PollFlags::POLLIN,
+                        )];
+                        let timeout = nix::poll::PollTimeout::try_from(POLL)
+                            .unwrap_or(nix::poll::PollTimeout::NONE);
+                        if nix::poll::poll(&mut fds, timeout).is_err() {
+                            std::thread::sleep(POLL);
+                        }
+                        while let Some(item) = ring.next() {
+                            let Some(learned) = Learned::decode(&item) else {
+                                continue;
+                            };
+                            drop(item);
+                            match take(&eips, &mut maps, &mut conntrack, &learned) {
+                                Taken::Now => counts.taken.fetch_add(1, Ordering::Relaxed),
+                                Taken::Before => 0,
+                                Taken::Not => counts.left.fetch_add(1, Ordering::Relaxed),
+                            };
+                        }
+                    }
+                })
+                .map_err(|e| e.to_string())
+                .map_err(failed("starting the gateway fast path's learner"))?
+        };
+        Ok(Learner {
+            eips,
+            stop,
+            counts,
+            thread: Some(thread),
+        })
+    }
+
+    /// Makes `eips` the node's EIPs and forgets the connections of any
+    /// other address; returns how many were forgotten.
+    pub(crate) fn set_eips(&self, eips: &BTreeSet<IpAddr>, maps: &mut NatMaps) -> usize {
+        let mut held = self
+            .eips
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if *held == *eips {
+            return 0;
+        }
+        let gone = if held.is_subset(eips) {
+            0
+        } else {
+            maps.forget_unless(eips)
+        };
+        eips.clone_into(&mut held);
+        gone
+    }
+
+    pub(crate) fn learning(&self) -> Learning {
+        Learning {
+            taken: self.counts.taken.load(Ordering::Relaxed),
+            left: self.counts.left.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// What became of a learned translation.
+enum Taken {
+    /// Taken over now.
+    Now,
+    /// Taken over already (the same connection learned twice).
+    Before,
+    /// Left to the stack.
+    Not,
+}
+
+/// Takes one learned translation over, if the node holds its EIP and
+/// conntrack holds its connection open.
+fn take(
+    eips: &Mutex<BTreeSet<IpAddr>>,
+    maps: &mut NatMaps,
+    conntrack: &mut Ctnetlink,
+    learned: &Learned,
+) -> Taken {
+    let held = eips
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let (Some(eip), Some(tuple)) = (eip(learned), tuple(learned)) else {
+        return Taken::Not;
+    };
+    if !held.contains(&eip) {
+        return Taken::Not;
+    }
+    if maps.holds(learned) {
+        return Taken::Before;
+    }
+    // A pod's last ACK of a closed connection is learned too: only an
+    // open connection is taken over.
+    let open = conntrack
+        .tcp_state(&tuple)
+        .map(|state| state == Some(crate::conntrack::TCP_ESTABLISHED));
+    let done = match open {
+        Ok(true) => conntrack.set_liberal(&tuple).map_err(|e| e.to_string()),
+        Ok(false) => Ok(false),
+        Err(e) => Err(e.to_string()),
+    }
+    .and_then(|found| {
+        if found {
+            maps.take(learned, monotonic_ns()).map(|()| true)
+        } else {
+            Ok(false)
+        }
+    });
+    match done {
+        Ok(true) => Taken::Now,
+        Ok(false) => Taken::Not,
+        Err(e) => {
+            tracing::debug!(error = %e, "the gateway's fast path left a connection to the stack");
+            Taken::Not
+        }
+    }
+}
+
+impl Drop for Learner {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
