@@ -5,11 +5,11 @@ use aya_ebpf::bindings::{BPF_F_PSEUDO_HDR, TC_ACT_OK, TC_ACT_SHOT};
 use aya_ebpf::helpers::generated::{bpf_csum_diff, bpf_ktime_get_ns};
 use aya_ebpf::programs::TcContext;
 use egressgw_common::{
-    Flow4, Flow6, Handshake4, Handshake6, Learned, Pending4, Pending6, REFRESH_NS, switch,
+    Flow4, Flow6, Handshake4, Handshake6, Learned, Pending4, Pending6, REFRESH_NS, eip_key4, switch,
 };
 
 use crate::{
-    ETH_HLEN, ETH_P_IP, ETH_P_IPV6, IP4_CSUM, IP4_DST, IP4_SRC, IP4_TTL, IP6_DST, IP6_HOPS,
+    EIPS, ETH_HLEN, ETH_P_IP, ETH_P_IPV6, IP4_CSUM, IP4_DST, IP4_SRC, IP4_TTL, IP6_DST, IP6_HOPS,
     IP6_SRC, LEARNED, NAT_IN4, NAT_IN6, NAT_OUT4, NAT_OUT6, PENDING4, PENDING6, SWITCHES, TCP_ACK,
     TCP_CSUM, TCP_FIN, TCP_RST, TCP_SYN, TCP4, TCP6, redirect, tcp4, tcp6,
 };
@@ -252,6 +252,9 @@ pub(crate) fn learn(ctx: &TcContext) -> Option<()> {
             if for_the_stack(flags) {
                 return None;
             }
+            // Translated to an address other than the node's EIPs (a
+            // policy leaving with the node's address): not taken over.
+            EIPS.get_ptr(eip_key4(flow.src))?;
             let (seq, ack) = seq_ack(ctx, TCP4)?;
             let key = Handshake4 {
                 remote: flow.dst,
@@ -278,6 +281,7 @@ pub(crate) fn learn(ctx: &TcContext) -> Option<()> {
             if for_the_stack(flags) {
                 return None;
             }
+            EIPS.get_ptr(flow.src)?;
             let (seq, ack) = seq_ack(ctx, TCP6)?;
             let key = Handshake6 {
                 remote: flow.dst,

@@ -46,10 +46,10 @@ use aya_ebpf::maps::lpm_trie::Key;
 use aya_ebpf::maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf};
 use aya_ebpf::programs::TcContext;
 use egressgw_common::{
-    CLASSIFY_MAX, CLUSTER_MAX, COUNTERS_MAX, Counter, Dst4, Dst6, FLOWS_MAX, Flow4, Flow6,
-    Handshake4, Handshake6, Key4, Key6, LEARNED_BYTES, LOOKUP4_BITS, LOOKUP6_BITS, NAT_MAX, Nat4,
-    Nat6, PENDING_MAX, Pending4, Pending6, PodLink, SWITCHES_MAX, TUNNELS_MAX, Tunnel, Verdict,
-    kind,
+    CLASSIFY_MAX, CLUSTER_MAX, COUNTERS_MAX, Counter, Dst4, Dst6, EIPS_MAX, FLOWS_MAX, Flow4,
+    Flow6, Handshake4, Handshake6, Key4, Key6, LEARNED_BYTES, LOOKUP4_BITS, LOOKUP6_BITS, NAT_MAX,
+    Nat4, Nat6, PENDING_MAX, Pending4, Pending6, PodLink, SWITCHES_MAX, TUNNELS_MAX, Tunnel,
+    Verdict, kind,
 };
 
 // The names are egressgw-common's constants; the macro wants literals.
@@ -84,6 +84,8 @@ static PENDING4: LruHashMap<Handshake4, Pending4> = LruHashMap::with_max_entries
 static PENDING6: LruHashMap<Handshake6, Pending6> = LruHashMap::with_max_entries(PENDING_MAX, 0);
 #[map(name = "EGRESSGW_LEARNED")]
 static LEARNED: RingBuf = RingBuf::with_byte_size(LEARNED_BYTES, 0);
+#[map(name = "EGRESSGW_EIPS")]
+static EIPS: HashMap<[u8; 16], u32> = HashMap::with_max_entries(EIPS_MAX, 0);
 #[map(name = "EGRESSGW_SWITCHES")]
 static SWITCHES: Array<u32> = Array::with_max_entries(SWITCHES_MAX, 0);
 

@@ -225,6 +225,22 @@ pub const PENDING_MAX: u32 = 1 << 14;
 pub const LEARNED: &str = "EGRESSGW_LEARNED";
 /// The ring buffer's size in bytes.
 pub const LEARNED_BYTES: u32 = 1 << 18;
+/// The EIPs this node holds, while the gateway's fast path is on: only a
+/// translation to one of them is learned. Keyed by [`eip_key`] -> `u32`
+/// (unused).
+pub const EIPS: &str = "EGRESSGW_EIPS";
+/// How many EIPs a node holds at most, for the gateway's fast path.
+pub const EIPS_MAX: u32 = 4096;
+
+/// An address as [`EIPS`] holds it: IPv6, or IPv4 mapped into IPv6
+/// (`::ffff:a.b.c.d`).
+#[must_use]
+pub const fn eip_key4(addr: [u8; 4]) -> [u8; 16] {
+    [
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, addr[0], addr[1], addr[2], addr[3],
+    ]
+}
+
 /// Switches (an array of `u32`, indexed by [`switch`]).
 pub const SWITCHES: &str = "EGRESSGW_SWITCHES";
 /// How many switches there are.

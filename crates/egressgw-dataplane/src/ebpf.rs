@@ -79,7 +79,7 @@ fn failed(what: impl Into<String>) -> impl FnOnce(String) -> EbpfError {
 pub const PIN_DIR: &str = "/sys/fs/bpf/egressgw";
 
 /// Every map of the programs, by name.
-const MAPS: [&str; 16] = [
+const MAPS: [&str; 17] = [
     common::CLASSIFY4,
     common::CLASSIFY6,
     common::CLUSTER4,
@@ -95,6 +95,7 @@ const MAPS: [&str; 16] = [
     common::PENDING4,
     common::PENDING6,
     common::LEARNED,
+    common::EIPS,
     common::SWITCHES,
 ];
 
@@ -134,6 +135,7 @@ fn shape(name: &str) -> Option<Shape> {
             common::PENDING_MAX,
         ),
         common::LEARNED => (0, 0, common::LEARNED_BYTES),
+        common::EIPS => (size::<[u8; 16]>(), size::<u32>(), common::EIPS_MAX),
         common::SWITCHES => (size::<u32>(), size::<u32>(), common::SWITCHES_MAX),
         _ => return None,
     };
@@ -260,6 +262,14 @@ fn device_mtu(iface: &str) -> Option<u32> {
         .trim()
         .parse()
         .ok()
+}
+
+/// An EIP as the gateway's EIPs map holds it.
+fn eip_key(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(v4) => common::eip_key4(v4.octets()),
+        IpAddr::V6(v6) => v6.octets(),
+    }
 }
 
 /// The index of interface `iface` now, if it exists.
@@ -859,8 +869,44 @@ impl Classifier {
     /// path is on, and holding only connections of the node's EIPs.
     fn sync_gateway(&mut self, desired: &Desired, synced: &mut Synced) -> Result<(), EbpfError> {
         let on = !desired.eips.is_empty() && self.gateway.is_some();
+        let eips = if on {
+            desired.eips.clone()
+        } else {
+            BTreeSet::new()
+        };
+        // EIPs the node gave up stop being learned first, then their
+        // connections are forgotten; new ones are learned last.
+        let wanted: BTreeSet<[u8; 16]> = eips.iter().map(|ip| eip_key(*ip)).collect();
+        let what = "filling the gateway's EIPs map";
+        let mut map: AyaHashMap<_, [u8; 16], u32> = AyaHashMap::try_from(
+            self.ebpf
+                .map_mut(common::EIPS)
+                .ok_or_else(|| failed(what)("the object has no such map".into()))?,
+        )
+        .map_err(|e| e.to_string())
+        .map_err(failed(what))?;
+        let present: BTreeSet<[u8; 16]> = map.keys().flatten().collect();
+        for key in present.difference(&wanted) {
+            map.remove(key)
+                .map_err(|e| e.to_string())
+                .map_err(failed(what))?;
+            synced.removed += 1;
+        }
         if let Some((learner, maps)) = &mut self.gateway {
-            synced.removed += learner.set_eips(&desired.eips, maps);
+            synced.removed += learner.set_eips(&eips, maps);
+        }
+        let mut map: AyaHashMap<_, [u8; 16], u32> = AyaHashMap::try_from(
+            self.ebpf
+                .map_mut(common::EIPS)
+                .ok_or_else(|| failed(what)("the object has no such map".into()))?,
+        )
+        .map_err(|e| e.to_string())
+        .map_err(failed(what))?;
+        for key in wanted.difference(&present) {
+            map.insert(key, 0, 0)
+                .map_err(|e| e.to_string())
+                .map_err(failed(what))?;
+            synced.added += 1;
         }
         if self.learning != Some(on) {
             let what = format!(
@@ -1599,7 +1645,7 @@ mod kernel_tests {
 
     /// Gives the calling thread a mount namespace of its own with a fresh
     /// bpf filesystem on /sys/fs/bpf: its pins go away with the thread.
-    fn private_bpffs() {
+    pub(super) fn private_bpffs() {
         use nix::sched::{CloneFlags, unshare};
         unshare(CloneFlags::CLONE_FS | CloneFlags::CLONE_NEWNS).expect("unshare(CLONE_NEWNS)");
         sh("mount --make-rprivate / && mount -t bpf bpf /sys/fs/bpf");

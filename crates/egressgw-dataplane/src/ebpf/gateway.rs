@@ -34,9 +34,9 @@ const POLL: Duration = Duration::from_millis(100);
 pub struct Learning {
     /// Connections taken over by the gateway's fast path.
     pub taken: u64,
-    /// Translations not taken: not to one of the node's EIPs, conntrack
-    /// had no open connection for it (it had closed, or never was), or a
-    /// step failed.
+    /// Translations not taken: not to one of the node's EIPs (any more),
+    /// conntrack had no entry, or a step failed. Connections learned
+    /// again as they close are not counted.
     pub left: u64,
 }
 
@@ -52,7 +52,9 @@ pub(crate) struct Learner {
     /// The node's EIPs; held while a translation is taken over and while
     /// the set changes, so that no connection of an EIP the node gave up
     /// is taken over after its connections were forgotten.
-    eips: Arc<Mutex<BTreeSet<IpAddr>>>,
+    /// `None` until the first sync: the pinned maps an agent adopts may
+    /// hold connections of EIPs the node no longer has.
+    eips: Arc<Mutex<Option<BTreeSet<IpAddr>>>>,
     stop: Arc<AtomicBool>,
     counts: Arc<Counts>,
     thread: Option<JoinHandle<()>>,
@@ -330,7 +332,7 @@ impl Learner {
         let mut conntrack = Ctnetlink::open()
             .map_err(|e| e.to_string())
             .map_err(failed("opening a ctnetlink socket"))?;
-        let eips = Arc::new(Mutex::new(BTreeSet::new()));
+        let eips = Arc::new(Mutex::new(None));
         let stop = Arc::new(AtomicBool::new(false));
         let counts = Arc::new(Counts::default());
         let thread = {
@@ -355,7 +357,7 @@ impl Learner {
                             drop(item);
                             match take(&eips, &mut maps, &mut conntrack, &learned) {
                                 Taken::Now => counts.taken.fetch_add(1, Ordering::Relaxed),
-                                Taken::Before => 0,
+                                Taken::Before | Taken::Closed => 0,
                                 Taken::Not => counts.left.fetch_add(1, Ordering::Relaxed),
                             };
                         }
@@ -379,15 +381,11 @@ impl Learner {
             .eips
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if *held == *eips {
-            return 0;
-        }
-        let gone = if held.is_subset(eips) {
-            0
-        } else {
-            maps.forget_unless(eips)
+        let gone = match held.as_ref() {
+            Some(before) if before.is_subset(eips) => 0,
+            _ => maps.forget_unless(eips),
         };
-        eips.clone_into(&mut held);
+        *held = Some(eips.clone());
         gone
     }
 
@@ -405,6 +403,9 @@ enum Taken {
     Now,
     /// Taken over already (the same connection learned twice).
     Before,
+    /// Closed, or closing: conntrack no longer holds it open (a pod's
+    /// last ACK is learned too).
+    Closed,
     /// Left to the stack.
     Not,
 }
@@ -412,7 +413,7 @@ enum Taken {
 /// Takes one learned translation over, if the node holds its EIP and
 /// conntrack holds its connection open.
 fn take(
-    eips: &Mutex<BTreeSet<IpAddr>>,
+    eips: &Mutex<Option<BTreeSet<IpAddr>>>,
     maps: &mut NatMaps,
     conntrack: &mut Ctnetlink,
     learned: &Learned,
@@ -423,7 +424,7 @@ fn take(
     let (Some(eip), Some(tuple)) = (eip(learned), tuple(learned)) else {
         return Taken::Not;
     };
-    if !held.contains(&eip) {
+    if !held.as_ref().is_some_and(|held| held.contains(&eip)) {
         return Taken::Not;
     }
     if maps.holds(learned) {
@@ -436,7 +437,7 @@ fn take(
         .map(|state| state == Some(crate::conntrack::TCP_ESTABLISHED));
     let done = match open {
         Ok(true) => conntrack.set_liberal(&tuple).map_err(|e| e.to_string()),
-        Ok(false) => Ok(false),
+        Ok(false) => return Taken::Closed,
         Err(e) => Err(e.to_string()),
     }
     .and_then(|found| {
@@ -462,5 +463,116 @@ impl Drop for Learner {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod kernel_tests {
+    use super::*;
+    use crate::ebpf::{Classifier, Desired};
+    use crate::testns::{in_new_netns, root_or_skip};
+
+    fn learned(pod: [u8; 4], port: u16, eip: [u8; 4]) -> Learned {
+        let mut l = Learned {
+            family: 4,
+            out_ifindex: 1,
+            tunnel_ifindex: 1,
+            pod: [0; 16],
+            remote: [0; 16],
+            eip: [0; 16],
+            pod_port: port.to_be_bytes(),
+            remote_port: 443u16.to_be_bytes(),
+            eip_port: port.to_be_bytes(),
+            out_l2: [0; 14],
+            tunnel_l2: [0; 14],
+            _pad: [0; 2],
+        };
+        l.pod[..4].copy_from_slice(&pod);
+        l.remote[..4].copy_from_slice(&[198, 51, 100, 1]);
+        l.eip[..4].copy_from_slice(&eip);
+        l
+    }
+
+    fn switch(classifier: &Classifier) -> u32 {
+        let map = classifier.ebpf.map(common::SWITCHES).unwrap();
+        let switches: aya::maps::Array<_, u32> = aya::maps::Array::try_from(map).unwrap();
+        switches.get(&common::switch::GATEWAY, 0).unwrap()
+    }
+
+    #[test]
+    fn an_eip_the_node_gives_up_takes_its_connections_off_the_fast_path() {
+        if !root_or_skip("an_eip_the_node_gives_up_takes_its_connections_off_the_fast_path") {
+            return;
+        }
+        in_new_netns(|| {
+            let (e1, e2) = ([198, 51, 100, 240], [198, 51, 100, 241]);
+            let mut classifier = Classifier::load().unwrap();
+            let mut desired = Desired {
+                eips: [IpAddr::from(e1), IpAddr::from(e2)].into(),
+                ..Desired::default()
+            };
+            classifier.sync(&desired).unwrap();
+            assert_eq!(switch(&classifier), 1, "on while the node holds EIPs");
+            let (_, maps) = classifier.gateway.as_mut().unwrap();
+            let (a, b) = (
+                learned([10, 244, 1, 5], 40000, e1),
+                learned([10, 244, 1, 6], 40001, e2),
+            );
+            maps.take(&a, 0).unwrap();
+            maps.take(&b, 0).unwrap();
+            assert_eq!(maps.len(), 2);
+
+            // e2 goes: its connection with it, both ways.
+            desired.eips = [IpAddr::from(e1)].into();
+            classifier.sync(&desired).unwrap();
+            let (_, maps) = classifier.gateway.as_mut().unwrap();
+            assert!(maps.holds(&a) && !maps.holds(&b));
+            let replies: Vec<Flow4> = maps.in4.keys().flatten().collect();
+            assert_eq!(replies.len(), 1, "{replies:?}");
+            assert_eq!(replies[0].dst, e1);
+
+            // No EIP at all: off, and nothing held.
+            desired.eips.clear();
+            classifier.sync(&desired).unwrap();
+            assert_eq!(switch(&classifier), 0);
+            let (_, maps) = classifier.gateway.as_mut().unwrap();
+            assert_eq!(maps.len(), 0);
+            assert_eq!(maps.in4.keys().flatten().count(), 0);
+        });
+    }
+
+    #[test]
+    fn a_restarted_classifier_forgets_adopted_connections_of_eips_the_node_no_longer_holds() {
+        if !root_or_skip(
+            "a_restarted_classifier_forgets_adopted_connections_of_eips_the_node_no_longer_holds",
+        ) {
+            return;
+        }
+        in_new_netns(|| {
+            crate::ebpf::kernel_tests::private_bpffs();
+            let dir = std::path::Path::new(crate::ebpf::PIN_DIR);
+            let (e1, e2) = ([198, 51, 100, 240], [198, 51, 100, 241]);
+            let mut desired = Desired {
+                eips: [IpAddr::from(e1), IpAddr::from(e2)].into(),
+                ..Desired::default()
+            };
+            {
+                let mut first = Classifier::load_pinned(dir).unwrap();
+                first.sync(&desired).unwrap();
+                let (_, maps) = first.gateway.as_mut().unwrap();
+                maps.take(&learned([10, 244, 1, 5], 40000, e1), 0).unwrap();
+                maps.take(&learned([10, 244, 1, 6], 40001, e2), 0).unwrap();
+            }
+            // e2 moved while no agent ran.
+            desired.eips = [IpAddr::from(e1)].into();
+            let mut second = Classifier::load_pinned(dir).unwrap();
+            second.sync(&desired).unwrap();
+            let (_, maps) = second.gateway.as_mut().unwrap();
+            assert!(maps.holds(&learned([10, 244, 1, 5], 40000, e1)));
+            assert!(!maps.holds(&learned([10, 244, 1, 6], 40001, e2)));
+            assert_eq!(maps.len(), 1);
+            drop(second);
+            Classifier::remove_pins(dir).unwrap();
+        });
     }
 }
