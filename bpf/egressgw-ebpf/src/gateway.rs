@@ -3,6 +3,7 @@
 
 use aya_ebpf::bindings::{BPF_F_PSEUDO_HDR, TC_ACT_OK, TC_ACT_SHOT};
 use aya_ebpf::helpers::generated::{bpf_csum_diff, bpf_ktime_get_ns};
+use aya_ebpf::maps::LruHashMap;
 use aya_ebpf::programs::TcContext;
 use egressgw_common::{
     Flow4, Flow6, Handshake4, Handshake6, Learned, Pending4, Pending6, REFRESH_NS, eip_key4, switch,
@@ -348,60 +349,60 @@ fn remember6(ctx: &TcContext, flow: Flow6) -> Option<()> {
     PENDING6.insert(key, pending, 0).ok()
 }
 
+/// Forgets what `this` holds under `flow`, and the other direction of the
+/// same connection in `other`, under the key `other_key` makes of it.
+#[inline(always)]
+fn forget<F: 'static, N: Copy + 'static>(
+    this: &LruHashMap<F, N>,
+    other: &LruHashMap<F, N>,
+    flow: F,
+    other_key: impl FnOnce(&F, &N) -> F,
+) {
+    // SAFETY: the value is copied out at once.
+    if let Some(nat) = unsafe { this.get(&flow) }.copied() {
+        let _ = other.remove(other_key(&flow, &nat));
+        let _ = this.remove(flow);
+    }
+}
+
 /// Forgets both directions of a closing connection, by its pod's side.
 fn forget_out4(flow: Flow4) {
-    // SAFETY: the value is copied out at once.
-    if let Some(nat) = unsafe { NAT_OUT4.get(flow) }.copied() {
-        let _ = NAT_IN4.remove(Flow4 {
-            src: flow.dst,
-            dst: nat.addr,
-            sport: flow.dport,
-            dport: nat.port,
-        });
-        let _ = NAT_OUT4.remove(flow);
-    }
+    forget(&NAT_OUT4, &NAT_IN4, flow, |f, nat| Flow4 {
+        src: f.dst,
+        dst: nat.addr,
+        sport: f.dport,
+        dport: nat.port,
+    });
 }
 
 /// [`forget_out4`] for IPv6.
 fn forget_out6(flow: Flow6) {
-    // SAFETY: the value is copied out at once.
-    if let Some(nat) = unsafe { NAT_OUT6.get(flow) }.copied() {
-        let _ = NAT_IN6.remove(Flow6 {
-            src: flow.dst,
-            dst: nat.addr,
-            sport: flow.dport,
-            dport: nat.port,
-        });
-        let _ = NAT_OUT6.remove(flow);
-    }
+    forget(&NAT_OUT6, &NAT_IN6, flow, |f, nat| Flow6 {
+        src: f.dst,
+        dst: nat.addr,
+        sport: f.dport,
+        dport: nat.port,
+    });
 }
 
 /// Forgets both directions of a closing connection, by its remote side.
 fn forget_in4(flow: Flow4) {
-    // SAFETY: the value is copied out at once.
-    if let Some(nat) = unsafe { NAT_IN4.get(flow) }.copied() {
-        let _ = NAT_OUT4.remove(Flow4 {
-            src: nat.addr,
-            dst: flow.src,
-            sport: nat.port,
-            dport: flow.sport,
-        });
-        let _ = NAT_IN4.remove(flow);
-    }
+    forget(&NAT_IN4, &NAT_OUT4, flow, |f, nat| Flow4 {
+        src: nat.addr,
+        dst: f.src,
+        sport: nat.port,
+        dport: f.sport,
+    });
 }
 
 /// [`forget_in4`] for IPv6.
 fn forget_in6(flow: Flow6) {
-    // SAFETY: the value is copied out at once.
-    if let Some(nat) = unsafe { NAT_IN6.get(flow) }.copied() {
-        let _ = NAT_OUT6.remove(Flow6 {
-            src: nat.addr,
-            dst: flow.src,
-            sport: nat.port,
-            dport: flow.sport,
-        });
-        let _ = NAT_IN6.remove(flow);
-    }
+    forget(&NAT_IN6, &NAT_OUT6, flow, |f, nat| Flow6 {
+        src: nat.addr,
+        dst: f.src,
+        sport: nat.port,
+        dport: f.sport,
+    });
 }
 
 /// Rewrites an IPv4 TCP packet's address at `addr_at` and port at

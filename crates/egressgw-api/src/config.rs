@@ -50,7 +50,8 @@ pub struct FileConfig {
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EbpfFile {
-    /// The fast path for TCP connections pods open (default true).
+    /// The fast path for TCP connections pods open, on their node and on
+    /// the gateway node (default true).
     pub fast_path: Option<bool>,
 }
 

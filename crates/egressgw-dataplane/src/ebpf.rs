@@ -895,13 +895,6 @@ impl Classifier {
         if let Some((learner, maps)) = &mut self.gateway {
             synced.removed += learner.set_eips(&eips, maps);
         }
-        let mut map: AyaHashMap<_, [u8; 16], u32> = AyaHashMap::try_from(
-            self.ebpf
-                .map_mut(common::EIPS)
-                .ok_or_else(|| failed(what)("the object has no such map".into()))?,
-        )
-        .map_err(|e| e.to_string())
-        .map_err(failed(what))?;
         for key in wanted.difference(&present) {
             map.insert(key, 0, 0)
                 .map_err(|e| e.to_string())
