@@ -1,18 +1,20 @@
 //! The gateway's fast path: translating a pod's connection as the
 //! gateway node's conntrack did, after it did, and sending it straight on.
 
-use aya_ebpf::bindings::{BPF_F_PSEUDO_HDR, TC_ACT_OK, TC_ACT_SHOT};
+use aya_ebpf::bindings::{BPF_F_PSEUDO_HDR, TC_ACT_SHOT};
 use aya_ebpf::helpers::generated::{bpf_csum_diff, bpf_ktime_get_ns};
 use aya_ebpf::maps::LruHashMap;
 use aya_ebpf::programs::TcContext;
 use egressgw_common::{
-    Flow4, Flow6, Handshake4, Handshake6, Learned, Pending4, Pending6, REFRESH_NS, eip_key4, switch,
+    Flow4, Flow6, Handshake4, Handshake6, Learned, Pending4, Pending6, REPORT_EVERY_NS,
+    SEEN_EVERY_NS, eip_key4, switch,
 };
 
 use crate::{
     EIPS, ETH_HLEN, ETH_P_IP, ETH_P_IPV6, IP4_CSUM, IP4_DST, IP4_SRC, IP4_TTL, IP6_DST, IP6_HOPS,
-    IP6_SRC, LEARNED, NAT_IN4, NAT_IN6, NAT_OUT4, NAT_OUT6, PENDING4, PENDING6, SWITCHES, TCP_ACK,
-    TCP_CSUM, TCP_FIN, TCP_RST, TCP_SYN, TCP4, TCP6, redirect, tcp4, tcp6,
+    IP6_SRC, LEARNED, NAT_IN4, NAT_IN6, NAT_OUT4, NAT_OUT6, PENDING4, PENDING6, REPORTED4,
+    REPORTED6, SWITCHES, TCP_ACK, TCP_CSUM, TCP_FIN, TCP_RST, TCP_SYN, TCP4, TCP6, redirect, tcp4,
+    tcp6,
 };
 
 /// Whether this node learns translations (a gateway node with the
@@ -53,16 +55,33 @@ fn reversed_l2(ctx: &TcContext) -> Option<[u8; 14]> {
     Some(l2)
 }
 
-/// Whether `refreshed` is due: then this packet goes through the stack
-/// (and the time is taken), so that conntrack's entry stays alive.
-fn due(refreshed: &mut u64) -> bool {
+/// `bpf_ktime_get_ns` now.
+fn now() -> u64 {
     // SAFETY: a helper call without arguments.
-    let now = unsafe { bpf_ktime_get_ns() };
-    if now.wrapping_sub(*refreshed) >= REFRESH_NS {
-        *refreshed = now;
-        return true;
+    unsafe { bpf_ktime_get_ns() }
+}
+
+/// Writes down that the connection carried a packet now, at most every
+/// [`SEEN_EVERY_NS`] (a write per packet would bounce the entry between
+/// CPUs).
+fn seen(at: &mut u64) {
+    let now = now();
+    if now.wrapping_sub(*at) >= SEEN_EVERY_NS {
+        *at = now;
     }
-    false
+}
+
+/// Whether the node holds `eip` (IPv4 mapped, or IPv6): a connection of
+/// an EIP the node gave up goes back to the stack, whose guard drops it.
+fn held(eip: [u8; 16]) -> bool {
+    EIPS.get_ptr(eip).is_some()
+}
+
+/// Whether the frame carries a VLAN tag the device did not take off yet
+/// (on a VLAN's parent device): it belongs to the VLAN device's traffic.
+fn tagged(ctx: &TcContext) -> bool {
+    // SAFETY: `skb` is the context the kernel passed in.
+    unsafe { (*ctx.skb.skb).vlan_present != 0 }
 }
 
 /// Whether the packet fits `mtu`: the IP packet, or for a segmentation
@@ -106,12 +125,17 @@ pub(crate) fn out4(ctx: &TcContext, flow: Flow4, flags: u8, headers: u32) -> Opt
         return None;
     };
     // SAFETY: the entry stays valid for the program's run (RCU); only its
-    // `refreshed` is written, by this one packet.
+    // `seen` is written.
     let nat = unsafe { &mut *nat };
-    let ttl: u8 = ctx.load(IP4_TTL).ok()?;
-    if due(&mut nat.refreshed) || ttl <= 1 || !fits(ctx, nat.mtu, headers) {
+    if !held(eip_key4(nat.addr)) {
+        forget_out4(flow);
         return None;
     }
+    let ttl: u8 = ctx.load(IP4_TTL).ok()?;
+    if ttl <= 1 || !fits(ctx, nat.mtu, headers) {
+        return None;
+    }
+    seen(&mut nat.seen);
     finish(
         rewrite4(
             ctx, IP4_SRC, TCP4, flow.src, nat.addr, flow.sport, nat.port, ttl, &nat.l2,
@@ -139,10 +163,15 @@ pub(crate) fn out6(ctx: &TcContext, flow: Flow6, flags: u8, headers: u32) -> Opt
     };
     // SAFETY: as in `out4`.
     let nat = unsafe { &mut *nat };
-    let hops: u8 = ctx.load(IP6_HOPS).ok()?;
-    if due(&mut nat.refreshed) || hops <= 1 || !fits(ctx, nat.mtu, headers) {
+    if !held(nat.addr) {
+        forget_out6(flow);
         return None;
     }
+    let hops: u8 = ctx.load(IP6_HOPS).ok()?;
+    if hops <= 1 || !fits(ctx, nat.mtu, headers) {
+        return None;
+    }
+    seen(&mut nat.seen);
     finish(
         rewrite6(
             ctx, IP6_SRC, TCP6, flow.src, nat.addr, flow.sport, nat.port, hops, &nat.l2,
@@ -163,10 +192,15 @@ fn in4(ctx: &TcContext) -> Option<i32> {
     let nat = NAT_IN4.get_ptr_mut(flow)?;
     // SAFETY: as in `out4`.
     let nat = unsafe { &mut *nat };
-    let ttl: u8 = ctx.load(IP4_TTL).ok()?;
-    if due(&mut nat.refreshed) || ttl <= 1 || !fits(ctx, nat.mtu, headers) {
+    if !held(eip_key4(flow.dst)) {
+        forget_in4(flow);
         return None;
     }
+    let ttl: u8 = ctx.load(IP4_TTL).ok()?;
+    if ttl <= 1 || !fits(ctx, nat.mtu, headers) {
+        return None;
+    }
+    seen(&mut nat.seen);
     finish(
         rewrite4(
             ctx,
@@ -193,10 +227,15 @@ fn in6(ctx: &TcContext) -> Option<i32> {
     let nat = NAT_IN6.get_ptr_mut(flow)?;
     // SAFETY: as in `out4`.
     let nat = unsafe { &mut *nat };
-    let hops: u8 = ctx.load(IP6_HOPS).ok()?;
-    if due(&mut nat.refreshed) || hops <= 1 || !fits(ctx, nat.mtu, headers) {
+    if !held(flow.dst) {
+        forget_in6(flow);
         return None;
     }
+    let hops: u8 = ctx.load(IP6_HOPS).ok()?;
+    if hops <= 1 || !fits(ctx, nat.mtu, headers) {
+        return None;
+    }
+    seen(&mut nat.seen);
     finish(
         rewrite6(
             ctx,
@@ -213,100 +252,153 @@ fn in6(ctx: &TcContext) -> Option<i32> {
     )
 }
 
-/// On a gateway node's external interfaces' ingress.
-pub(crate) fn nat_in(ctx: &TcContext) -> i32 {
-    if !learning() {
-        return TC_ACT_OK;
+/// On a gateway node's external interfaces' ingress; `None`: left alone.
+pub(crate) fn nat_in(ctx: &TcContext) -> Option<i32> {
+    if !learning() || tagged(ctx) {
+        return None;
     }
-    let done = match ctx.skb.protocol() {
+    match ctx.skb.protocol() {
         ETH_P_IP => in4(ctx),
         ETH_P_IPV6 => in6(ctx),
         _ => None,
-    };
-    done.unwrap_or(TC_ACT_OK)
+    }
 }
 
 /// On a gateway node's external interfaces' egress: a remembered pod's
 /// packet leaving translated tells the agent the translation.
 pub(crate) fn learn(ctx: &TcContext) -> Option<()> {
-    if !learning() {
+    if !learning() || tagged(ctx) {
         return None;
     }
-    let mut learned = Learned {
-        family: 0,
-        // SAFETY: `skb` is the context the kernel passed in.
-        out_ifindex: unsafe { (*ctx.skb.skb).ifindex },
-        tunnel_ifindex: 0,
-        pod: [0; 16],
-        remote: [0; 16],
-        eip: [0; 16],
-        pod_port: [0; 2],
-        remote_port: [0; 2],
-        eip_port: [0; 2],
-        out_l2: ctx.load(0).ok()?,
-        tunnel_l2: [0; 14],
+    match ctx.skb.protocol() {
+        ETH_P_IP => learn4(ctx),
+        ETH_P_IPV6 => learn6(ctx),
+        _ => None,
+    }
+}
+
+/// An IPv4 address where [`Learned`] holds addresses.
+fn wide(addr: [u8; 4]) -> [u8; 16] {
+    let mut out = [0; 16];
+    out[..4].copy_from_slice(&addr);
+    out
+}
+
+#[inline(never)]
+fn learn4(ctx: &TcContext) -> Option<()> {
+    let (flow, flags, _) = tcp4(ctx)?;
+    if for_the_stack(flags) {
+        return None;
+    }
+    // Translated to an address other than the node's EIPs (a policy
+    // leaving with the node's address): not taken over.
+    EIPS.get_ptr(eip_key4(flow.src))?;
+    let (seq, ack) = seq_ack(ctx, TCP4)?;
+    let key = Handshake4 {
+        remote: flow.dst,
+        seq,
+        ack,
+        rport: flow.dport,
         _pad: [0; 2],
     };
-    match ctx.skb.protocol() {
-        ETH_P_IP => {
-            let (flow, flags, _) = tcp4(ctx)?;
-            if for_the_stack(flags) {
-                return None;
-            }
-            // Translated to an address other than the node's EIPs (a
-            // policy leaving with the node's address): not taken over.
-            EIPS.get_ptr(eip_key4(flow.src))?;
-            let (seq, ack) = seq_ack(ctx, TCP4)?;
-            let key = Handshake4 {
-                remote: flow.dst,
-                seq,
-                ack,
-                rport: flow.dport,
-                _pad: [0; 2],
-            };
-            // SAFETY: the value is copied out at once.
-            let pending = *unsafe { PENDING4.get(key) }?;
-            let _ = PENDING4.remove(key);
-            learned.family = 4;
-            learned.tunnel_ifindex = pending.ifindex;
-            learned.tunnel_l2 = pending.l2;
-            learned.pod[..4].copy_from_slice(&pending.pod);
-            learned.pod_port = pending.port;
-            learned.remote[..4].copy_from_slice(&flow.dst);
-            learned.remote_port = flow.dport;
-            learned.eip[..4].copy_from_slice(&flow.src);
-            learned.eip_port = flow.sport;
-        }
-        ETH_P_IPV6 => {
-            let (flow, flags, _) = tcp6(ctx)?;
-            if for_the_stack(flags) {
-                return None;
-            }
-            EIPS.get_ptr(flow.src)?;
-            let (seq, ack) = seq_ack(ctx, TCP6)?;
-            let key = Handshake6 {
-                remote: flow.dst,
-                seq,
-                ack,
-                rport: flow.dport,
-                _pad: [0; 2],
-            };
-            // SAFETY: the value is copied out at once.
-            let pending = *unsafe { PENDING6.get(key) }?;
-            let _ = PENDING6.remove(key);
-            learned.family = 6;
-            learned.tunnel_ifindex = pending.ifindex;
-            learned.tunnel_l2 = pending.l2;
-            learned.pod = pending.pod;
-            learned.pod_port = pending.port;
-            learned.remote = flow.dst;
-            learned.remote_port = flow.dport;
-            learned.eip = flow.src;
-            learned.eip_port = flow.sport;
-        }
-        _ => return None,
+    // SAFETY: the entry stays valid for the program's run (RCU).
+    let pending = unsafe { &*PENDING4.get_ptr(key)? };
+    let pod = Flow4 {
+        src: pending.pod,
+        dst: flow.dst,
+        sport: pending.port,
+        dport: flow.dport,
+    };
+    reported(&REPORTED4, pod)?;
+    let out_l2: [u8; 14] = ctx.load(0).ok()?;
+    // The record is written straight into the ring buffer: the stacks of
+    // a program's calls together have 512 bytes.
+    let mut entry = LEARNED.reserve::<Learned>(0)?;
+    let at = entry.as_mut_ptr();
+    // SAFETY: `at` is the reserved record, ours until it is submitted;
+    // every field is written, each a plain integer or byte array.
+    unsafe {
+        (*at).family = 4;
+        // SAFETY: `skb` is the context the kernel passed in.
+        (*at).out_ifindex = (*ctx.skb.skb).ifindex;
+        (*at).tunnel_ifindex = pending.ifindex;
+        (*at).pod = wide(pending.pod);
+        (*at).remote = wide(flow.dst);
+        (*at).eip = wide(flow.src);
+        (*at).pod_port = pending.port;
+        (*at).remote_port = flow.dport;
+        (*at).eip_port = flow.sport;
+        (*at).out_l2 = out_l2;
+        (*at).tunnel_l2 = pending.l2;
+        (*at)._pad = [0; 2];
     }
-    LEARNED.output::<Learned>(&learned, 0).ok()
+    entry.submit(0);
+    let _ = PENDING4.remove(key);
+    Some(())
+}
+
+#[inline(never)]
+fn learn6(ctx: &TcContext) -> Option<()> {
+    let (flow, flags, _) = tcp6(ctx)?;
+    if for_the_stack(flags) {
+        return None;
+    }
+    EIPS.get_ptr(flow.src)?;
+    let (seq, ack) = seq_ack(ctx, TCP6)?;
+    let key = Handshake6 {
+        remote: flow.dst,
+        seq,
+        ack,
+        rport: flow.dport,
+        _pad: [0; 2],
+    };
+    // SAFETY: the entry stays valid for the program's run (RCU).
+    let pending = unsafe { &*PENDING6.get_ptr(key)? };
+    let pod = Flow6 {
+        src: pending.pod,
+        dst: flow.dst,
+        sport: pending.port,
+        dport: flow.dport,
+    };
+    reported(&REPORTED6, pod)?;
+    let out_l2: [u8; 14] = ctx.load(0).ok()?;
+    let mut entry = LEARNED.reserve::<Learned>(0)?;
+    let at = entry.as_mut_ptr();
+    // SAFETY: as in `learn4`.
+    unsafe {
+        (*at).family = 6;
+        // SAFETY: `skb` is the context the kernel passed in.
+        (*at).out_ifindex = (*ctx.skb.skb).ifindex;
+        (*at).tunnel_ifindex = pending.ifindex;
+        (*at).pod = pending.pod;
+        (*at).remote = flow.dst;
+        (*at).eip = flow.src;
+        (*at).pod_port = pending.port;
+        (*at).remote_port = flow.dport;
+        (*at).eip_port = flow.sport;
+        (*at).out_l2 = out_l2;
+        (*at).tunnel_l2 = pending.l2;
+        (*at)._pad = [0; 2];
+    }
+    entry.submit(0);
+    let _ = PENDING6.remove(key);
+    Some(())
+}
+
+/// Whether the connection `pod` may be reported now (and then notes the
+/// report): once per [`REPORT_EVERY_NS`], so that a connection the agent
+/// does not take over (one closing, whose pod's ACKs keep coming) does not
+/// flood the ring buffer.
+#[inline(always)]
+fn reported<F: 'static>(reports: &LruHashMap<F, u64>, pod: F) -> Option<()> {
+    let now = now();
+    // SAFETY: the value is copied out at once.
+    if let Some(at) = unsafe { reports.get(&pod) }.copied()
+        && now.wrapping_sub(at) < REPORT_EVERY_NS
+    {
+        return None;
+    }
+    reports.insert(pod, now, 0).ok()
 }
 
 /// Remembers a pod's pure ACK out of the tunnel, by what the SNAT keeps.
@@ -408,8 +500,10 @@ fn forget_in6(flow: Flow6) {
 /// Rewrites an IPv4 TCP packet's address at `addr_at` and port at
 /// `port_at` (source or destination), with both checksums, takes one from
 /// its TTL and writes the Ethernet header `l2`.
-// Inlined: a BPF call takes at most five arguments.
-#[allow(clippy::too_many_arguments)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "inlined: a BPF call takes at most five arguments"
+)]
 #[inline(always)]
 fn rewrite4(
     ctx: &TcContext,
@@ -443,8 +537,10 @@ fn rewrite4(
 }
 
 /// [`rewrite4`] for IPv6 (no header checksum; the hop limit).
-// Inlined: a BPF call takes at most five arguments.
-#[allow(clippy::too_many_arguments)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "inlined: a BPF call takes at most five arguments"
+)]
 #[inline(always)]
 fn rewrite6(
     ctx: &TcContext,
@@ -465,7 +561,10 @@ fn rewrite6(
     if diff < 0 {
         return None;
     }
-    // Size 0: `to` is a checksum difference.
+    // Size 0: `to` is a checksum difference. (On a packet whose checksum
+    // the device completed, `skb->csum` is then updated as for IPv4: it is
+    // not needed again, since the packet only leaves by another device,
+    // out of the tunnel or of the uplink, never back up a stack.)
     ctx.l4_csum_replace(csum, 0, diff as u64, u64::from(BPF_F_PSEUDO_HDR))
         .ok()?;
     ctx.store(addr_at, &new, 0).ok()?;

@@ -39,7 +39,7 @@
 
 mod gateway;
 
-use aya_ebpf::bindings::{TC_ACT_OK, TC_ACT_SHOT};
+use aya_ebpf::bindings::{TC_ACT_OK, TC_ACT_SHOT, TC_ACT_UNSPEC};
 use aya_ebpf::helpers::generated::bpf_redirect;
 use aya_ebpf::macros::{classifier, map};
 use aya_ebpf::maps::lpm_trie::Key;
@@ -84,6 +84,10 @@ static PENDING4: LruHashMap<Handshake4, Pending4> = LruHashMap::with_max_entries
 static PENDING6: LruHashMap<Handshake6, Pending6> = LruHashMap::with_max_entries(PENDING_MAX, 0);
 #[map(name = "EGRESSGW_LEARNED")]
 static LEARNED: RingBuf = RingBuf::with_byte_size(LEARNED_BYTES, 0);
+#[map(name = "EGRESSGW_REPORTED4")]
+static REPORTED4: LruHashMap<Flow4, u64> = LruHashMap::with_max_entries(PENDING_MAX, 0);
+#[map(name = "EGRESSGW_REPORTED6")]
+static REPORTED6: LruHashMap<Flow6, u64> = LruHashMap::with_max_entries(PENDING_MAX, 0);
 #[map(name = "EGRESSGW_EIPS")]
 static EIPS: HashMap<[u8; 16], u32> = HashMap::with_max_entries(EIPS_MAX, 0);
 #[map(name = "EGRESSGW_SWITCHES")]
@@ -130,15 +134,18 @@ pub fn egressgw_reply(ctx: TcContext) -> i32 {
     reply(&ctx).unwrap_or(TC_ACT_OK)
 }
 
+// On an uplink other programs may follow (another CNI's, a host
+// firewall's): what the two leave alone goes on to them (`TC_ACT_UNSPEC`,
+// TCX's "next").
 #[classifier]
 pub fn egressgw_nat_in(ctx: TcContext) -> i32 {
-    gateway::nat_in(&ctx)
+    gateway::nat_in(&ctx).unwrap_or(TC_ACT_UNSPEC)
 }
 
 #[classifier]
 pub fn egressgw_learn(ctx: TcContext) -> i32 {
     let _ = gateway::learn(&ctx);
-    TC_ACT_OK
+    TC_ACT_UNSPEC
 }
 
 /// A reply of a fast-path connection goes straight out of the pod's

@@ -252,10 +252,19 @@ pub mod switch {
     /// and their translations learned.
     pub const GATEWAY: u32 = 0;
 }
-/// How long, in nanoseconds, a gateway's fast-path connection goes
-/// without a packet through the stack: then one goes, so that conntrack's
-/// entry (and its NAT binding) does not time out.
-pub const REFRESH_NS: u64 = 30_000_000_000;
+/// How often, in nanoseconds, the program writes down that a gateway's
+/// fast-path connection carried a packet ([`Nat4::seen`]) at most.
+pub const SEEN_EVERY_NS: u64 = 1_000_000_000;
+/// The connections whose translation the program reported to the agent
+/// lately ([`Flow4`], as its pod's packets carry it -> `bpf_ktime_get_ns`
+/// of the report): one report per connection per [`REPORT_EVERY_NS`].
+pub const REPORTED4: &str = "EGRESSGW_REPORTED4";
+/// [`REPORTED4`] for IPv6 ([`Flow6`] -> `u64`).
+pub const REPORTED6: &str = "EGRESSGW_REPORTED6";
+/// How long after a report the same connection is reported again at the
+/// earliest (if the agent did not take it over: it was closing, or the
+/// ring buffer was full).
+pub const REPORT_EVERY_NS: u64 = 1_000_000_000;
 
 /// The program on a gateway node's external interfaces' ingress that
 /// sends replies of fast-path connections straight into the tunnel.
@@ -279,9 +288,11 @@ pub struct Nat4 {
     /// packet goes through the stack, which answers "too big".
     pub mtu: u32,
     pub _pad: [u8; 4],
-    /// `bpf_ktime_get_ns` when a packet of it last went through the
-    /// stack (0: not yet).
-    pub refreshed: u64,
+    /// `bpf_ktime_get_ns` when the program last translated a packet of it,
+    /// written at most every [`SEEN_EVERY_NS`]: the agent keeps
+    /// conntrack's entry of a connection in use alive, and forgets one
+    /// that is not.
+    pub seen: u64,
 }
 
 /// [`Nat4`] for IPv6.
@@ -293,7 +304,7 @@ pub struct Nat6 {
     pub l2: [u8; 14],
     pub ifindex: u32,
     pub mtu: u32,
-    pub refreshed: u64,
+    pub seen: u64,
 }
 
 /// What identifies a pod's packet on both sides of the gateway's SNAT:

@@ -58,8 +58,8 @@ pub trait PodClassifier: fmt::Debug {
     /// Packets and bytes classified, per policy.
     fn policy_counters(&self) -> Result<BTreeMap<PolicyRef, Counter>, String>;
     /// While the gateway's fast path is on: what it learned since the
-    /// start, and how many connections it holds now.
-    fn gateway_learning(&self) -> Option<(Learning, usize)> {
+    /// start, and the connections it holds.
+    fn gateway_learning(&self) -> Option<Learning> {
         None
     }
 }
@@ -85,7 +85,7 @@ impl PodClassifier for Classifier {
         Classifier::policy_counters(self).map_err(|e| e.to_string())
     }
 
-    fn gateway_learning(&self) -> Option<(Learning, usize)> {
+    fn gateway_learning(&self) -> Option<Learning> {
         Classifier::gateway_learning(self)
     }
 }

@@ -52,7 +52,9 @@ const AF_INET6: u8 = 10;
 const IPPROTO_TCP: u8 = 6;
 const CTA_TUPLE_ORIG: u16 = 1;
 const CTA_STATUS: u16 = 3;
+const CTA_TUPLE_REPLY: u16 = 2;
 const CTA_PROTOINFO: u16 = 4;
+const CTA_TIMEOUT: u16 = 7;
 const CTA_ID: u16 = 12;
 const CTA_ZONE: u16 = 18;
 const CTA_TUPLE_IP: u16 = 1;
@@ -188,6 +190,17 @@ fn named(tuple: &TcpTuple, e: io::Error) -> io::Error {
     )
 }
 
+/// What conntrack holds of a TCP connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Translation {
+    /// Its TCP state (`TCP_CONNTRACK_*`, e.g. [`TCP_ESTABLISHED`]).
+    pub state: Option<u8>,
+    /// The connection as its replies carry it.
+    pub reply: Option<TcpTuple>,
+    /// Seconds until the entry times out, unless a packet comes first.
+    pub timeout: Option<u32>,
+}
+
 /// A ctnetlink socket in the network namespace of the thread that opened
 /// it, for a run of requests; one at a time.
 #[derive(Debug)]
@@ -226,18 +239,61 @@ impl Ctnetlink {
         }
     }
 
-    /// The TCP state (`TCP_CONNTRACK_*`, e.g. [`TCP_ESTABLISHED`]) of the
-    /// zone-0 entry whose original tuple is `tuple`; `None` when there is
-    /// no such entry. Errors name the tuple.
-    pub fn tcp_state(&mut self, tuple: &TcpTuple) -> io::Result<Option<u8>> {
-        Ok(self.get(tuple)?.and_then(|entry| {
-            find(
-                &entry[NFGENMSG..],
-                &[CTA_PROTOINFO, CTA_PROTOINFO_TCP, CTA_PROTOINFO_TCP_STATE],
-            )?
-            .first()
-            .copied()
+    /// What conntrack holds of the zone-0 entry whose original tuple is
+    /// `tuple`: its TCP state (`TCP_CONNTRACK_*`), its reply tuple (the
+    /// connection as its replies carry it: after a SNAT, to the address
+    /// and port it was translated to) and its timeout; `None` when there
+    /// is no such entry.
+    pub fn translation(&mut self, tuple: &TcpTuple) -> io::Result<Option<Translation>> {
+        let Some(entry) = self.get(tuple)? else {
+            return Ok(None);
+        };
+        let attrs = &entry[NFGENMSG..];
+        let state = find(
+            attrs,
+            &[CTA_PROTOINFO, CTA_PROTOINFO_TCP, CTA_PROTOINFO_TCP_STATE],
+        )
+        .and_then(|v| v.first().copied());
+        let reply = (|| {
+            let (src, dst) = addresses(find(attrs, &[CTA_TUPLE_REPLY, CTA_TUPLE_IP])?);
+            let port = |kind| {
+                let v = find(attrs, &[CTA_TUPLE_REPLY, CTA_TUPLE_PROTO, kind])?;
+                Some(u16::from_be_bytes(v.get(..2)?.try_into().ok()?))
+            };
+            Some(TcpTuple {
+                src: src?,
+                dst: dst?,
+                sport: port(CTA_PROTO_SRC_PORT)?,
+                dport: port(CTA_PROTO_DST_PORT)?,
+            })
+        })();
+        let timeout = find(attrs, &[CTA_TIMEOUT]).and_then(be_u32);
+        Ok(Some(Translation {
+            state,
+            reply,
+            timeout,
         }))
+    }
+
+    /// Sets the timeout of the zone-0 entry whose original tuple is
+    /// `tuple` to `seconds` from now, and nothing else of it: what a
+    /// packet through conntrack would do for a connection in use.
+    /// `Ok(false)`: there is no such entry. Errors name the tuple.
+    pub fn set_timeout(&mut self, tuple: &TcpTuple, seconds: u32) -> io::Result<bool> {
+        let seq = self.next_seq();
+        let (family, orig) = tuple_attr(tuple)?;
+        let msg = message(
+            IPCTNL_MSG_CT_NEW,
+            NLM_F_REQUEST | NLM_F_ACK,
+            family,
+            seq,
+            &[orig, attr(CTA_TIMEOUT, &seconds.to_be_bytes())].concat(),
+        );
+        match self.request(&msg, seq) {
+            Ok(_) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(ENOENT) => Ok(false),
+            Err(e) => Err(named(tuple, e)),
+        }
     }
 
     /// The zone-0 entry whose original tuple is `tuple`, as ctnetlink
@@ -837,6 +893,53 @@ EOF");
             };
             to.set_read_timeout(Some(PATIENCE)).unwrap();
             got
+        }
+
+        #[test]
+        fn a_connections_translation_is_read_and_its_timeout_set() {
+            if !root_or_skip("a_connections_translation_is_read_and_its_timeout_set") {
+                return;
+            }
+            in_new_netns(|| {
+                track_connections();
+                let mut ct = Ctnetlink::open().unwrap();
+                for lo in ["127.0.0.1", "::1"] {
+                    let listener = TcpListener::bind((lo, 0)).unwrap();
+                    let (client, server) = connect(&listener);
+                    carry(&client, &server, 1);
+                    let tuple = original_tuple(&client);
+                    let found = ct.translation(&tuple).unwrap().expect("tracked");
+                    assert_eq!(found.state, Some(TCP_ESTABLISHED), "{tuple}");
+                    // No NAT: the replies carry the tuple the other way round.
+                    let reply = TcpTuple {
+                        src: tuple.dst,
+                        dst: tuple.src,
+                        sport: tuple.dport,
+                        dport: tuple.sport,
+                    };
+                    assert_eq!(found.reply, Some(reply), "{tuple}");
+                    for seconds in [1234, 98_765] {
+                        assert!(ct.set_timeout(&tuple, seconds).unwrap(), "{tuple}");
+                        let answer = ct.get(&tuple).unwrap().unwrap();
+                        let left = find(&answer[NFGENMSG..], &[CTA_TIMEOUT])
+                            .and_then(be_u32)
+                            .expect("a timeout");
+                        assert!(
+                            left <= seconds && left + 5 >= seconds,
+                            "{tuple}: {left} s left after setting {seconds}"
+                        );
+                    }
+                    drop((client, server));
+                }
+                let gone = TcpTuple {
+                    src: "127.0.0.1".parse().unwrap(),
+                    dst: "127.0.0.1".parse().unwrap(),
+                    sport: 1,
+                    dport: 2,
+                };
+                assert_eq!(ct.translation(&gone).unwrap(), None);
+                assert!(!ct.set_timeout(&gone, 60).unwrap());
+            });
         }
 
         #[test]

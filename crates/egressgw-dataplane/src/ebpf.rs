@@ -791,6 +791,9 @@ impl Classifier {
     /// every [`READ_BACK_EVERY`] syncs, undoing changes it did not make.
     pub fn sync(&mut self, desired: &Desired) -> Result<Synced, EbpfError> {
         let mut synced = Synced::default();
+        // First, and whatever fails after it: an EIP the node gave up is
+        // not translated to a moment longer.
+        self.sync_gateway(desired, &mut synced)?;
         // Taken: a failure on the way leaves none, and the next sync reads
         // the maps back.
         let mut known = match self.known.take() {
@@ -859,7 +862,6 @@ impl Classifier {
             synced.removed += 1;
         }
         self.sync_tunnels(desired, &mut synced)?;
-        self.sync_gateway(desired, &mut synced)?;
         known.syncs += 1;
         self.known = Some(known);
         Ok(synced)
@@ -928,12 +930,12 @@ impl Classifier {
 
     /// What the gateway's fast path learned and holds: connections taken
     /// over since the start, left to the stack, and held now.
-    pub fn gateway_learning(&self) -> Option<(Learning, usize)> {
+    pub fn gateway_learning(&self) -> Option<Learning> {
         if self.learning != Some(true) {
             return None;
         }
-        let (learner, maps) = self.gateway.as_ref()?;
-        Some((learner.learning(), maps.len()))
+        let (learner, _) = self.gateway.as_ref()?;
+        Some(learner.learning())
     }
 
     /// The fast path's tunnel entries: `desired`'s, with the tunnel

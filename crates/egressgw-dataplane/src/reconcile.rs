@@ -96,7 +96,7 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
 
     /// While the gateway's eBPF fast path is on: what it learned since the
     /// start, and how many connections it holds now.
-    pub fn gateway_learning(&self) -> Option<(crate::ebpf::Learning, usize)> {
+    pub fn gateway_learning(&self) -> Option<crate::ebpf::Learning> {
         self.classifier.as_ref()?.gateway_learning()
     }
 

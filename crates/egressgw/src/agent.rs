@@ -509,8 +509,8 @@ impl Agent {
             "reconciles": self.reconciles,
             "datapath": self.datapath,
             "traffic": traffic,
-            "gatewayFastPath": self.dataplane.gateway_learning().map(|(learning, held)| serde_json::json!({
-                "connections": held,
+            "gatewayFastPath": self.dataplane.gateway_learning().map(|learning| serde_json::json!({
+                "connections": learning.held,
                 "taken": learning.taken,
                 "left": learning.left,
             })),
@@ -559,9 +559,9 @@ impl Agent {
     fn refresh_metrics(&self) {
         self.metrics
             .probed(&self.liveness.seen(), &self.liveness.live());
-        if let Some((learning, held)) = self.dataplane.gateway_learning() {
+        if let Some(learning) = self.dataplane.gateway_learning() {
             self.metrics
-                .gateway_fast_path(held, learning.taken, learning.left);
+                .gateway_fast_path(learning.held, learning.taken, learning.left);
         } else {
             self.metrics.gateway_fast_path(0, 0, 0);
         }

@@ -109,12 +109,12 @@ pub(crate) fn apply(args: &ApplyArgs) -> anyhow::Result<()> {
                 }
                 Err(e) => report.warn(format!("cannot read the policies' counters: {e}")),
             }
-            if let Some((learning, held)) = dp.gateway_learning() {
+            if let Some(learning) = dp.gateway_learning() {
                 report.facts.insert(
                     "gateway fast path".into(),
                     format!(
-                        "{held} connections held; {} taken over, {} left to the stack",
-                        learning.taken, learning.left
+                        "{} connections held; {} taken over, {} left to the stack",
+                        learning.held, learning.taken, learning.left
                     ),
                 );
             }

@@ -26,8 +26,14 @@ use super::{EbpfError, failed};
 use crate::conntrack::{Ctnetlink, TcpTuple};
 
 /// How long the learner waits for a record before it looks whether it
-/// should stop.
+/// should stop, or sweep.
 const POLL: Duration = Duration::from_millis(100);
+/// How often the learner sweeps the connections it holds.
+const SWEEP: Duration = Duration::from_secs(30);
+/// Conntrack's timeout for an established TCP connection in this network
+/// namespace, read at each sweep; the kernel's default if it cannot be.
+const ESTABLISHED_TIMEOUT: &str = "/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_established";
+const ESTABLISHED_DEFAULT: u32 = 432_000;
 
 /// What the learner did, since it started.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -35,15 +41,21 @@ pub struct Learning {
     /// Connections taken over by the gateway's fast path.
     pub taken: u64,
     /// Translations not taken: not to one of the node's EIPs (any more),
-    /// conntrack had no entry, or a step failed. Connections learned
-    /// again as they close are not counted.
+    /// conntrack held the connection translated otherwise, or a step
+    /// failed. Connections learned again as they close (conntrack no
+    /// longer holds them open) are not counted.
     pub left: u64,
+    /// Connections held: as the last sweep (every 30 s) counted them,
+    /// and those taken over since; ones closed since are still in.
+    pub held: u64,
 }
 
 #[derive(Debug, Default)]
 struct Counts {
     taken: AtomicU64,
     left: AtomicU64,
+    /// Connections held at the last sweep, and taken since.
+    held: AtomicU64,
 }
 
 /// The thread that takes learned translations over.
@@ -150,9 +162,81 @@ impl NatMaps {
         gone
     }
 
-    /// How many connections the gateway's fast path holds.
+    /// How many connections the gateway's fast path holds (a walk over
+    /// the maps).
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.out4.keys().flatten().count() + self.out6.keys().flatten().count()
+    }
+
+    /// Keeps conntrack's entry of every connection held alive while the
+    /// connection carries packets past it, and forgets the connections
+    /// conntrack no longer holds as they were taken over: conntrack sees
+    /// none of their packets but the first and the last, so its timeout
+    /// would run out under a connection in use (or, with data it saw
+    /// unacknowledged, within minutes), and a connection it forgot (timed
+    /// out while idle, deleted by hand) may have its EIP and port given
+    /// to another. Both directions of a held connection are checked with
+    /// its pod's side; a reply side whose pod side is gone goes. Returns
+    /// how many connections are held after the sweep.
+    pub(crate) fn sweep(&mut self, conntrack: &mut Ctnetlink, now: u64, active: Duration) -> u64 {
+        let timeout = std::fs::read_to_string(ESTABLISHED_TIMEOUT)
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(ESTABLISHED_DEFAULT);
+        let active = u64::try_from(active.as_nanos()).unwrap_or(u64::MAX);
+        let mut held = 0;
+        let out4: Vec<(Flow4, Nat4)> = self.out4.iter().flatten().collect();
+        for (flow, nat) in out4 {
+            let (pod, remote) = (IpAddr::from(flow.src), IpAddr::from(flow.dst));
+            let translated = (IpAddr::from(nat.addr), u16::from_be_bytes(nat.port));
+            let tuple = tcp(pod, remote, flow.sport, flow.dport);
+            let in_use = now.saturating_sub(nat.seen) < active;
+            if keep(conntrack, &tuple, translated, in_use, timeout) {
+                held += 1;
+            } else {
+                let _ = self.in4.remove(&back4(&flow, &nat));
+                let _ = self.out4.remove(&flow);
+            }
+        }
+        let out6: Vec<(Flow6, Nat6)> = self.out6.iter().flatten().collect();
+        for (flow, nat) in out6 {
+            let (pod, remote) = (IpAddr::from(flow.src), IpAddr::from(flow.dst));
+            let translated = (IpAddr::from(nat.addr), u16::from_be_bytes(nat.port));
+            let tuple = tcp(pod, remote, flow.sport, flow.dport);
+            let in_use = now.saturating_sub(nat.seen) < active;
+            if keep(conntrack, &tuple, translated, in_use, timeout) {
+                held += 1;
+            } else {
+                let _ = self.in6.remove(&back6(&flow, &nat));
+                let _ = self.out6.remove(&flow);
+            }
+        }
+        let in4: Vec<(Flow4, Nat4)> = self.in4.iter().flatten().collect();
+        for (flow, nat) in in4 {
+            let pod_side = Flow4 {
+                src: nat.addr,
+                dst: flow.src,
+                sport: nat.port,
+                dport: flow.sport,
+            };
+            if self.out4.get(&pod_side, 0).is_err() {
+                let _ = self.in4.remove(&flow);
+            }
+        }
+        let in6: Vec<(Flow6, Nat6)> = self.in6.iter().flatten().collect();
+        for (flow, nat) in in6 {
+            let pod_side = Flow6 {
+                src: nat.addr,
+                dst: flow.src,
+                sport: nat.port,
+                dport: flow.sport,
+            };
+            if self.out6.get(&pod_side, 0).is_err() {
+                let _ = self.in6.remove(&flow);
+            }
+        }
+        held
     }
 
     /// Takes `learned` over: both directions into the maps.
@@ -176,10 +260,18 @@ impl NatMaps {
         }
     }
 
+    /// Whether both directions of `learned`'s connection are held (one
+    /// may have been pushed out of its map alone).
     fn holds(&self, learned: &Learned) -> bool {
         match learned.family {
-            4 => self.out4.get(&out4(learned, 0).0, 0).is_ok(),
-            6 => self.out6.get(&out6(learned, 0).0, 0).is_ok(),
+            4 => {
+                let (out, nat) = out4(learned, 0);
+                self.out4.get(&out, 0).is_ok() && self.in4.get(&back4(&out, &nat), 0).is_ok()
+            }
+            6 => {
+                let (out, nat) = out6(learned, 0);
+                self.out6.get(&out, 0).is_ok() && self.in6.get(&back6(&out, &nat), 0).is_ok()
+            }
             _ => false,
         }
     }
@@ -205,7 +297,7 @@ fn out4(l: &Learned, now: u64) -> (Flow4, Nat4) {
         ifindex: l.out_ifindex,
         mtu: mtu_of(l.out_ifindex),
         _pad: [0; 4],
-        refreshed: now,
+        seen: now,
     };
     (flow, nat)
 }
@@ -219,7 +311,7 @@ fn in4(l: &Learned, now: u64) -> Nat4 {
         ifindex: l.tunnel_ifindex,
         mtu: mtu_of(l.tunnel_ifindex),
         _pad: [0; 4],
-        refreshed: now,
+        seen: now,
     }
 }
 
@@ -236,7 +328,7 @@ fn out6(l: &Learned, now: u64) -> (Flow6, Nat6) {
         l2: l.out_l2,
         ifindex: l.out_ifindex,
         mtu: mtu_of(l.out_ifindex),
-        refreshed: now,
+        seen: now,
     };
     (flow, nat)
 }
@@ -248,7 +340,7 @@ fn in6(l: &Learned, now: u64) -> Nat6 {
         l2: l.tunnel_l2,
         ifindex: l.tunnel_ifindex,
         mtu: mtu_of(l.tunnel_ifindex),
-        refreshed: now,
+        seen: now,
     }
 }
 
@@ -269,6 +361,44 @@ fn back6(out: &Flow6, nat: &Nat6) -> Flow6 {
         sport: out.dport,
         dport: nat.port,
     }
+}
+
+/// A TCP tuple of addresses and ports as packets carry them.
+fn tcp(src: IpAddr, dst: IpAddr, sport: [u8; 2], dport: [u8; 2]) -> TcpTuple {
+    TcpTuple {
+        src,
+        dst,
+        sport: u16::from_be_bytes(sport),
+        dport: u16::from_be_bytes(dport),
+    }
+}
+
+/// Whether a held connection stays held: conntrack still holds it open
+/// and translated as it was taken over (`translated`: the EIP and port);
+/// one in use (`in_use`) gets conntrack's timeout for an established
+/// connection (`timeout`) from now, as its packets would give it.
+fn keep(
+    conntrack: &mut Ctnetlink,
+    tuple: &TcpTuple,
+    translated: (IpAddr, u16),
+    in_use: bool,
+    timeout: u32,
+) -> bool {
+    let open = match conntrack.translation(tuple) {
+        Ok(Some(found)) => {
+            found.state == Some(crate::conntrack::TCP_ESTABLISHED)
+                && found
+                    .reply
+                    .is_some_and(|r| (r.dst, r.dport) == translated && r.src == tuple.dst)
+        }
+        Ok(None) => false,
+        // Kept: the next sweep asks again.
+        Err(_) => return true,
+    };
+    if open && in_use {
+        return conntrack.set_timeout(tuple, timeout).unwrap_or(true);
+    }
+    open
 }
 
 /// The connection as conntrack's original tuple holds it.
@@ -340,7 +470,13 @@ impl Learner {
             std::thread::Builder::new()
                 .name("egressgw-learn".into())
                 .spawn(move || {
+                    let mut swept = std::time::Instant::now();
                     while !stop.load(Ordering::Relaxed) {
+                        if swept.elapsed() >= SWEEP {
+                            let held = maps.sweep(&mut conntrack, monotonic_ns(), SWEEP);
+                            counts.held.store(held, Ordering::Relaxed);
+                            swept = std::time::Instant::now();
+                        }
                         let mut fds = [nix::poll::PollFd::new(
                             ring.as_fd(),
                             nix::poll::PollFlags::POLLIN,
@@ -356,7 +492,10 @@ impl Learner {
                             };
                             drop(item);
                             match take(&eips, &mut maps, &mut conntrack, &learned) {
-                                Taken::Now => counts.taken.fetch_add(1, Ordering::Relaxed),
+                                Taken::Now => {
+                                    counts.held.fetch_add(1, Ordering::Relaxed);
+                                    counts.taken.fetch_add(1, Ordering::Relaxed)
+                                }
                                 Taken::Before | Taken::Closed => 0,
                                 Taken::Not => counts.left.fetch_add(1, Ordering::Relaxed),
                             };
@@ -393,6 +532,7 @@ impl Learner {
         Learning {
             taken: self.counts.taken.load(Ordering::Relaxed),
             left: self.counts.left.load(Ordering::Relaxed),
+            held: self.counts.held.load(Ordering::Relaxed),
         }
     }
 }
@@ -431,22 +571,35 @@ fn take(
         return Taken::Before;
     }
     // A pod's last ACK of a closed connection is learned too: only an
-    // open connection is taken over.
-    let open = conntrack
-        .tcp_state(&tuple)
-        .map(|state| state == Some(crate::conntrack::TCP_ESTABLISHED));
-    let done = match open {
-        Ok(true) => conntrack.set_liberal(&tuple).map_err(|e| e.to_string()),
-        Ok(false) => return Taken::Closed,
-        Err(e) => Err(e.to_string()),
-    }
-    .and_then(|found| {
-        if found {
-            maps.take(learned, monotonic_ns()).map(|()| true)
-        } else {
-            Ok(false)
+    // open connection is taken over. And only as conntrack translated it:
+    // the record may be older than the connection now under its tuple.
+    let translated = (eip, u16::from_be_bytes(learned.eip_port));
+    let remote = (tuple.dst, tuple.dport);
+    let open = match conntrack.translation(&tuple) {
+        Ok(None) => return Taken::Closed,
+        Ok(Some(found)) if found.state != Some(crate::conntrack::TCP_ESTABLISHED) => {
+            return Taken::Closed;
         }
-    });
+        Ok(Some(found)) => Ok(found
+            .reply
+            .is_some_and(|r| (r.dst, r.dport) == translated && (r.src, r.sport) == remote)),
+        Err(e) => Err(e.to_string()),
+    };
+    let done = open
+        .and_then(|open| {
+            if open {
+                conntrack.set_liberal(&tuple).map_err(|e| e.to_string())
+            } else {
+                Ok(false)
+            }
+        })
+        .and_then(|found| {
+            if found {
+                maps.take(learned, monotonic_ns()).map(|()| true)
+            } else {
+                Ok(false)
+            }
+        });
     match done {
         Ok(true) => Taken::Now,
         Ok(false) => Taken::Not,
@@ -537,6 +690,76 @@ mod kernel_tests {
             assert_eq!(switch(&classifier), 0);
             let (_, maps) = classifier.gateway.as_mut().unwrap();
             assert_eq!(maps.len(), 0);
+            assert_eq!(maps.in4.keys().flatten().count(), 0);
+        });
+    }
+
+    #[test]
+    fn a_sweep_keeps_what_conntrack_holds_open_alive_and_forgets_the_rest() {
+        if !root_or_skip("a_sweep_keeps_what_conntrack_holds_open_alive_and_forgets_the_rest") {
+            return;
+        }
+        in_new_netns(|| {
+            use std::io::{Read, Write};
+            // Conntrack tracks what a rule of a table asks it about.
+            crate::testns::sh(
+                "nft add table inet t && \
+                 nft add chain inet t o '{ type filter hook output priority 0; }' && \
+                 nft add rule inet t o ct state established,related accept",
+            );
+            crate::testns::sh("ip link set lo up");
+            let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
+            let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+            let (mut server, _) = listener.accept().unwrap();
+            client.write_all(b"x").unwrap();
+            server.read_exact(&mut [0u8; 1]).unwrap();
+            server.write_all(b"y").unwrap();
+            client.read_exact(&mut [0u8; 1]).unwrap();
+            let (local, peer) = (client.local_addr().unwrap(), client.peer_addr().unwrap());
+            let tuple = TcpTuple {
+                src: local.ip(),
+                dst: peer.ip(),
+                sport: local.port(),
+                dport: peer.port(),
+            };
+            // Untranslated: the connection leaves "as" the client's address
+            // and port, which stand in for an EIP and its port here.
+            let mut real = learned([127, 0, 0, 1], local.port(), [127, 0, 0, 1]);
+            real.remote[..4].copy_from_slice(&[127, 0, 0, 1]);
+            real.remote_port = peer.port().to_be_bytes();
+            let gone = learned([10, 244, 1, 9], 40000, [198, 51, 100, 240]);
+            let mut classifier = Classifier::load().unwrap();
+            let (_, maps) = classifier.gateway.as_mut().unwrap();
+            let mut ct = Ctnetlink::open().unwrap();
+            let timeout =
+                |ct: &mut Ctnetlink| ct.translation(&tuple).unwrap().unwrap().timeout.unwrap();
+            let now = monotonic_ns();
+            maps.take(&real, now).unwrap();
+            maps.take(&gone, now).unwrap();
+            assert!(ct.set_timeout(&tuple, 100).unwrap());
+
+            // In use: kept, with an established connection's timeout.
+            assert_eq!(maps.sweep(&mut ct, now, SWEEP), 1);
+            assert!(maps.holds(&real) && !maps.holds(&gone));
+            assert!(timeout(&mut ct) > 1000, "{} s", timeout(&mut ct));
+            // Idle: kept while conntrack holds it open, its timeout left.
+            assert!(ct.set_timeout(&tuple, 100).unwrap());
+            let later = now + 3_600_000_000_000;
+            assert_eq!(maps.sweep(&mut ct, later, SWEEP), 1);
+            assert!(timeout(&mut ct) <= 100);
+            // Taken over as another translation than conntrack's: forgotten.
+            let mut other = real;
+            other.eip_port = 1u16.to_be_bytes();
+            maps.take(&other, now).unwrap();
+            assert_eq!(maps.sweep(&mut ct, now, SWEEP), 0);
+            assert!(!maps.holds(&real) && !maps.holds(&other));
+            // Closed: forgotten.
+            maps.take(&real, now).unwrap();
+            drop(client);
+            drop(server);
+            std::thread::sleep(Duration::from_millis(100));
+            assert_eq!(maps.sweep(&mut ct, now, SWEEP), 0);
+            assert!(!maps.holds(&real));
             assert_eq!(maps.in4.keys().flatten().count(), 0);
         });
     }

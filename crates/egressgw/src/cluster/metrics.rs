@@ -226,16 +226,17 @@ impl AgentMetrics {
         );
         registry.register(
             "egressgw_gateway_fast_path_connections",
-            "Connections the gateway's eBPF fast path translates on this node now, past \
-             its stack (0 where it is off)",
+            "Connections the gateway's eBPF fast path translates on this node past its \
+             stack, as its last sweep (every 30 s) counted them and those taken over since \
+             (0 where it is off)",
             metrics.fast_path_connections.clone(),
         );
         registry.register(
             "egressgw_gateway_fast_path_learned",
             "Connections through this gateway node that its eBPF fast path saw conntrack \
              translate, by result (taken: it translates them from then on; left: they stay \
-             on the stack, e.g. closed before it could take them or not to one of the \
-             node's EIPs)",
+             on the stack: conntrack held them translated otherwise, not to one of the \
+             node's EIPs any more, or a step failed)",
             metrics.fast_path_learned.clone(),
         );
         registry.register(
@@ -251,7 +252,7 @@ impl AgentMetrics {
 
     /// What the gateway's fast path holds now (`held`) and learned since
     /// the agent started (`taken`, `left`).
-    pub fn gateway_fast_path(&self, held: usize, taken: u64, left: u64) {
+    pub fn gateway_fast_path(&self, held: u64, taken: u64, left: u64) {
         self.fast_path_connections
             .set(i64::try_from(held).unwrap_or(i64::MAX));
         for (result, total) in [("taken", taken), ("left", left)] {
