@@ -129,37 +129,20 @@ impl NatMaps {
     /// Forgets every connection that leaves with an address not in
     /// `eips`, both directions; returns how many.
     pub(crate) fn forget_unless(&mut self, eips: &BTreeSet<IpAddr>) -> usize {
-        let mut gone = 0;
-        let out4: Vec<(Flow4, Nat4)> = self.out4.iter().flatten().collect();
-        for (flow, nat) in out4 {
-            if !eips.contains(&IpAddr::from(nat.addr)) {
-                let _ = self.in4.remove(&back4(&flow, &nat));
-                let _ = self.out4.remove(&flow);
-                gone += 1;
-            }
-        }
-        let out6: Vec<(Flow6, Nat6)> = self.out6.iter().flatten().collect();
-        for (flow, nat) in out6 {
-            if !eips.contains(&IpAddr::from(nat.addr)) {
-                let _ = self.in6.remove(&back6(&flow, &nat));
-                let _ = self.out6.remove(&flow);
-                gone += 1;
-            }
-        }
-        // Replies whose pod's side went (LRU) are of no use either.
-        let in4: Vec<Flow4> = self.in4.keys().flatten().collect();
-        for flow in in4 {
-            if !eips.contains(&IpAddr::from(flow.dst)) {
-                let _ = self.in4.remove(&flow);
-            }
-        }
-        let in6: Vec<Flow6> = self.in6.keys().flatten().collect();
-        for flow in in6 {
-            if !eips.contains(&IpAddr::from(flow.dst)) {
-                let _ = self.in6.remove(&flow);
-            }
-        }
+        let (_, gone) = self.retain(|held| eips.contains(&held.eip.0));
         gone
+    }
+
+    /// Keeps the connections `keep` says yes to and forgets the others,
+    /// both directions, then the reply sides whose pod side is gone (one
+    /// pushed out of its map alone); returns how many connections were
+    /// kept and how many forgotten.
+    fn retain(&mut self, mut keep: impl FnMut(&Held) -> bool) -> (usize, usize) {
+        let (kept4, gone4) =
+            retain_family(&mut self.out4, &mut self.in4, back4, pod_side4, &mut keep);
+        let (kept6, gone6) =
+            retain_family(&mut self.out6, &mut self.in6, back6, pod_side6, &mut keep);
+        (kept4 + kept6, gone4 + gone6)
     }
 
     /// How many connections the gateway's fast path holds (a walk over
@@ -185,58 +168,11 @@ impl NatMaps {
             .and_then(|t| t.trim().parse().ok())
             .unwrap_or(ESTABLISHED_DEFAULT);
         let active = u64::try_from(active.as_nanos()).unwrap_or(u64::MAX);
-        let mut held = 0;
-        let out4: Vec<(Flow4, Nat4)> = self.out4.iter().flatten().collect();
-        for (flow, nat) in out4 {
-            let (pod, remote) = (IpAddr::from(flow.src), IpAddr::from(flow.dst));
-            let translated = (IpAddr::from(nat.addr), u16::from_be_bytes(nat.port));
-            let tuple = tcp(pod, remote, flow.sport, flow.dport);
-            let in_use = now.saturating_sub(nat.seen) < active;
-            if keep(conntrack, &tuple, translated, in_use, timeout) {
-                held += 1;
-            } else {
-                let _ = self.in4.remove(&back4(&flow, &nat));
-                let _ = self.out4.remove(&flow);
-            }
-        }
-        let out6: Vec<(Flow6, Nat6)> = self.out6.iter().flatten().collect();
-        for (flow, nat) in out6 {
-            let (pod, remote) = (IpAddr::from(flow.src), IpAddr::from(flow.dst));
-            let translated = (IpAddr::from(nat.addr), u16::from_be_bytes(nat.port));
-            let tuple = tcp(pod, remote, flow.sport, flow.dport);
-            let in_use = now.saturating_sub(nat.seen) < active;
-            if keep(conntrack, &tuple, translated, in_use, timeout) {
-                held += 1;
-            } else {
-                let _ = self.in6.remove(&back6(&flow, &nat));
-                let _ = self.out6.remove(&flow);
-            }
-        }
-        let in4: Vec<(Flow4, Nat4)> = self.in4.iter().flatten().collect();
-        for (flow, nat) in in4 {
-            let pod_side = Flow4 {
-                src: nat.addr,
-                dst: flow.src,
-                sport: nat.port,
-                dport: flow.sport,
-            };
-            if self.out4.get(&pod_side, 0).is_err() {
-                let _ = self.in4.remove(&flow);
-            }
-        }
-        let in6: Vec<(Flow6, Nat6)> = self.in6.iter().flatten().collect();
-        for (flow, nat) in in6 {
-            let pod_side = Flow6 {
-                src: nat.addr,
-                dst: flow.src,
-                sport: nat.port,
-                dport: flow.sport,
-            };
-            if self.out6.get(&pod_side, 0).is_err() {
-                let _ = self.in6.remove(&flow);
-            }
-        }
-        held
+        let (kept, _) = self.retain(|held| {
+            let in_use = now.saturating_sub(held.seen) < active;
+            keep(conntrack, &held.tuple, held.eip, in_use, timeout)
+        });
+        u64::try_from(kept).unwrap_or(u64::MAX)
     }
 
     /// Takes `learned` over: both directions into the maps.
@@ -360,6 +296,117 @@ fn back6(out: &Flow6, nat: &Nat6) -> Flow6 {
         dst: nat.addr,
         sport: out.dport,
         dport: nat.port,
+    }
+}
+
+/// A held connection, whatever its family.
+struct Held {
+    /// Its pod's side, as conntrack's original tuple.
+    tuple: TcpTuple,
+    /// The EIP and port it leaves with.
+    eip: (IpAddr, u16),
+    /// When the program last translated a packet of it.
+    seen: u64,
+}
+
+/// [`NatMaps::retain`] for one family: `out` and `back_of` its pod's
+/// side and the reply side's key, `inn` and `pod_of` the reply side and
+/// the pod side's key.
+fn retain_family<F, N>(
+    out: &mut AyaHashMap<MapData, F, N>,
+    inn: &mut AyaHashMap<MapData, F, N>,
+    back_of: fn(&F, &N) -> F,
+    pod_of: fn(&F, &N) -> F,
+    keep: &mut impl FnMut(&Held) -> bool,
+) -> (usize, usize)
+where
+    F: aya::Pod + Flow,
+    N: aya::Pod + Translation,
+{
+    let (mut kept, mut gone) = (0, 0);
+    let held: Vec<(F, N)> = out.iter().flatten().collect();
+    for (flow, nat) in held {
+        let connection = Held {
+            tuple: flow.tuple(),
+            eip: nat.to(),
+            seen: nat.seen(),
+        };
+        if keep(&connection) {
+            kept += 1;
+        } else {
+            let _ = inn.remove(&back_of(&flow, &nat));
+            let _ = out.remove(&flow);
+            gone += 1;
+        }
+    }
+    let replies: Vec<(F, N)> = inn.iter().flatten().collect();
+    for (flow, nat) in replies {
+        if out.get(&pod_of(&flow, &nat), 0).is_err() {
+            let _ = inn.remove(&flow);
+        }
+    }
+    (kept, gone)
+}
+
+/// A connection key of either family.
+trait Flow {
+    /// As conntrack's original tuple (for a pod's side).
+    fn tuple(&self) -> TcpTuple;
+}
+
+impl Flow for Flow4 {
+    fn tuple(&self) -> TcpTuple {
+        tcp(self.src.into(), self.dst.into(), self.sport, self.dport)
+    }
+}
+
+impl Flow for Flow6 {
+    fn tuple(&self) -> TcpTuple {
+        tcp(self.src.into(), self.dst.into(), self.sport, self.dport)
+    }
+}
+
+/// A translation of either family.
+trait Translation {
+    /// The address and port it writes.
+    fn to(&self) -> (IpAddr, u16);
+    fn seen(&self) -> u64;
+}
+
+impl Translation for Nat4 {
+    fn to(&self) -> (IpAddr, u16) {
+        (self.addr.into(), u16::from_be_bytes(self.port))
+    }
+    fn seen(&self) -> u64 {
+        self.seen
+    }
+}
+
+impl Translation for Nat6 {
+    fn to(&self) -> (IpAddr, u16) {
+        (self.addr.into(), u16::from_be_bytes(self.port))
+    }
+    fn seen(&self) -> u64 {
+        self.seen
+    }
+}
+
+/// The pod side's key of a reply side.
+fn pod_side4(flow: &Flow4, nat: &Nat4) -> Flow4 {
+    Flow4 {
+        src: nat.addr,
+        dst: flow.src,
+        sport: nat.port,
+        dport: flow.sport,
+    }
+}
+
+fn pod_side6(flow: &Flow6, nat: &Nat6) -> Flow6 {
+    Flow6 {
+        src: nat.addr,
+        dst: flow.src,
+        sport: nat.port,
+        dport: flow.sport,
     }
 }
 
