@@ -52,17 +52,28 @@ pub fn snapshot_nodes(lab: &Lab) -> anyhow::Result<()> {
 /// The datapath the release's agents should run: what `feature.datapath`
 /// says, and for `auto` eBPF, which every lab node can run.
 pub fn expected_datapath(lab: &Lab) -> anyhow::Result<String> {
+    Ok(datapath_of(&asked_datapath(lab)?).to_owned())
+}
+
+/// The release's `feature.datapath`.
+fn asked_datapath(lab: &Lab) -> anyhow::Result<String> {
     let values = Helm::for_lab(lab).run(&[
         "get", "values", RELEASE, "-n", NAMESPACE, "-a", "-o", "json",
     ])?;
     let values: Value = serde_json::from_str(&values).context("parsing the release's values")?;
-    let asked = values["feature"]["datapath"].as_str().unwrap_or("auto");
-    Ok(if asked == "nftables" {
+    Ok(values["feature"]["datapath"]
+        .as_str()
+        .unwrap_or("auto")
+        .to_owned())
+}
+
+/// The datapath lab agents run for a `feature.datapath` value.
+fn datapath_of(asked: &str) -> &'static str {
+    if asked == "nftables" {
         "nftables"
     } else {
         "ebpf"
     }
-    .to_owned())
 }
 
 fn before_install(lab: &Lab) -> anyhow::Result<Vec<BTreeSet<String>>> {
@@ -270,13 +281,23 @@ pub fn agent_token_may_write_only_its_own_nodes_objects(run: &mut Run) -> anyhow
     Ok(())
 }
 
-/// `helm upgrade --set feature.vxlan.disableChecksumOffload=true` rolls the
-/// agents and turns tx checksumming off on every node's `egress.vxlan`; a
-/// second upgrade turns it on again. Traffic never leaves with another
-/// source meanwhile.
-pub fn upgrade_toggles_checksum_offload_and_traffic_keeps_the_eip(
+/// `helm upgrade --set feature.vxlan.disableChecksumOffload=true` with
+/// `feature.datapath` switched to the other datapath rolls the agents,
+/// turns tx checksumming off on every node's `egress.vxlan` and puts every
+/// node on that datapath; a second upgrade puts both back. Whenever the
+/// nodes run nftables, no eBPF state is left pinned on any of them (the
+/// classifier an eBPF agent pinned would go on classifying and translating
+/// with maps nobody keeps). Traffic never leaves with another source
+/// meanwhile.
+pub fn upgrades_toggle_checksum_offload_and_the_datapath_and_traffic_keeps_the_eip(
     run: &mut Run,
 ) -> anyhow::Result<()> {
+    let asked = asked_datapath(run.lab)?;
+    let other = if datapath_of(&asked) == "nftables" {
+        "ebpf"
+    } else {
+        "nftables"
+    };
     let eip = super::scenarios::setup_gateway(run, "e2e-upgrade")?;
     super::scenarios::setup_web_policy(run, "e2e-upgrade")?;
     run.expect_all(&["web-3"], Expect::Source(eip.into()))?;
@@ -289,15 +310,48 @@ pub fn upgrade_toggles_checksum_offload_and_traffic_keeps_the_eip(
     );
     let begun = Instant::now();
     let mut steps = Vec::new();
-    for (disable, want) in [(true, "off"), (false, "on")] {
+    for (disable, want, datapath) in [(true, "off", other), (false, "on", asked.as_str())] {
         let before = agent_pods(&run.lab.kubectl)?;
         let started = Instant::now();
         upgrade(
             &helm,
-            &[&format!("feature.vxlan.disableChecksumOffload={disable}")],
+            &[
+                &format!("feature.vxlan.disableChecksumOffload={disable}"),
+                &format!("feature.datapath={datapath}"),
+            ],
         )?;
         wait_rollout(run.lab, &before)?;
         let nodes: Vec<_> = run.lab.state.topology.nodes.clone();
+        let running = datapath_of(datapath);
+        for node in &nodes {
+            eventually(
+                &format!("{} on the {running} datapath", node.name),
+                SETTLE,
+                || {
+                    let tunnel = run
+                        .get("egresstunnel", None, &node.name)
+                        .map_err(|e| format!("{e:#}"))?;
+                    let seen = tunnel["status"]["datapath"]["name"].as_str().unwrap_or("-");
+                    let pins =
+                        crate::lab::kubelet::node_bpf_path(&run.lab.paths, &node.name, "egressgw");
+                    if seen != running {
+                        Err(format!("its EgressTunnel reports the {seen} datapath"))
+                    } else if (running == "ebpf") != pins.exists() {
+                        Err(format!(
+                            "{} {}",
+                            pins.display(),
+                            if pins.exists() {
+                                "is left"
+                            } else {
+                                "is missing"
+                            }
+                        ))
+                    } else {
+                        Ok(())
+                    }
+                },
+            )?;
+        }
         for node in &nodes {
             eventually(
                 &format!("tx-checksumming: {want} on {}'s egress.vxlan", node.name),
@@ -313,9 +367,15 @@ pub fn upgrade_toggles_checksum_offload_and_traffic_keeps_the_eip(
             )?;
         }
         steps.push(format!(
-            "disableChecksumOffload={disable}: agents rolled, tx-checksumming {want} on {} nodes \
+            "disableChecksumOffload={disable}, datapath={datapath}: agents rolled, \
+             tx-checksumming {want} and the {running} datapath on {} nodes, eBPF pins {} \
              in {:.1} s",
             nodes.len(),
+            if running == "ebpf" {
+                "in place"
+            } else {
+                "gone"
+            },
             started.elapsed().as_secs_f64()
         ));
     }

@@ -88,8 +88,8 @@ pub const ALL: [Scenario; 37] = [
         install::agent_restarts_move_no_eip_and_lose_no_traffic,
     ),
     (
-        "upgrade_toggles_checksum_offload_and_traffic_keeps_the_eip",
-        install::upgrade_toggles_checksum_offload_and_traffic_keeps_the_eip,
+        "upgrades_toggle_checksum_offload_and_the_datapath_and_traffic_keeps_the_eip",
+        install::upgrades_toggle_checksum_offload_and_the_datapath_and_traffic_keeps_the_eip,
     ),
     (
         "failover_moves_the_eip_to_the_other_gateway_node",
