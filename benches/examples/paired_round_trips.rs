@@ -1,17 +1,19 @@
 //! Paired round trips: what one path adds to another's round trip,
-//! measured so that the machine's drift cancels out (docs/ebpf.md, "The
-//! round trip, paired").
+//! measured so that the machine's drift hits both alike (docs/ebpf.md,
+//! "The round trip, paired").
 //!
 //! `paired_round_trips CPU COUNT NETNS=ADDR:PORT NETNS=ADDR:PORT...`
 //!
 //! Opens one TCP connection per argument, each from inside the named
 //! network namespace (`/run/netns/NETNS`) to an echo server
 //! (`egressgw bench-echo`), then, pinned to `CPU`, times `COUNT` rounds:
-//! in each round one 64-byte exchange on every connection, the order
-//! rotating from round to round. A round's exchanges are microseconds
-//! apart, so whatever slows the machine down (a neighbour on the host,
-//! a CPU's frequency) slows them alike; the difference to the first
-//! connection's exchange of the same round is what its path adds. Prints,
+//! in each round one 64-byte exchange on every connection, in an order
+//! that changes from round to round (every rotation, forwards and
+//! backwards: for three connections every order, so each follows each
+//! other as often). A round's exchanges are microseconds apart, so
+//! whatever slows the machine down (a neighbour on the host, a CPU's
+//! frequency) slows them alike; the difference to the first connection's
+//! exchange of the same round is what its path adds. Prints,
 //! per connection, the median and 10th percentile of its round trip and
 //! the median of the per-round differences with the first (with the
 //! quartiles), in µs.
@@ -24,7 +26,7 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsFd;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use nix::sched::{CloneFlags, CpuSet, sched_setaffinity, setns};
 use nix::unistd::Pid;
@@ -33,6 +35,8 @@ use nix::unistd::Pid;
 const MESSAGE: usize = 64;
 /// Rounds before the timed ones.
 const WARMUP: usize = 200;
+/// How long a connection or an exchange may take before the run fails.
+const TIMEOUT: Duration = Duration::from_secs(3);
 
 type Error = Box<dyn std::error::Error>;
 
@@ -42,13 +46,17 @@ fn connect(netns: &str, server: SocketAddr) -> Result<TcpStream, Error> {
     let path = format!("/run/netns/{netns}");
     let ns = std::fs::File::open(&path).map_err(|e| format!("{path}: {e}"))?;
     setns(ns.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|e| format!("entering {path}: {e}"))?;
-    let stream = TcpStream::connect(server).map_err(|e| format!("{server} from {netns}: {e}"))?;
+    let stream = TcpStream::connect_timeout(&server, TIMEOUT).map_err(|e| {
+        format!("{server} from {netns}: {e} (is `egressgw bench-echo` listening there?)")
+    })?;
     stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(TIMEOUT))?;
+    stream.set_write_timeout(Some(TIMEOUT))?;
     Ok(stream)
 }
 
-/// One exchange, in nanoseconds.
-fn exchange(stream: &mut TcpStream) -> Result<u64, Error> {
+/// One exchange, in µs.
+fn exchange(stream: &mut TcpStream) -> Result<f64, Error> {
     let message = [0x5a_u8; MESSAGE];
     let mut answer = [0_u8; MESSAGE];
     let start = Instant::now();
@@ -58,13 +66,25 @@ fn exchange(stream: &mut TcpStream) -> Result<u64, Error> {
     if answer != message {
         return Err("the echo server answered with other bytes".into());
     }
-    Ok(u64::try_from(took.as_nanos())?)
+    Ok(took.as_secs_f64() * 1e6)
 }
 
-/// The `q` quantile of sorted `v`, in µs.
-fn quantile<T: Copy + Into<f64>>(v: &[T], q: f64) -> f64 {
+/// The `q` quantile (nearest rank) of `v`, sorted in place.
+fn quantile(v: &mut [f64], q: f64) -> f64 {
+    v.sort_unstable_by(f64::total_cmp);
     let at = ((v.len() - 1) as f64 * q).round() as usize;
-    v[at].into() / 1000.0
+    v[at]
+}
+
+/// Which connection round `round`'s `k`-th exchange is on, of `n`: the
+/// rotations forwards, then backwards.
+fn order(round: usize, k: usize, n: usize) -> usize {
+    let start = round % n;
+    if (round / n).is_multiple_of(2) {
+        (start + k) % n
+    } else {
+        (start + n - k) % n
+    }
 }
 
 fn main() -> Result<(), Error> {
@@ -77,6 +97,9 @@ fn main() -> Result<(), Error> {
         return Err(usage.into());
     }
     let count: usize = count.parse()?;
+    if count == 0 {
+        return Err("COUNT must be at least 1".into());
+    }
     let mut set = CpuSet::new();
     set.set(cpu.parse()?)?;
     sched_setaffinity(Pid::from_raw(0), &set)?;
@@ -86,11 +109,11 @@ fn main() -> Result<(), Error> {
         streams.push(connect(netns, server.parse()?)?);
     }
     let n = streams.len();
-    let mut times = vec![Vec::with_capacity(count); n];
+    let mut times: Vec<Vec<f64>> = (0..n).map(|_| Vec::with_capacity(count)).collect();
     for round in 0..WARMUP + count {
-        let mut this = vec![0_u64; n];
+        let mut this = vec![0.0; n];
         for k in 0..n {
-            let i = (round + k) % n;
+            let i = order(round, k, n);
             this[i] = exchange(&mut streams[i])?;
         }
         if round >= WARMUP {
@@ -100,27 +123,43 @@ fn main() -> Result<(), Error> {
         }
     }
     for (i, path) in paths.iter().enumerate() {
-        let mut diffs: Vec<i32> = times[i]
-            .iter()
-            .zip(&times[0])
-            .map(|(t, base)| i32::try_from(i64::try_from(*t)? - i64::try_from(*base)?))
-            .collect::<Result<_, _>>()
-            .map_err(|_| "a round trip of more than 2 s")?;
-        diffs.sort_unstable();
+        let mut diffs: Vec<f64> = times[i].iter().zip(&times[0]).map(|(t, b)| t - b).collect();
         let mut own = times[i].clone();
-        own.sort_unstable();
-        let own: Vec<u32> = own
-            .into_iter()
-            .map(|t| u32::try_from(t).unwrap_or(u32::MAX))
-            .collect();
         println!(
             "{path}: p50 {:.1} p10 {:.1} µs; added to the first: p50 {:+.2} (quartiles {:+.2} to {:+.2}) µs",
-            quantile(&own, 0.5),
-            quantile(&own, 0.1),
-            quantile(&diffs, 0.5),
-            quantile(&diffs, 0.25),
-            quantile(&diffs, 0.75),
+            quantile(&mut own, 0.5),
+            quantile(&mut own, 0.1),
+            quantile(&mut diffs, 0.5),
+            quantile(&mut diffs, 0.25),
+            quantile(&mut diffs, 0.75),
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::order;
+
+    #[test]
+    fn three_connections_take_every_order_and_follow_each_other_alike() {
+        let orders: Vec<Vec<usize>> = (0..6)
+            .map(|r| (0..3).map(|k| order(r, k, 3)).collect())
+            .collect();
+        let mut sorted = orders.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(sorted.len(), 6, "{orders:?}");
+        let mut follows = [[0; 3]; 3];
+        for o in &orders {
+            for w in o.windows(2) {
+                follows[w[1]][w[0]] += 1;
+            }
+        }
+        for (a, row) in follows.iter().enumerate() {
+            for (b, count) in row.iter().enumerate() {
+                assert_eq!(*count, if a == b { 0 } else { 2 }, "{orders:?}");
+            }
+        }
+    }
 }
