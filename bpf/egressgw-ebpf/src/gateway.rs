@@ -79,7 +79,7 @@ fn held(eip: [u8; 16]) -> bool {
 
 /// Whether the frame carries a VLAN tag the device did not take off yet
 /// (on a VLAN's parent device): it belongs to the VLAN device's traffic.
-fn tagged(ctx: &TcContext) -> bool {
+pub(crate) fn tagged(ctx: &TcContext) -> bool {
     // SAFETY: `skb` is the context the kernel passed in.
     unsafe { (*ctx.skb.skb).vlan_present != 0 }
 }
@@ -142,6 +142,35 @@ pub(crate) fn out4(ctx: &TcContext, flow: Flow4, flags: u8, headers: u32) -> Opt
         ),
         nat.ifindex,
     )
+}
+
+/// Whether [`out4`] translates the packet `flow` names once it is out of
+/// the tunnel (`ip`: where its IPv4 header is now, `ip_len`: its length):
+/// the same checks, made before the tunnel's headers come off, since a
+/// packet taken out of the tunnel here cannot go to the stack any more.
+pub(crate) fn takes4(ctx: &TcContext, ip: usize, flow: Flow4, flags: u8, ip_len: u32) -> bool {
+    if !learning() || for_the_stack(flags) {
+        return false;
+    }
+    // SAFETY: the value is copied out at once.
+    let Some(nat) = (unsafe { NAT_OUT4.get(flow) }).copied() else {
+        return false;
+    };
+    let ttl: u8 = ctx.load(ip + 8).unwrap_or(0);
+    held(eip_key4(nat.addr)) && ttl > 1 && ip_len <= nat.mtu
+}
+
+/// [`takes4`] for IPv6 ([`out6`]).
+pub(crate) fn takes6(ctx: &TcContext, ip: usize, flow: Flow6, flags: u8, ip_len: u32) -> bool {
+    if !learning() || for_the_stack(flags) {
+        return false;
+    }
+    // SAFETY: the value is copied out at once.
+    let Some(nat) = (unsafe { NAT_OUT6.get(flow) }).copied() else {
+        return false;
+    };
+    let hops: u8 = ctx.load(ip + 7).unwrap_or(0);
+    held(nat.addr) && hops > 1 && ip_len <= nat.mtu
 }
 
 /// [`out4`] for IPv6.

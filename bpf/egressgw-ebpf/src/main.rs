@@ -38,6 +38,7 @@
 #![no_main]
 
 mod gateway;
+mod underlay;
 
 use aya_ebpf::bindings::{TC_ACT_OK, TC_ACT_SHOT, TC_ACT_UNSPEC};
 use aya_ebpf::helpers::generated::bpf_redirect;
@@ -49,7 +50,7 @@ use egressgw_common::{
     CLASSIFY_MAX, CLUSTER_MAX, COUNTERS_MAX, Counter, Dst4, Dst6, EIPS_MAX, FLOWS_MAX, Flow4,
     Flow6, Handshake4, Handshake6, Key4, Key6, LEARNED_BYTES, LOOKUP4_BITS, LOOKUP6_BITS, NAT_MAX,
     Nat4, Nat6, PENDING_MAX, Pending4, Pending6, PodLink, SWITCHES_MAX, TUNNELS_MAX, Tunnel,
-    Verdict, kind,
+    Underlay, Verdict, kind, tunnel_end,
 };
 
 // The names are egressgw-common's constants; the macro wants literals.
@@ -92,6 +93,10 @@ static REPORTED6: LruHashMap<Flow6, u64> = LruHashMap::with_max_entries(PENDING_
 static EIPS: HashMap<[u8; 16], u32> = HashMap::with_max_entries(EIPS_MAX, 0);
 #[map(name = "EGRESSGW_SWITCHES")]
 static SWITCHES: Array<u32> = Array::with_max_entries(SWITCHES_MAX, 0);
+#[map(name = "EGRESSGW_UNDERLAY")]
+static UNDERLAY: Array<Underlay> = Array::with_max_entries(1, 0);
+#[map(name = "EGRESSGW_TUNNEL_END")]
+static TUNNEL_END: PerCpuArray<Counter> = PerCpuArray::with_max_entries(tunnel_end::SLOTS, 0);
 
 /// Ethernet header length: where the IP header starts on the interfaces
 /// the program attaches to.
@@ -140,6 +145,11 @@ pub fn egressgw_reply(ctx: TcContext) -> i32 {
 #[classifier]
 pub fn egressgw_nat_in(ctx: TcContext) -> i32 {
     gateway::nat_in(&ctx).unwrap_or(TC_ACT_UNSPEC)
+}
+
+#[classifier]
+pub fn egressgw_underlay(ctx: TcContext) -> i32 {
+    underlay::underlay(&ctx).unwrap_or(TC_ACT_UNSPEC)
 }
 
 #[classifier]
@@ -200,17 +210,27 @@ fn tcp_at(ctx: &TcContext, tcp: usize) -> Option<([u8; 2], [u8; 2], u8, u32)> {
 /// The connection, the TCP flags and the length of the IP and TCP headers
 /// of a plain (no options, not fragmented) IPv4 TCP packet.
 fn tcp4(ctx: &TcContext) -> Option<(Flow4, u8, u32)> {
-    let first: u8 = ctx.load(ETH_HLEN).ok()?;
-    let fragment: [u8; 2] = ctx.load(ETH_HLEN + 6).ok()?;
-    let protocol: u8 = ctx.load(ETH_HLEN + 9).ok()?;
-    // More fragments, or an offset: not the whole packet.
-    if first != IPV4_PLAIN || protocol != IPPROTO_TCP || fragment[0] & 0x3f != 0 || fragment[1] != 0
-    {
+    tcp4_at(ctx, ETH_HLEN)
+}
+
+/// The protocol of the IPv4 header at `ip` if it has no options and
+/// carries a whole packet (no more fragments, no offset).
+fn plain_ipv4(ctx: &TcContext, ip: usize) -> Option<u8> {
+    let first: u8 = ctx.load(ip).ok()?;
+    let fragment: [u8; 2] = ctx.load(ip + 6).ok()?;
+    let protocol: u8 = ctx.load(ip + 9).ok()?;
+    (first == IPV4_PLAIN && fragment[0] & 0x3f == 0 && fragment[1] == 0).then_some(protocol)
+}
+
+/// [`tcp4`] of the IPv4 header at `ip`.
+#[inline(always)]
+fn tcp4_at(ctx: &TcContext, ip: usize) -> Option<(Flow4, u8, u32)> {
+    if plain_ipv4(ctx, ip)? != IPPROTO_TCP {
         return None;
     }
-    let src: [u8; 4] = ctx.load(ETH_HLEN + 12).ok()?;
-    let dst: [u8; 4] = ctx.load(ETH_HLEN + 16).ok()?;
-    let (sport, dport, flags, tcp_len) = tcp_at(ctx, ETH_HLEN + 20)?;
+    let src: [u8; 4] = ctx.load(ip + 12).ok()?;
+    let dst: [u8; 4] = ctx.load(ip + 16).ok()?;
+    let (sport, dport, flags, tcp_len) = tcp_at(ctx, ip + 20)?;
     let flow = Flow4 {
         src,
         dst,
@@ -222,13 +242,19 @@ fn tcp4(ctx: &TcContext) -> Option<(Flow4, u8, u32)> {
 
 /// The same for an IPv6 TCP packet without extension headers.
 fn tcp6(ctx: &TcContext) -> Option<(Flow6, u8, u32)> {
-    let next: u8 = ctx.load(ETH_HLEN + 6).ok()?;
+    tcp6_at(ctx, ETH_HLEN)
+}
+
+/// [`tcp6`] of the IPv6 header at `ip`.
+#[inline(always)]
+fn tcp6_at(ctx: &TcContext, ip: usize) -> Option<(Flow6, u8, u32)> {
+    let next: u8 = ctx.load(ip + 6).ok()?;
     if next != IPPROTO_TCP {
         return None;
     }
-    let src: [u8; 16] = ctx.load(ETH_HLEN + 8).ok()?;
-    let dst: [u8; 16] = ctx.load(ETH_HLEN + 24).ok()?;
-    let (sport, dport, flags, tcp_len) = tcp_at(ctx, ETH_HLEN + IPV6_HLEN)?;
+    let src: [u8; 16] = ctx.load(ip + 8).ok()?;
+    let dst: [u8; 16] = ctx.load(ip + 24).ok()?;
+    let (sport, dport, flags, tcp_len) = tcp_at(ctx, ip + IPV6_HLEN)?;
     let flow = Flow6 {
         src,
         dst,
@@ -349,7 +375,12 @@ fn classify(ctx: &TcContext) -> Option<i32> {
 
 /// Counts the packet in the verdict's counter.
 fn count(ctx: &TcContext, verdict: &Verdict) {
-    if let Some(counter) = COUNTERS.get_ptr_mut(verdict.counter) {
+    add(ctx, &COUNTERS, verdict.counter);
+}
+
+/// Counts the packet in slot `index` of `counters`.
+fn add(ctx: &TcContext, counters: &PerCpuArray<Counter>, index: u32) {
+    if let Some(counter) = counters.get_ptr_mut(index) {
         // SAFETY: the pointer is this CPU's slot of the array, valid for the
         // program's run; TC programs are not preempted on their CPU.
         unsafe {

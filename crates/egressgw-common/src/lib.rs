@@ -272,6 +272,48 @@ pub const NAT_IN_PROGRAM: &str = "egressgw_nat_in";
 /// The program on their egress that learns the stack's translations.
 pub const LEARN_PROGRAM: &str = "egressgw_learn";
 
+/// The program on the tunnel's underlay interface's ingress that takes
+/// fast-path connections' packets out of the tunnel itself.
+pub const UNDERLAY_PROGRAM: &str = "egressgw_underlay";
+/// What that program takes as the node's tunnel ([`Underlay`], one entry).
+pub const UNDERLAY: &str = "EGRESSGW_UNDERLAY";
+/// What that program took out of the tunnel, per CPU ([`Counter`]), by
+/// where it went: [`tunnel_end::TO_POD`] and [`tunnel_end::OUT`].
+pub const TUNNEL_END: &str = "EGRESSGW_TUNNEL_END";
+
+/// The slots of [`TUNNEL_END`].
+pub mod tunnel_end {
+    /// Replies handed to their pod on the node that opened the connection.
+    pub const TO_POD: u32 = 0;
+    /// Pods' packets translated and sent out on a gateway node.
+    pub const OUT: u32 = 1;
+    /// How many slots there are.
+    pub const SLOTS: u32 = 2;
+}
+
+/// The tunnel as this node's kernel receives it: VXLAN to the node's
+/// underlay address. A frame that matches it in every field, is not a
+/// segmentation offload and belongs to a fast-path connection is
+/// decapsulated by `egressgw_underlay`; every other frame goes to the
+/// tunnel device as before.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Underlay {
+    /// The node's underlay address: the outer destination (an IPv4
+    /// address in the first 4 bytes, the rest 0).
+    pub addr: [u8; 16],
+    /// The VXLAN UDP port, in network byte order.
+    pub port: [u8; 2],
+    /// The tunnel device's MAC: the inner destination.
+    pub mac: [u8; 6],
+    /// The second word of the VXLAN header: the VNI (3 bytes, network
+    /// byte order), then a reserved byte (0).
+    pub vni: [u8; 4],
+    /// The underlay's IP version (4 or 6), where the program decapsulates
+    /// (the fast path is on); 0: off.
+    pub on: u32,
+}
+
 /// How one direction of a gateway's fast-path connection is translated:
 /// the address and port written in place of the source (out: the EIP) or
 /// destination (in: the pod), the Ethernet header written in front, and
@@ -423,6 +465,7 @@ const _: () = {
     assert!(size_of::<Pending4>() == 24);
     assert!(size_of::<Pending6>() == 36);
     assert!(size_of::<Learned>() == 96);
+    assert!(size_of::<Underlay>() == 32);
 };
 
 // aya's `Pod` is an unsafe marker trait: each implementation promises a
@@ -451,6 +494,7 @@ mod user {
     unsafe impl aya::Pod for super::Pending4 {}
     unsafe impl aya::Pod for super::Pending6 {}
     unsafe impl aya::Pod for super::Learned {}
+    unsafe impl aya::Pod for super::Underlay {}
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use std::fmt;
 use egressgw_common::Counter;
 use egressgw_core::model::PolicyRef;
 
-use crate::ebpf::{Classifier, Desired, Learning, Synced};
+use crate::ebpf::{Classifier, Desired, Learning, Synced, TunnelEnd};
 use crate::ops::{Op, OpKind};
 
 /// What classifies pod traffic on a node.
@@ -45,13 +45,14 @@ impl fmt::Display for Datapath {
 /// The eBPF classifier as a reconcile drives it.
 pub trait PodClassifier: fmt::Debug {
     /// Attaches the classifier to exactly the interfaces in `pods`, the
-    /// reply path to `tunnel` and the gateway's fast path to `external`;
-    /// returns each change made or tried.
+    /// reply path to `tunnel`, the gateway's fast path to `external` and
+    /// the tunnel's end to `underlay`; returns each change made or tried.
     fn follow(
         &mut self,
         pods: &BTreeSet<String>,
         tunnel: Option<&str>,
         external: &BTreeSet<String>,
+        underlay: Option<&str>,
     ) -> Vec<(Op, Result<(), String>)>;
     /// Makes the maps hold `desired`, touching only what differs.
     fn sync(&mut self, desired: &Desired) -> Result<Synced, String>;
@@ -62,6 +63,11 @@ pub trait PodClassifier: fmt::Debug {
     fn gateway_learning(&self) -> Option<Learning> {
         None
     }
+    /// While the tunnel's end on the underlay is on: what it took out of
+    /// the tunnel.
+    fn tunnel_end(&self) -> Option<Result<TunnelEnd, String>> {
+        None
+    }
 }
 
 impl PodClassifier for Classifier {
@@ -70,8 +76,9 @@ impl PodClassifier for Classifier {
         pods: &BTreeSet<String>,
         tunnel: Option<&str>,
         external: &BTreeSet<String>,
+        underlay: Option<&str>,
     ) -> Vec<(Op, Result<(), String>)> {
-        Classifier::follow(self, pods, tunnel, external)
+        Classifier::follow(self, pods, tunnel, external, underlay)
             .into_iter()
             .map(|(op, result)| (op, result.map_err(|e| e.to_string())))
             .collect()
@@ -88,6 +95,10 @@ impl PodClassifier for Classifier {
     fn gateway_learning(&self) -> Option<Learning> {
         Classifier::gateway_learning(self)
     }
+
+    fn tunnel_end(&self) -> Option<Result<TunnelEnd, String>> {
+        Classifier::tunnel_end(self).map(|r| r.map_err(|e| e.to_string()))
+    }
 }
 
 /// A classifier in memory: what it is attached to and the maps' entries.
@@ -99,6 +110,8 @@ pub struct FakeClassifier {
     pub tunnel: Option<String>,
     /// The interfaces the gateway's fast path is on.
     pub external: BTreeSet<String>,
+    /// The underlay interface the tunnel's end is on.
+    pub underlay: Option<String>,
     /// The maps' contents.
     pub maps: Desired,
     /// Counters to report.
@@ -113,8 +126,10 @@ impl PodClassifier for FakeClassifier {
         wanted: &BTreeSet<String>,
         tunnel: Option<&str>,
         external: &BTreeSet<String>,
+        underlay: Option<&str>,
     ) -> Vec<(Op, Result<(), String>)> {
         self.tunnel = tunnel.map(str::to_owned);
+        self.underlay = underlay.map(str::to_owned);
         external.clone_into(&mut self.external);
         let mut done = Vec::new();
         for gone in self.attached.difference(wanted) {
@@ -173,10 +188,11 @@ impl PodClassifier for std::sync::Arc<std::sync::Mutex<FakeClassifier>> {
         pods: &BTreeSet<String>,
         tunnel: Option<&str>,
         external: &BTreeSet<String>,
+        underlay: Option<&str>,
     ) -> Vec<(Op, Result<(), String>)> {
         self.lock()
             .expect("not poisoned")
-            .follow(pods, tunnel, external)
+            .follow(pods, tunnel, external, underlay)
     }
 
     fn sync(&mut self, desired: &Desired) -> Result<Synced, String> {

@@ -100,6 +100,12 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
         self.classifier.as_ref()?.gateway_learning()
     }
 
+    /// While the eBPF tunnel's end on the underlay is on: what it took out
+    /// of the tunnel.
+    pub fn tunnel_end(&self) -> Option<Result<crate::ebpf::TunnelEnd, String>> {
+        self.classifier.as_ref()?.tunnel_end()
+    }
+
     /// Makes [`Self::cleanup`] also detach the eBPF classifier and remove
     /// what it pinned in `dir` (a host's `ebpf::PIN_DIR`); on the nftables
     /// datapath the first reconcile does so too, so that a classifier left
@@ -314,10 +320,16 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
             .flat_map(|eip| crate::announce::segment_interfaces(*eip))
             .map(|(name, _)| name)
             .collect();
+        // The tunnel's end sits where the tunnel's packets arrive.
+        let underlay = self
+            .parent
+            .as_ref()
+            .filter(|_| desired.underlay.is_some())
+            .map(|p| p.name.as_str());
         match self.netlink.pod_interfaces(&pods).await {
             Ok(found) => {
                 let wanted: BTreeSet<String> = found.into_keys().collect();
-                for (op, result) in classifier.follow(&wanted, tunnel, &external) {
+                for (op, result) in classifier.follow(&wanted, tunnel, &external, underlay) {
                     report.record(op, result);
                 }
             }

@@ -514,6 +514,13 @@ impl Agent {
                 "taken": learning.taken,
                 "left": learning.left,
             })),
+            "tunnelEnd": self.dataplane.tunnel_end().map(|counts| match counts {
+                Ok(end) => serde_json::json!({
+                    "toPods": { "packets": end.to_pods.packets, "bytes": end.to_pods.bytes },
+                    "out": { "packets": end.out.packets, "bytes": end.out.bytes },
+                }),
+                Err(e) => serde_json::json!({ "error": e }),
+            }),
             "ready": readiness.as_ref().err().map_or(serde_json::json!(true), |why| serde_json::json!({ "ready": false, "why": why })),
             "last": report,
             "eips": state.eips,
@@ -564,6 +571,12 @@ impl Agent {
                 .gateway_fast_path(learning.held, learning.taken, learning.left);
         } else {
             self.metrics.gateway_fast_path(0, 0, 0);
+        }
+        if let Some(Ok(end)) = self.dataplane.tunnel_end() {
+            self.metrics.tunnel_end([
+                (end.to_pods.packets, end.to_pods.bytes),
+                (end.out.packets, end.out.bytes),
+            ]);
         }
         let Ok(counters) = self.dataplane.policy_counters() else {
             return;

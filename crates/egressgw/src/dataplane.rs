@@ -118,6 +118,19 @@ pub(crate) fn apply(args: &ApplyArgs) -> anyhow::Result<()> {
                     ),
                 );
             }
+            match dp.tunnel_end() {
+                Some(Ok(end)) => {
+                    report.facts.insert(
+                        "tunnel end".into(),
+                        format!(
+                            "{} packets ({} bytes) to pods, {} packets ({} bytes) out, taken out of the tunnel on the underlay",
+                            end.to_pods.packets, end.to_pods.bytes, end.out.packets, end.out.bytes
+                        ),
+                    );
+                }
+                Some(Err(e)) => report.warn(format!("cannot read the tunnel end's counters: {e}")),
+                None => {}
+            }
             print(&report, args.output)?;
             match args.every {
                 Some(secs) => tokio::time::sleep(Duration::from_secs(secs.max(1))).await,

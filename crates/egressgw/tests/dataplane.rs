@@ -119,20 +119,58 @@ fn assert_a_second_apply_changes_nothing(topo: &Topology, gw: &Egressgw) {
 }
 
 /// A download by pod-a1 from the target at `target_ip` comes back through
-/// node A's tunnel, every byte of it.
+/// the tunnel to node A, every byte of it: node B sends it to node A's
+/// tunnel port. (Node A's `egress.vxlan` sees only part of it when the
+/// eBPF datapath takes fast-path packets out of the tunnel on the
+/// underlay interface.)
 fn assert_download_returns_through_the_tunnel(topo: &Topology, target_ip: &str) {
-    let before = counters(&topo.node_a, VXLAN);
+    let counted = TunnelToA::count(&topo.node_b);
     assert_eq!(
         download(&topo.pod_a1, target_ip),
         Ok(SOURCE_BYTES),
         "download from {target_ip}"
     );
-    let after = counters(&topo.node_a, VXLAN);
-    let returned = after.rx_bytes.saturating_sub(before.rx_bytes);
+    let returned = counted.bytes();
     assert!(
         returned >= SOURCE_BYTES as u64,
-        "only {returned} bytes came back through {VXLAN} on node A for a {SOURCE_BYTES}-byte download from {target_ip}"
+        "only {returned} bytes went through the tunnel to node A for a {SOURCE_BYTES}-byte download from {target_ip}"
     );
+}
+
+/// An nftables counter on node B of what it sends into the tunnel to node
+/// A (the outer UDP packets, headers included); removed when dropped.
+struct TunnelToA<'a>(&'a Netns);
+
+impl<'a> TunnelToA<'a> {
+    const TABLE: &'static str = "tunnel_to_a";
+
+    fn count(node_b: &'a Netns) -> Self {
+        let t = Self::TABLE;
+        for command in [
+            format!("add table ip {t}"),
+            format!("add chain ip {t} out {{ type filter hook postrouting priority 0 ; }}"),
+            format!("add rule ip {t} out ip daddr {NODE_A_IP} udp dport 7789 counter"),
+        ] {
+            node_b.run("nft", &[&command]);
+        }
+        TunnelToA(node_b)
+    }
+
+    fn bytes(&self) -> u64 {
+        nft_counter(
+            &self.0.run("nft", &["list", "table", "ip", Self::TABLE]),
+            "bytes",
+        )
+    }
+}
+
+impl Drop for TunnelToA<'_> {
+    fn drop(&mut self) {
+        let _ = self
+            .0
+            .command("nft", &["delete", "table", "ip", Self::TABLE])
+            .status();
+    }
 }
 
 #[test]
@@ -388,15 +426,103 @@ fn with_the_ebpf_datapath_the_gateway_translates_established_ipv6_connections_pa
     );
 }
 
+#[test]
+fn with_the_ebpf_datapath_fast_path_packets_leave_the_tunnel_on_the_underlay() {
+    if !have_root("with_the_ebpf_datapath_fast_path_packets_leave_the_tunnel_on_the_underlay") {
+        return;
+    }
+    // IPv4 and IPv6 connections, both in the IPv4 underlay.
+    let topo = Topology::dual_stack(Masquerade::Nft);
+    let _target = Server::start_for(&topo.target, Service::Whoami, Stack::Dual);
+    let _echo = support::process::Background::spawn(&mut topo.target.command(
+        env!("CARGO_BIN_EXE_egressgw"),
+        &["bench-echo", "--port", "5202"],
+    ));
+    let gw = apply_both(&topo, &Policy::dual_stack(), EBPF_DUAL_STACK_CONFIG);
+    // The gateway's fast path takes connections over in a running agent.
+    let (_agent, reports) = gw.apply_every(&topo.node_b, "node-b", 1);
+    let first = reports
+        .recv_timeout(Duration::from_secs(30))
+        .expect("apply --every reports its first reconcile");
+    assert!(first.failed.is_empty(), "{:#}", first.json);
+
+    // 2 000 small exchanges on one connection per family: no segmentation
+    // offload, every packet one frame in the tunnel. Taken out of the
+    // tunnel on the underlay interfaces, they pass neither node's
+    // egress.vxlan.
+    const EXCHANGES: u64 = 2000;
+    for (target, eip, min_headers) in [
+        (TARGET_IP, eip(&gw), 20 + 20 + 5),
+        (TARGET_IP6, eip6(&gw), 40 + 20 + 5),
+    ] {
+        assert_seen_as(&topo.pod_a1, target, eip, "selected");
+        let before = (counters(&topo.node_a, VXLAN), counters(&topo.node_b, VXLAN));
+        let script = format!(
+            "exec 3<>/dev/tcp/{target}/5202 && for i in $(seq {EXCHANGES}); do \
+             echo ping >&3 && read -r -u 3 line && [ \"$line\" = ping ] || exit 1; done"
+        );
+        topo.pod_a1.run("bash", &["-c", &script]);
+        let after = (counters(&topo.node_a, VXLAN), counters(&topo.node_b, VXLAN));
+        // Through the device, each exchange would count a packet of at
+        // least the IP and TCP headers and 5 bytes at each end (the device
+        // counts from the IP header).
+        let through_device = EXCHANGES * min_headers;
+        let at_a = after.0.rx_bytes - before.0.rx_bytes;
+        let at_b = after.1.rx_bytes - before.1.rx_bytes;
+        assert!(
+            at_a < through_device / 10 && at_b < through_device / 10,
+            "{EXCHANGES} exchanges with {target}: {at_a} bytes came in by node A's {VXLAN}, \
+             {at_b} by node B's (through the device they would be {through_device} or more each)"
+        );
+    }
+    // And each node counts what it took: node B the pods' packets it sent
+    // out, node A the replies it handed to the pod (an apply adopts the
+    // pinned counters).
+    let _ = reports.try_iter().count();
+    let at_b = reports
+        .recv_timeout(Duration::from_secs(30))
+        .expect("a reconcile after the exchanges");
+    let at_a = gw.apply_ok(&topo.node_a, "node-a");
+    for (node, report, way) in [("B", &at_b, "out"), ("A", &at_a, "to pods")] {
+        let packets = tunnel_end(report, way);
+        assert!(
+            packets.is_some_and(|p| p >= 2 * EXCHANGES),
+            "node {node}'s tunnel end counted {packets:?} packets {way} for {EXCHANGES} \
+             exchanges in each family: {:#}",
+            report.json["facts"]
+        );
+    }
+}
+
+/// The packets the tunnel end's fact in `report` counts `way` ("to pods"
+/// or "out").
+fn tunnel_end(report: &support::cluster::Reconcile, way: &str) -> Option<u64> {
+    // "P packets (B bytes) to pods, P packets (B bytes) out, taken out ..."
+    let fact = report.json["facts"]["tunnel end"].as_str()?;
+    fact.split(", ")
+        .find(|part| part.ends_with(way))?
+        .split(' ')
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// Packets the target took in so far from the address its `seen` table
 /// counts.
 fn target_packets_seen(topo: &Topology) -> u64 {
-    let listing = topo
-        .target
-        .run("nft", &["list", "chain", "ip", "seen", "input"]);
+    nft_counter(
+        &topo
+            .target
+            .run("nft", &["list", "chain", "ip", "seen", "input"]),
+        "packets",
+    )
+}
+
+/// The `packets` or `bytes` of the first counter in an nftables listing.
+fn nft_counter(listing: &str, what: &str) -> u64 {
     listing
         .split_whitespace()
-        .skip_while(|w| *w != "packets")
+        .skip_while(|w| *w != what)
         .nth(1)
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no counter in {listing}"))

@@ -58,9 +58,14 @@ pub struct AgentMetrics {
     watched_pods: Family<Label, Gauge>,
     fast_path_connections: Gauge,
     fast_path_learned: Family<Label, Counter>,
+    tunnel_end_packets: Family<Label, Counter>,
+    tunnel_end_bytes: Family<Label, Counter>,
     plans: Counter,
     api: ApiRequests,
 }
+
+/// The `way` labels of the tunnel end's counters.
+const TUNNEL_END_WAYS: [&str; 2] = ["to_pod", "out"];
 
 /// What a policy's selected pods on this node sent through its gateway.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -97,6 +102,8 @@ impl AgentMetrics {
             watched_pods: Family::default(),
             fast_path_connections: Gauge::default(),
             fast_path_learned: Family::default(),
+            tunnel_end_packets: Family::default(),
+            tunnel_end_bytes: Family::default(),
             plans: Counter::default(),
             api: ApiRequests::register(registry),
         };
@@ -120,6 +127,11 @@ impl AgentMetrics {
                 .fast_path_learned
                 .get_or_create(&[("result", result)])
                 .inc_by(0);
+        }
+        for way in TUNNEL_END_WAYS {
+            for family in [&metrics.tunnel_end_packets, &metrics.tunnel_end_bytes] {
+                family.get_or_create(&[("way", way)]).inc_by(0);
+            }
         }
         for result in ["ok", "failed"] {
             metrics
@@ -240,6 +252,20 @@ impl AgentMetrics {
             metrics.fast_path_learned.clone(),
         );
         registry.register(
+            "egressgw_tunnel_end_packets",
+            "Packets this node's eBPF tunnel end took out of the tunnel on the underlay \
+             interface, past the node's stack and the tunnel device, by way (to_pod: replies \
+             handed to their pod; out: pods' packets translated and sent out on a gateway \
+             node); counted since the pinned maps were created, 0 where it is off",
+            metrics.tunnel_end_packets.clone(),
+        );
+        registry.register(
+            "egressgw_tunnel_end_bytes",
+            "Bytes of those packets as they went on (the inner packet and an Ethernet \
+             header), by way",
+            metrics.tunnel_end_bytes.clone(),
+        );
+        registry.register(
             "egressgw_plans",
             "Times this agent planned its node from the objects it watches: once per change \
              of them (a burst of changes is one), not at the resync that reconciles the \
@@ -258,6 +284,20 @@ impl AgentMetrics {
         for (result, total) in [("taken", taken), ("left", left)] {
             let counter = self.fast_path_learned.get_or_create(&[("result", result)]);
             counter.inc_by(total.saturating_sub(counter.get()));
+        }
+    }
+
+    /// What the eBPF tunnel end took out of the tunnel in all, per way
+    /// ([`TUNNEL_END_WAYS`]: to pods, out): packets and bytes.
+    pub fn tunnel_end(&self, totals: [(u64, u64); 2]) {
+        for (way, (packets, bytes)) in TUNNEL_END_WAYS.into_iter().zip(totals) {
+            for (family, total) in [
+                (&self.tunnel_end_packets, packets),
+                (&self.tunnel_end_bytes, bytes),
+            ] {
+                let counter = family.get_or_create(&[("way", way)]);
+                counter.inc_by(total.saturating_sub(counter.get()));
+            }
         }
     }
 
@@ -975,6 +1015,30 @@ mod tests {
             "{out}"
         );
         assert!(!out.contains("partner"), "{out}");
+    }
+
+    #[test]
+    fn the_tunnel_ends_counts_show_by_way_and_only_rise() {
+        let mut registry = Registry::default();
+        let metrics = AgentMetrics::register(&mut registry);
+        let out = text(&registry);
+        for line in [
+            "egressgw_tunnel_end_packets_total{way=\"to_pod\"} 0",
+            "egressgw_tunnel_end_bytes_total{way=\"out\"} 0",
+        ] {
+            assert!(out.contains(line), "no {line:?} in\n{out}");
+        }
+        metrics.tunnel_end([(10, 700), (4, 300)]);
+        metrics.tunnel_end([(12, 800), (4, 300)]);
+        let out = text(&registry);
+        for line in [
+            "egressgw_tunnel_end_packets_total{way=\"to_pod\"} 12",
+            "egressgw_tunnel_end_bytes_total{way=\"to_pod\"} 800",
+            "egressgw_tunnel_end_packets_total{way=\"out\"} 4",
+            "egressgw_tunnel_end_bytes_total{way=\"out\"} 300",
+        ] {
+            assert!(out.contains(line), "no {line:?} in\n{out}");
+        }
     }
 
     #[tokio::test]
