@@ -108,8 +108,18 @@ fn finish(done: Option<()>, ifindex: u32) -> Option<i32> {
 
 /// A pod's packet out of the tunnel (`flow` as it carries it): translated
 /// and sent out as its connection's first packets were, or remembered for
-/// learning; `None`: it goes through the stack.
-pub(crate) fn out4(ctx: &TcContext, flow: Flow4, flags: u8, headers: u32) -> Option<i32> {
+/// learning; `None`: it goes through the stack. `decapsulated`: the packet
+/// was taken out of the tunnel on the underlay, not by the tunnel device:
+/// it is not remembered (its interface and Ethernet header are not the
+/// tunnel's), and `None` means it cannot go on.
+#[inline(always)]
+pub(crate) fn out4(
+    ctx: &TcContext,
+    flow: Flow4,
+    flags: u8,
+    headers: u32,
+    decapsulated: bool,
+) -> Option<i32> {
     if !learning() {
         return None;
     }
@@ -118,6 +128,9 @@ pub(crate) fn out4(ctx: &TcContext, flow: Flow4, flags: u8, headers: u32) -> Opt
         return None;
     }
     let Some(nat) = NAT_OUT4.get_ptr_mut(flow) else {
+        if decapsulated {
+            return None;
+        }
         let total: [u8; 2] = ctx.load(ETH_HLEN + 2).ok()?;
         if pure_ack(flags, headers, u32::from(u16::from_be_bytes(total))) {
             remember4(ctx, flow)?;
@@ -174,7 +187,14 @@ pub(crate) fn takes6(ctx: &TcContext, ip: usize, flow: Flow6, flags: u8, ip_len:
 }
 
 /// [`out4`] for IPv6.
-pub(crate) fn out6(ctx: &TcContext, flow: Flow6, flags: u8, headers: u32) -> Option<i32> {
+#[inline(always)]
+pub(crate) fn out6(
+    ctx: &TcContext,
+    flow: Flow6,
+    flags: u8,
+    headers: u32,
+    decapsulated: bool,
+) -> Option<i32> {
     if !learning() {
         return None;
     }
@@ -183,6 +203,9 @@ pub(crate) fn out6(ctx: &TcContext, flow: Flow6, flags: u8, headers: u32) -> Opt
         return None;
     }
     let Some(nat) = NAT_OUT6.get_ptr_mut(flow) else {
+        if decapsulated {
+            return None;
+        }
         let payload: [u8; 2] = ctx.load(ETH_HLEN + 4).ok()?;
         let tcp_len = headers - crate::IPV6_HLEN as u32;
         if pure_ack(flags, tcp_len, u32::from(u16::from_be_bytes(payload))) {

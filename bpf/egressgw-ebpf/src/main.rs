@@ -49,8 +49,8 @@ use aya_ebpf::programs::TcContext;
 use egressgw_common::{
     CLASSIFY_MAX, CLUSTER_MAX, COUNTERS_MAX, Counter, Dst4, Dst6, EIPS_MAX, FLOWS_MAX, Flow4,
     Flow6, Handshake4, Handshake6, Key4, Key6, LEARNED_BYTES, LOOKUP4_BITS, LOOKUP6_BITS, NAT_MAX,
-    Nat4, Nat6, PENDING_MAX, Pending4, Pending6, PodLink, SWITCHES_MAX, TUNNELS_MAX, Tunnel,
-    Underlay, Verdict, kind, tunnel_end,
+    Nat4, Nat6, OFFLOADED_MAX, PEERS_MAX, PENDING_MAX, Pending4, Pending6, PodLink, SWITCHES_MAX,
+    TUNNELS_MAX, Tunnel, Underlay, Verdict, kind, tunnel_end,
 };
 
 // The names are egressgw-common's constants; the macro wants literals.
@@ -95,6 +95,12 @@ static EIPS: HashMap<[u8; 16], u32> = HashMap::with_max_entries(EIPS_MAX, 0);
 static SWITCHES: Array<u32> = Array::with_max_entries(SWITCHES_MAX, 0);
 #[map(name = "EGRESSGW_UNDERLAY")]
 static UNDERLAY: Array<Underlay> = Array::with_max_entries(1, 0);
+#[map(name = "EGRESSGW_PEERS")]
+static PEERS: HashMap<[u8; 16], u32> = HashMap::with_max_entries(PEERS_MAX, 0);
+#[map(name = "EGRESSGW_OFFLOADED4")]
+static OFFLOADED4: LruHashMap<Flow4, u64> = LruHashMap::with_max_entries(OFFLOADED_MAX, 0);
+#[map(name = "EGRESSGW_OFFLOADED6")]
+static OFFLOADED6: LruHashMap<Flow6, u64> = LruHashMap::with_max_entries(OFFLOADED_MAX, 0);
 #[map(name = "EGRESSGW_TUNNEL_END")]
 static TUNNEL_END: PerCpuArray<Counter> = PerCpuArray::with_max_entries(tunnel_end::SLOTS, 0);
 
@@ -171,14 +177,14 @@ fn reply(ctx: &TcContext) -> Option<i32> {
             if let Some(pod) = unsafe { FLOWS4.get(flow.reversed()) } {
                 return to_pod(ctx, *pod);
             }
-            gateway::out4(ctx, flow, flags, headers)
+            gateway::out4(ctx, flow, flags, headers, false)
         }
         ETH_P_IPV6 => {
             let (flow, flags, headers) = tcp6(ctx)?;
             if let Some(pod) = unsafe { FLOWS6.get(flow.reversed()) } {
                 return to_pod(ctx, *pod);
             }
-            gateway::out6(ctx, flow, flags, headers)
+            gateway::out6(ctx, flow, flags, headers, false)
         }
         _ => None,
     }

@@ -6,39 +6,42 @@
 //! (other connections, segmentation offloads, frames that differ from the
 //! node's tunnel in any field) goes to the device as before.
 
-use aya_ebpf::bindings::TC_ACT_SHOT;
 use aya_ebpf::bindings::bpf_adj_room_mode::BPF_ADJ_ROOM_MAC;
-use aya_ebpf::bindings::{BPF_F_ADJ_ROOM_DECAP_L3_IPV4, BPF_F_ADJ_ROOM_DECAP_L3_IPV6};
+use aya_ebpf::bindings::{
+    BPF_F_ADJ_ROOM_DECAP_L3_IPV4, BPF_F_ADJ_ROOM_DECAP_L3_IPV6, TC_ACT_REDIRECT, TC_ACT_SHOT,
+};
+use aya_ebpf::helpers::generated::bpf_ktime_get_ns;
+use aya_ebpf::maps::LruHashMap;
 use aya_ebpf::programs::TcContext;
-use egressgw_common::{Underlay, tunnel_end};
+use egressgw_common::{DEVICE_AFTER_OFFLOAD_NS, Underlay, eip_key4, tunnel_end};
 
 use crate::{
-    ETH_HLEN, ETH_P_IP, ETH_P_IPV6, FLOWS4, FLOWS6, IPV6_HLEN, TUNNEL_END, UNDERLAY, add, gateway,
-    plain_ipv4, tcp4_at, tcp6_at, to_pod,
+    ETH_HLEN, ETH_P_IP, ETH_P_IPV6, FLOWS4, FLOWS6, IPV6_HLEN, OFFLOADED4, OFFLOADED6, PEERS,
+    TUNNEL_END, UNDERLAY, add, gateway, plain_ipv4, tcp4_at, tcp6_at, to_pod,
 };
 
 const IPPROTO_UDP: u8 = 17;
 /// `skb->pkt_type` of a frame addressed to this host.
 const PACKET_HOST: u32 = 0;
-/// The outer IPv4 header (no options) and IPv6 header (no extension
-/// headers).
+/// The outer IPv4 header (no options).
 const IPV4_HLEN: usize = 20;
-/// The VXLAN header's first byte: only the "VNI is valid" flag.
-const VXLAN_FLAGS: u8 = 0x08;
+/// The VXLAN header's first word: only the "VNI is valid" flag.
+const VXLAN_FLAGS: [u8; 4] = [0x08, 0, 0, 0];
 /// The inner EtherTypes, as they are on the wire.
 const INNER_IPV4: [u8; 2] = [0x08, 0x00];
 const INNER_IPV6: [u8; 2] = [0x86, 0xdd];
+/// The ECN field's "congestion experienced": the device carries it over
+/// to the inner packet.
+const ECN_CE: u8 = 3;
+/// How often, at most, a connection's entry in `OFFLOADED4`/`6` is
+/// written (a write per offload would bounce it between CPUs).
+const OFFLOADED_EVERY_NS: u64 = 1_000_000;
 
 pub(crate) fn underlay(ctx: &TcContext) -> Option<i32> {
-    if gateway::tagged(ctx) {
-        return None;
-    }
     // SAFETY: `skb` is the context the kernel passed in.
     let (gso_size, pkt_type) = unsafe { ((*ctx.skb.skb).gso_size, (*ctx.skb.skb).pkt_type) };
-    // A segmentation offload keeps its tunnel's type, which only the
-    // device's own decapsulation clears; a frame for another host is not
-    // the node's to take.
-    if gso_size != 0 || pkt_type != PACKET_HOST {
+    // A frame for another host is not the node's to take.
+    if pkt_type != PACKET_HOST || gateway::tagged(ctx) {
         return None;
     }
     let tunnel = *UNDERLAY.get(0)?;
@@ -47,15 +50,23 @@ pub(crate) fn underlay(ctx: &TcContext) -> Option<i32> {
         ETH_P_IPV6 if tunnel.on == 6 => true,
         _ => return None,
     };
-    let udp = outer(ctx, &tunnel, outer_ipv6)?;
+    // A segmentation offload's lengths are the whole offload's.
+    let offload = gso_size != 0;
+    let udp = outer(ctx, &tunnel, outer_ipv6, offload)?;
     let vxlan = udp + 8;
     let port: [u8; 2] = ctx.load(udp + 2).ok()?;
-    let flags: u8 = ctx.load(vxlan).ok()?;
+    let udp_len: [u8; 2] = ctx.load(udp + 4).ok()?;
+    let flags: [u8; 4] = ctx.load(vxlan).ok()?;
     let vni: [u8; 4] = ctx.load(vxlan + 4).ok()?;
     let inner_eth = vxlan + 8;
     let inner_dst: [u8; 6] = ctx.load(inner_eth).ok()?;
     let inner_type: [u8; 2] = ctx.load(inner_eth + 12).ok()?;
-    if port != tunnel.port || flags != VXLAN_FLAGS || vni != tunnel.vni || inner_dst != tunnel.mac {
+    if port != tunnel.port
+        || flags != VXLAN_FLAGS
+        || vni != tunnel.vni
+        || inner_dst != tunnel.mac
+        || !(offload || u32::from(u16::from_be_bytes(udp_len)) == ctx.len() - udp as u32)
+    {
         return None;
     }
     // What comes off: the outer IP, UDP and VXLAN headers and the inner
@@ -66,6 +77,17 @@ pub(crate) fn underlay(ctx: &TcContext) -> Option<i32> {
     let ip_len = ctx.len().saturating_sub(inner_ip as u32);
     if inner_type == INNER_IPV4 {
         let (flow, tcp_flags, headers) = tcp4_at(ctx, inner_ip)?;
+        // A segmentation offload keeps its tunnel's type, which only the
+        // device's own decapsulation clears: it goes there, and so do
+        // the connection's next frames for a while, since the device
+        // hands the offload on later than this program would them.
+        if offload {
+            offloaded(&OFFLOADED4, flow);
+            return None;
+        }
+        if lately_offloaded(&OFFLOADED4, flow) {
+            return None;
+        }
         let change = if outer_ipv6 {
             BPF_F_ADJ_ROOM_DECAP_L3_IPV4
         } else {
@@ -77,8 +99,7 @@ pub(crate) fn underlay(ctx: &TcContext) -> Option<i32> {
             if !decap(ctx, off, change, inner_type)? {
                 return Some(TC_ACT_SHOT);
             }
-            add(ctx, &TUNNEL_END, tunnel_end::TO_POD);
-            return to_pod(ctx, pod).or(Some(TC_ACT_SHOT));
+            return counted(ctx, tunnel_end::TO_POD, to_pod(ctx, pod));
         }
         // A gateway node: a pod's packet of a connection taken over.
         if !gateway::takes4(ctx, inner_ip, flow, tcp_flags, ip_len) {
@@ -87,12 +108,22 @@ pub(crate) fn underlay(ctx: &TcContext) -> Option<i32> {
         if !decap(ctx, off, change, inner_type)? {
             return Some(TC_ACT_SHOT);
         }
-        add(ctx, &TUNNEL_END, tunnel_end::OUT);
         // The checks passed a moment ago; should the connection have gone
         // since, the packet, out of its tunnel, cannot go on.
-        gateway::out4(ctx, flow, tcp_flags, headers).or(Some(TC_ACT_SHOT))
+        counted(
+            ctx,
+            tunnel_end::OUT,
+            gateway::out4(ctx, flow, tcp_flags, headers, true),
+        )
     } else if inner_type == INNER_IPV6 {
         let (flow, tcp_flags, headers) = tcp6_at(ctx, inner_ip)?;
+        if offload {
+            offloaded(&OFFLOADED6, flow);
+            return None;
+        }
+        if lately_offloaded(&OFFLOADED6, flow) {
+            return None;
+        }
         let change = if outer_ipv6 {
             0
         } else {
@@ -103,8 +134,7 @@ pub(crate) fn underlay(ctx: &TcContext) -> Option<i32> {
             if !decap(ctx, off, change, inner_type)? {
                 return Some(TC_ACT_SHOT);
             }
-            add(ctx, &TUNNEL_END, tunnel_end::TO_POD);
-            return to_pod(ctx, pod).or(Some(TC_ACT_SHOT));
+            return counted(ctx, tunnel_end::TO_POD, to_pod(ctx, pod));
         }
         if !gateway::takes6(ctx, inner_ip, flow, tcp_flags, ip_len) {
             return None;
@@ -112,8 +142,11 @@ pub(crate) fn underlay(ctx: &TcContext) -> Option<i32> {
         if !decap(ctx, off, change, inner_type)? {
             return Some(TC_ACT_SHOT);
         }
-        add(ctx, &TUNNEL_END, tunnel_end::OUT);
-        gateway::out6(ctx, flow, tcp_flags, headers).or(Some(TC_ACT_SHOT))
+        counted(
+            ctx,
+            tunnel_end::OUT,
+            gateway::out6(ctx, flow, tcp_flags, headers, true),
+        )
     } else {
         None
     }
@@ -121,16 +154,75 @@ pub(crate) fn underlay(ctx: &TcContext) -> Option<i32> {
 
 /// Where the UDP header starts if the outer IP header is plain (IPv4
 /// without options and not fragmented, IPv6 without extension headers),
-/// carries UDP and is addressed to the node's underlay address.
-fn outer(ctx: &TcContext, tunnel: &Underlay, ipv6: bool) -> Option<usize> {
+/// carries UDP, comes from another node's underlay address to this
+/// node's, is as long as the frame (but for an `offload`) and carries no
+/// congestion mark.
+fn outer(ctx: &TcContext, tunnel: &Underlay, ipv6: bool, offload: bool) -> Option<usize> {
+    let len = ctx.len();
     if ipv6 {
+        let first: [u8; 2] = ctx.load(ETH_HLEN).ok()?;
+        let payload: [u8; 2] = ctx.load(ETH_HLEN + 4).ok()?;
         let next: u8 = ctx.load(ETH_HLEN + 6).ok()?;
+        let src: [u8; 16] = ctx.load(ETH_HLEN + 8).ok()?;
         let dst: [u8; 16] = ctx.load(ETH_HLEN + 24).ok()?;
-        (next == IPPROTO_UDP && dst == tunnel.addr).then_some(ETH_HLEN + IPV6_HLEN)
+        let whole = offload
+            || u32::from(u16::from_be_bytes(payload)) == len - (ETH_HLEN + IPV6_HLEN) as u32;
+        let plain = next == IPPROTO_UDP && (first[1] >> 4) & 3 != ECN_CE && whole;
+        (plain && dst == tunnel.addr && peer(src)).then_some(ETH_HLEN + IPV6_HLEN)
     } else {
+        if plain_ipv4(ctx, ETH_HLEN)? != IPPROTO_UDP {
+            return None;
+        }
+        let tos: u8 = ctx.load(ETH_HLEN + 1).ok()?;
+        let total: [u8; 2] = ctx.load(ETH_HLEN + 2).ok()?;
+        let src: [u8; 4] = ctx.load(ETH_HLEN + 12).ok()?;
         let dst: [u8; 4] = ctx.load(ETH_HLEN + 16).ok()?;
+        let whole = offload || u32::from(u16::from_be_bytes(total)) == len - ETH_HLEN as u32;
         let ours = dst[..] == tunnel.addr[..4];
-        (plain_ipv4(ctx, ETH_HLEN)? == IPPROTO_UDP && ours).then_some(ETH_HLEN + IPV4_HLEN)
+        (tos & 3 != ECN_CE && whole && ours && peer(eip_key4(src))).then_some(ETH_HLEN + IPV4_HLEN)
+    }
+}
+
+/// Whether `addr` (IPv6, or IPv4 mapped) is another node's underlay
+/// address.
+fn peer(addr: [u8; 16]) -> bool {
+    PEERS.get_ptr(addr).is_some()
+}
+
+/// `bpf_ktime_get_ns` now.
+fn now() -> u64 {
+    // SAFETY: a helper call without arguments.
+    unsafe { bpf_ktime_get_ns() }
+}
+
+/// Writes down that a segmentation offload of `flow` went to the device.
+fn offloaded<K>(map: &LruHashMap<K, u64>, flow: K) {
+    let now = now();
+    // SAFETY: the value is copied out at once.
+    let last = unsafe { map.get(&flow) }.copied();
+    if last.is_none_or(|at| now.wrapping_sub(at) >= OFFLOADED_EVERY_NS) {
+        let _ = map.insert(&flow, now, 0);
+    }
+}
+
+/// Whether a segmentation offload of `flow` went to the device less than
+/// [`DEVICE_AFTER_OFFLOAD_NS`] ago.
+fn lately_offloaded<K>(map: &LruHashMap<K, u64>, flow: K) -> bool {
+    // SAFETY: the value is copied out at once.
+    unsafe { map.get(&flow) }
+        .copied()
+        .is_some_and(|at| now().wrapping_sub(at) < DEVICE_AFTER_OFFLOAD_NS)
+}
+
+/// Counts a packet taken out of the tunnel in `slot` if it went on
+/// (`done`: redirected); one that did not cannot go on.
+fn counted(ctx: &TcContext, slot: u32, done: Option<i32>) -> Option<i32> {
+    match done {
+        Some(action) if action == TC_ACT_REDIRECT => {
+            add(ctx, &TUNNEL_END, slot);
+            Some(action)
+        }
+        _ => Some(TC_ACT_SHOT),
     }
 }
 

@@ -277,6 +277,24 @@ pub const LEARN_PROGRAM: &str = "egressgw_learn";
 pub const UNDERLAY_PROGRAM: &str = "egressgw_underlay";
 /// What that program takes as the node's tunnel ([`Underlay`], one entry).
 pub const UNDERLAY: &str = "EGRESSGW_UNDERLAY";
+/// The other nodes' underlay addresses (IPv6, or IPv4 mapped as
+/// [`eip_key4`] maps it -> unused): the only sources the tunnel's end
+/// takes frames from.
+pub const PEERS: &str = "EGRESSGW_PEERS";
+/// How many peers there can be.
+pub const PEERS_MAX: u32 = 1 << 14;
+/// Connections ([`Flow4`]/[`Flow6`], as the tunnel's frames carry them)
+/// a segmentation offload of which went to the tunnel device lately
+/// (`bpf_ktime_get_ns` of the last one): their other frames go there
+/// too for [`DEVICE_AFTER_OFFLOAD_NS`], so that none overtakes one still
+/// queued in the device.
+pub const OFFLOADED4: &str = "EGRESSGW_OFFLOADED4";
+/// [`OFFLOADED4`] for IPv6 connections.
+pub const OFFLOADED6: &str = "EGRESSGW_OFFLOADED6";
+/// How many connections [`OFFLOADED4`] and [`OFFLOADED6`] each remember.
+pub const OFFLOADED_MAX: u32 = 1 << 16;
+/// See [`OFFLOADED4`].
+pub const DEVICE_AFTER_OFFLOAD_NS: u64 = 100_000_000;
 /// What that program took out of the tunnel, per CPU ([`Counter`]), by
 /// where it went: [`tunnel_end::TO_POD`] and [`tunnel_end::OUT`].
 pub const TUNNEL_END: &str = "EGRESSGW_TUNNEL_END";

@@ -79,7 +79,7 @@ fn failed(what: impl Into<String>) -> impl FnOnce(String) -> EbpfError {
 pub const PIN_DIR: &str = "/sys/fs/bpf/egressgw";
 
 /// Every map of the programs, by name.
-const MAPS: [&str; 19] = [
+const MAPS: [&str; 20] = [
     common::CLASSIFY4,
     common::CLASSIFY6,
     common::CLUSTER4,
@@ -98,6 +98,7 @@ const MAPS: [&str; 19] = [
     common::EIPS,
     common::SWITCHES,
     common::UNDERLAY,
+    common::PEERS,
     common::TUNNEL_END,
 ];
 
@@ -140,6 +141,7 @@ fn shape(name: &str) -> Option<Shape> {
         common::EIPS => (size::<[u8; 16]>(), size::<u32>(), common::EIPS_MAX),
         common::SWITCHES => (size::<u32>(), size::<u32>(), common::SWITCHES_MAX),
         common::UNDERLAY => (size::<u32>(), size::<Underlay>(), 1),
+        common::PEERS => (size::<[u8; 16]>(), size::<u32>(), common::PEERS_MAX),
         common::TUNNEL_END => (size::<u32>(), size::<Counter>(), common::tunnel_end::SLOTS),
         _ => return None,
     };
@@ -318,6 +320,9 @@ pub struct Desired {
     /// fast-path connections' packets are taken out of it on the underlay
     /// interface. `None`: the device does it all.
     pub underlay: Option<Underlay>,
+    /// The other nodes' underlay addresses, while `underlay` is on: the
+    /// only sources it takes frames from.
+    pub peers: BTreeSet<IpAddr>,
 }
 
 impl Desired {
@@ -394,6 +399,11 @@ impl Desired {
                         on,
                     }
                 }),
+            peers: if cfg.ebpf_fast_path && state.vxlan.is_some() {
+                state.peers.iter().map(|p| p.underlay).collect()
+            } else {
+                BTreeSet::new()
+            },
         }
     }
 }
@@ -998,9 +1008,35 @@ impl Classifier {
         Some(learner.learning())
     }
 
-    /// The tunnel's end on the underlay interface: what it takes as the
-    /// node's tunnel, or off.
+    /// The tunnel's end on the underlay interface: the peers it takes
+    /// frames from, then what it takes as the node's tunnel, or off.
     fn sync_underlay(&mut self, desired: &Desired, synced: &mut Synced) -> Result<(), EbpfError> {
+        let peers = if desired.underlay.is_some() {
+            desired.peers.iter().map(|ip| eip_key(*ip)).collect()
+        } else {
+            BTreeSet::new()
+        };
+        let what = "filling the tunnel's end's peers";
+        let mut map: AyaHashMap<_, [u8; 16], u32> = AyaHashMap::try_from(
+            self.ebpf
+                .map_mut(common::PEERS)
+                .ok_or_else(|| failed(what)("the object has no such map".into()))?,
+        )
+        .map_err(|e| e.to_string())
+        .map_err(failed(what))?;
+        let present: BTreeSet<[u8; 16]> = map.keys().flatten().collect();
+        for key in present.difference(&peers) {
+            map.remove(key)
+                .map_err(|e| e.to_string())
+                .map_err(failed(what))?;
+            synced.removed += 1;
+        }
+        for key in peers.difference(&present) {
+            map.insert(key, 0, 0)
+                .map_err(|e| e.to_string())
+                .map_err(failed(what))?;
+            synced.added += 1;
+        }
         let wanted = desired.underlay.unwrap_or_default();
         let what = "the tunnel's end on the underlay";
         let mut map: aya::maps::Array<_, Underlay> = aya::maps::Array::try_from(
@@ -1270,9 +1306,16 @@ impl Classifier {
 
     /// What the tunnel's end on the underlay took out of the tunnel since
     /// its maps were created (they outlive agents): `None` while it is not
-    /// on (the fast path off, or no tunnel yet).
+    /// on or not attached (the fast path off, or no tunnel yet).
     pub fn tunnel_end(&self) -> Option<Result<TunnelEnd, EbpfError>> {
         self.underlay?;
+        if !self
+            .attached
+            .keys()
+            .any(|(role, _)| *role == Role::Underlay)
+        {
+            return None;
+        }
         Some((|| {
             Ok(TunnelEnd {
                 to_pods: self.summed(common::TUNNEL_END, common::tunnel_end::TO_POD)?,
@@ -2079,9 +2122,16 @@ mod kernel_tests {
                 tunnel: Some("t0".into()),
                 tunnels: BTreeMap::from([(MARK, ([2, 0, 0, 0, 0, 3], [2, 0, 0, 0, 0, 4]))]),
                 underlay: underlay(addr),
+                // vxlan()'s sources.
+                peers: BTreeSet::from([ip("192.0.2.2"), ip("2001:db8:ff::2")]),
                 ..Desired::default()
             };
             classifier.sync(&desired).unwrap();
+            // Attached, as an agent attaches it: the counts are shown.
+            let none = BTreeSet::new();
+            for (op, result) in classifier.follow(&none, None, &none, Some("t1")) {
+                result.unwrap_or_else(|e| panic!("{op:?}: {e}"));
+            }
             for (src, dst) in [(pod, remote), (pod6, remote6)] {
                 let syn = tcp_packet(src, dst, 40000, 443, TCP_SYN);
                 assert_eq!(classifier.trial(&syn, 1).unwrap().action, Trial::REDIRECT);
@@ -2091,26 +2141,24 @@ mod kernel_tests {
             let reply = tcp_packet(remote, pod, 443, 40000, TCP_SYN | TCP_ACK);
             let reply6 = tcp_packet(remote6, pod6, 443, 40000, TCP_SYN | TCP_ACK);
             assert_eq!(reply[..6], tunnel_mac);
-            let mut to_pods = 0;
-            let mut taken =
-                |classifier: &mut Classifier, frame: &[u8], inner: &[u8], what: &str| {
-                    let (trial, out) = classifier.trial_underlay(frame, 0).unwrap();
-                    assert_eq!(trial.action, Trial::REDIRECT, "{what}: to its pod");
-                    assert_eq!(
-                        out.len(),
-                        inner.len(),
-                        "{what}: the tunnel's headers came off"
-                    );
-                    assert_eq!(
-                        out[12..],
-                        inner[12..],
-                        "{what}: the inner packet as it was sent"
-                    );
-                    to_pods += 1;
-                    let counted = classifier.tunnel_end().unwrap().unwrap();
-                    assert_eq!(counted.to_pods.packets, to_pods, "{what}: counted");
-                    assert_eq!(counted.out.packets, 0);
-                };
+            let to_pods = std::cell::Cell::new(0);
+            let taken = |classifier: &mut Classifier, frame: &[u8], inner: &[u8], what: &str| {
+                let (trial, out) = classifier.trial_underlay(frame, 0).unwrap();
+                assert_eq!(trial.action, Trial::REDIRECT, "{what}: to its pod");
+                assert_eq!(
+                    out.len(),
+                    inner.len(),
+                    "{what}: the tunnel's headers came off"
+                );
+                assert_eq!(
+                    out[12..],
+                    inner[12..],
+                    "{what}: the inner packet as it was sent"
+                );
+                to_pods.set(to_pods.get() + 1);
+                let counted = classifier.tunnel_end().unwrap().unwrap();
+                assert_eq!(counted.to_pods.packets, to_pods.get(), "{what}: counted");
+            };
             let ours = vxlan(host, addr, port, 0x08, vni, &reply);
             taken(&mut classifier, &ours, &reply, "IPv4 in IPv4");
             let ours6 = vxlan(host, addr, port, 0x08, vni, &reply6);
@@ -2124,7 +2172,30 @@ mod kernel_tests {
             other_flow[14 + 20 + 2..14 + 20 + 4].copy_from_slice(&40001u16.to_be_bytes());
             let mut not_ip = reply.clone();
             not_ip[12..14].copy_from_slice(&0x0806u16.to_be_bytes());
+            // The outer IPv4 header at 14, UDP at 34, VXLAN at 42.
+            let changed = |at: usize, bytes: &[u8]| {
+                let mut frame = ours.clone();
+                frame[at..at + bytes.len()].copy_from_slice(bytes);
+                frame
+            };
+            let total = u16::from_be_bytes([ours[16], ours[17]]);
+            let udp_len = u16::from_be_bytes([ours[38], ours[39]]);
             for (what, frame, gso) in [
+                ("another source", changed(26, &[192, 0, 2, 7]), 0),
+                ("outer IPv4 options", changed(14, &[0x46]), 0),
+                ("an outer fragment", changed(20, &[0x20, 0]), 0),
+                ("congestion experienced", changed(15, &[3]), 0),
+                (
+                    "another outer length",
+                    changed(16, &(total - 1).to_be_bytes()),
+                    0,
+                ),
+                (
+                    "another UDP length",
+                    changed(38, &(udp_len - 1).to_be_bytes()),
+                    0,
+                ),
+                ("other VXLAN bits", changed(43, &[0x01]), 0),
                 (
                     "another VNI",
                     vxlan(host, addr, port, 0x08, vni + 1, &reply),
@@ -2177,6 +2248,87 @@ mod kernel_tests {
                 assert_eq!(out, frame, "{what}: untouched");
             }
             assert_eq!(classifier.tunnel_end().unwrap().unwrap().to_pods.packets, 2);
+
+            // After a segmentation offload of the connection went to the
+            // device, its next frames go there too for a while.
+            let (trial, _) = classifier.trial_underlay(&ours, 1400).unwrap();
+            assert_eq!(trial.action, Trial::UNSPEC, "the offload");
+            let (trial, _) = classifier.trial_underlay(&ours, 0).unwrap();
+            assert_eq!(trial.action, Trial::UNSPEC, "right after it");
+            let (trial, _) = classifier.trial_underlay(&ours6, 0).unwrap();
+            assert_eq!(trial.action, Trial::REDIRECT, "another connection");
+            to_pods.set(to_pods.get() + 1);
+            std::thread::sleep(Duration::from_nanos(common::DEVICE_AFTER_OFFLOAD_NS));
+            taken(&mut classifier, &ours, &reply, "a while after it");
+
+            // A gateway node: a pod's packet of a connection taken over
+            // is translated and sent out; with anything amiss it goes to
+            // the device, untouched.
+            let eip: IpAddr = ip("203.0.113.7");
+            desired.eips = BTreeSet::from([eip]);
+            classifier.sync(&desired).unwrap();
+            let other_pod = ip(OTHER_POD);
+            let upload = tcp_packet(other_pod, remote, 41000, 443, TCP_ACK);
+            let flow = Flow4 {
+                src: [10, 244, 1, 6],
+                dst: [198, 51, 100, 1],
+                sport: 41000u16.to_be_bytes(),
+                dport: 443u16.to_be_bytes(),
+            };
+            let ip_len = u32::try_from(upload.len() - 14).unwrap();
+            let nat = |mtu: u32| Nat4 {
+                addr: [203, 0, 113, 7],
+                port: 61000u16.to_be_bytes(),
+                l2: [2, 0, 0, 0, 0, 0x11, 2, 0, 0, 0, 0, 0x12, 0x08, 0x00],
+                ifindex: 1,
+                mtu,
+                _pad: [0; 4],
+                seen: 0,
+            };
+            let take = |classifier: &mut Classifier, nat: Option<Nat4>| {
+                let mut map: AyaHashMap<&mut MapData, Flow4, Nat4> =
+                    classifier.map(common::NAT_OUT4).unwrap();
+                match nat {
+                    Some(nat) => map.insert(flow, nat, 0).unwrap(),
+                    None => map.remove(&flow).unwrap(),
+                }
+            };
+            let ours_out = vxlan(host, addr, port, 0x08, vni, &upload);
+            let untouched = |classifier: &mut Classifier, frame: &[u8], what: &str| {
+                let (trial, out) = classifier.trial_underlay(frame, 0).unwrap();
+                assert_eq!(trial.action, Trial::UNSPEC, "{what}: to the tunnel device");
+                assert_eq!(out, frame, "{what}: untouched");
+            };
+            untouched(&mut classifier, &ours_out, "not taken over");
+            take(&mut classifier, Some(nat(ip_len - 1)));
+            untouched(&mut classifier, &ours_out, "too big for the way out");
+            take(&mut classifier, Some(nat(ip_len)));
+            let mut last_hop = upload.clone();
+            last_hop[22] = 1;
+            let syn = tcp_packet(other_pod, remote, 41000, 443, TCP_SYN);
+            for (what, inner) in [("TTL 1", &last_hop), ("a SYN", &syn)] {
+                untouched(
+                    &mut classifier,
+                    &vxlan(host, addr, port, 0x08, vni, inner),
+                    what,
+                );
+            }
+            let (trial, out) = classifier.trial_underlay(&ours_out, 0).unwrap();
+            assert_eq!(trial.action, Trial::REDIRECT, "out, translated");
+            assert_eq!(out.len(), upload.len());
+            assert_eq!(out[..14], nat(0).l2, "the way out's Ethernet header");
+            assert_eq!(out[26..30], [203, 0, 113, 7], "from the EIP");
+            assert_eq!(out[34..36], 61000u16.to_be_bytes(), "from its port");
+            assert_eq!(out[22], 63, "TTL");
+            let counted = classifier.tunnel_end().unwrap().unwrap();
+            assert_eq!(counted.out.packets, 1);
+            assert_eq!(counted.out.bytes, upload.len() as u64);
+            // The EIP given up: the connection goes back to the stack.
+            take(&mut classifier, Some(nat(ip_len)));
+            desired.eips.clear();
+            classifier.sync(&desired).unwrap();
+            untouched(&mut classifier, &ours_out, "an EIP the node gave up");
+            assert_eq!(classifier.tunnel_end().unwrap().unwrap().out.packets, 1);
 
             // An IPv6 underlay.
             desired.underlay = underlay(addr6);

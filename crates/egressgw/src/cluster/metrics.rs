@@ -65,7 +65,7 @@ pub struct AgentMetrics {
 }
 
 /// The `way` labels of the tunnel end's counters.
-const TUNNEL_END_WAYS: [&str; 2] = ["to_pod", "out"];
+const TUNNEL_END_WAYS: [&str; 2] = ["to_pods", "out"];
 
 /// What a policy's selected pods on this node sent through its gateway.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -254,9 +254,9 @@ impl AgentMetrics {
         registry.register(
             "egressgw_tunnel_end_packets",
             "Packets this node's eBPF tunnel end took out of the tunnel on the underlay \
-             interface, past the node's stack and the tunnel device, by way (to_pod: replies \
+             interface, past the node's stack and the tunnel device, by way (to_pods: replies \
              handed to their pod; out: pods' packets translated and sent out on a gateway \
-             node); counted since the pinned maps were created, 0 where it is off",
+             node); counted since the pinned maps were created, 0 where it was never on",
             metrics.tunnel_end_packets.clone(),
         );
         registry.register(
@@ -1023,7 +1023,7 @@ mod tests {
         let metrics = AgentMetrics::register(&mut registry);
         let out = text(&registry);
         for line in [
-            "egressgw_tunnel_end_packets_total{way=\"to_pod\"} 0",
+            "egressgw_tunnel_end_packets_total{way=\"to_pods\"} 0",
             "egressgw_tunnel_end_bytes_total{way=\"out\"} 0",
         ] {
             assert!(out.contains(line), "no {line:?} in\n{out}");
@@ -1032,8 +1032,8 @@ mod tests {
         metrics.tunnel_end([(12, 800), (4, 300)]);
         let out = text(&registry);
         for line in [
-            "egressgw_tunnel_end_packets_total{way=\"to_pod\"} 12",
-            "egressgw_tunnel_end_bytes_total{way=\"to_pod\"} 800",
+            "egressgw_tunnel_end_packets_total{way=\"to_pods\"} 12",
+            "egressgw_tunnel_end_bytes_total{way=\"to_pods\"} 800",
             "egressgw_tunnel_end_packets_total{way=\"out\"} 4",
             "egressgw_tunnel_end_bytes_total{way=\"out\"} 300",
         ] {
