@@ -206,11 +206,9 @@ fn redirect(ifindex: u32) -> Option<i32> {
 
 /// The ports, the TCP flags and the length of the TCP header at `tcp`.
 fn tcp_at(ctx: &TcContext, tcp: usize) -> Option<([u8; 2], [u8; 2], u8, u32)> {
-    let sport: [u8; 2] = ctx.load(tcp).ok()?;
-    let dport: [u8; 2] = ctx.load(tcp + 2).ok()?;
-    let offset: u8 = ctx.load(tcp + 12).ok()?;
-    let flags: u8 = ctx.load(tcp + 13).ok()?;
-    Some((sport, dport, flags, u32::from(offset >> 4) * 4))
+    // Up to the flags, in one load.
+    let h: [u8; 14] = ctx.load(tcp).ok()?;
+    Some(([h[0], h[1]], [h[2], h[3]], h[13], u32::from(h[12] >> 4) * 4))
 }
 
 /// The connection, the TCP flags and the length of the IP and TCP headers
@@ -219,27 +217,18 @@ fn tcp4(ctx: &TcContext) -> Option<(Flow4, u8, u32)> {
     tcp4_at(ctx, ETH_HLEN)
 }
 
-/// The protocol of the IPv4 header at `ip` if it has no options and
-/// carries a whole packet (no more fragments, no offset).
-fn plain_ipv4(ctx: &TcContext, ip: usize) -> Option<u8> {
-    let first: u8 = ctx.load(ip).ok()?;
-    let fragment: [u8; 2] = ctx.load(ip + 6).ok()?;
-    let protocol: u8 = ctx.load(ip + 9).ok()?;
-    (first == IPV4_PLAIN && fragment[0] & 0x3f == 0 && fragment[1] == 0).then_some(protocol)
-}
-
 /// [`tcp4`] of the IPv4 header at `ip`.
 #[inline(always)]
 fn tcp4_at(ctx: &TcContext, ip: usize) -> Option<(Flow4, u8, u32)> {
-    if plain_ipv4(ctx, ip)? != IPPROTO_TCP {
+    let h: [u8; 20] = ctx.load(ip).ok()?;
+    // No options, no more fragments, no offset: the whole packet.
+    if h[0] != IPV4_PLAIN || h[6] & 0x3f != 0 || h[7] != 0 || h[9] != IPPROTO_TCP {
         return None;
     }
-    let src: [u8; 4] = ctx.load(ip + 12).ok()?;
-    let dst: [u8; 4] = ctx.load(ip + 16).ok()?;
     let (sport, dport, flags, tcp_len) = tcp_at(ctx, ip + 20)?;
     let flow = Flow4 {
-        src,
-        dst,
+        src: [h[12], h[13], h[14], h[15]],
+        dst: [h[16], h[17], h[18], h[19]],
         sport,
         dport,
     };

@@ -16,8 +16,8 @@ use aya_ebpf::programs::TcContext;
 use egressgw_common::{DEVICE_AFTER_OFFLOAD_NS, Underlay, eip_key4, tunnel_end};
 
 use crate::{
-    ETH_HLEN, ETH_P_IP, ETH_P_IPV6, FLOWS4, FLOWS6, IPV6_HLEN, OFFLOADED4, OFFLOADED6, PEERS,
-    TUNNEL_END, UNDERLAY, add, gateway, plain_ipv4, tcp4_at, tcp6_at, to_pod,
+    ETH_HLEN, ETH_P_IP, ETH_P_IPV6, FLOWS4, FLOWS6, IPV4_PLAIN, IPV6_HLEN, OFFLOADED4, OFFLOADED6,
+    PEERS, TUNNEL_END, UNDERLAY, add, gateway, tcp4_at, tcp6_at, to_pod,
 };
 
 const IPPROTO_UDP: u8 = 17;
@@ -53,19 +53,16 @@ pub(crate) fn underlay(ctx: &TcContext) -> Option<i32> {
     // A segmentation offload's lengths are the whole offload's.
     let offload = gso_size != 0;
     let udp = outer(ctx, &tunnel, outer_ipv6, offload)?;
-    let vxlan = udp + 8;
-    let port: [u8; 2] = ctx.load(udp + 2).ok()?;
-    let udp_len: [u8; 2] = ctx.load(udp + 4).ok()?;
-    let flags: [u8; 4] = ctx.load(vxlan).ok()?;
-    let vni: [u8; 4] = ctx.load(vxlan + 4).ok()?;
-    let inner_eth = vxlan + 8;
-    let inner_dst: [u8; 6] = ctx.load(inner_eth).ok()?;
-    let inner_type: [u8; 2] = ctx.load(inner_eth + 12).ok()?;
-    if port != tunnel.port
-        || flags != VXLAN_FLAGS
-        || vni != tunnel.vni
-        || inner_dst != tunnel.mac
-        || !(offload || u32::from(u16::from_be_bytes(udp_len)) == ctx.len() - udp as u32)
+    // UDP, VXLAN and the inner Ethernet header, in one load.
+    let headers: [u8; 8 + 8 + ETH_HLEN] = ctx.load(udp).ok()?;
+    let udp_len = u32::from(u16::from_be_bytes([headers[4], headers[5]]));
+    let inner_eth = udp + 16;
+    let inner_type = [headers[28], headers[29]];
+    if headers[2..4] != tunnel.port
+        || headers[8..12] != VXLAN_FLAGS
+        || headers[12..16] != tunnel.vni
+        || headers[16..22] != tunnel.mac
+        || !(offload || udp_len == ctx.len() - udp as u32)
     {
         return None;
     }
@@ -160,26 +157,23 @@ pub(crate) fn underlay(ctx: &TcContext) -> Option<i32> {
 fn outer(ctx: &TcContext, tunnel: &Underlay, ipv6: bool, offload: bool) -> Option<usize> {
     let len = ctx.len();
     if ipv6 {
-        let first: [u8; 2] = ctx.load(ETH_HLEN).ok()?;
-        let payload: [u8; 2] = ctx.load(ETH_HLEN + 4).ok()?;
-        let next: u8 = ctx.load(ETH_HLEN + 6).ok()?;
-        let src: [u8; 16] = ctx.load(ETH_HLEN + 8).ok()?;
-        let dst: [u8; 16] = ctx.load(ETH_HLEN + 24).ok()?;
-        let whole = offload
-            || u32::from(u16::from_be_bytes(payload)) == len - (ETH_HLEN + IPV6_HLEN) as u32;
-        let plain = next == IPPROTO_UDP && (first[1] >> 4) & 3 != ECN_CE && whole;
-        (plain && dst == tunnel.addr && peer(src)).then_some(ETH_HLEN + IPV6_HLEN)
+        let ip: [u8; IPV6_HLEN] = ctx.load(ETH_HLEN).ok()?;
+        let payload = u32::from(u16::from_be_bytes([ip[4], ip[5]]));
+        let whole = offload || payload == len - (ETH_HLEN + IPV6_HLEN) as u32;
+        let plain = ip[6] == IPPROTO_UDP && (ip[1] >> 4) & 3 != ECN_CE && whole;
+        let mut src = [0u8; 16];
+        src.copy_from_slice(&ip[8..24]);
+        (plain && ip[24..40] == tunnel.addr && peer(src)).then_some(ETH_HLEN + IPV6_HLEN)
     } else {
-        if plain_ipv4(ctx, ETH_HLEN)? != IPPROTO_UDP {
-            return None;
-        }
-        let tos: u8 = ctx.load(ETH_HLEN + 1).ok()?;
-        let total: [u8; 2] = ctx.load(ETH_HLEN + 2).ok()?;
-        let src: [u8; 4] = ctx.load(ETH_HLEN + 12).ok()?;
-        let dst: [u8; 4] = ctx.load(ETH_HLEN + 16).ok()?;
-        let whole = offload || u32::from(u16::from_be_bytes(total)) == len - ETH_HLEN as u32;
-        let ours = dst[..] == tunnel.addr[..4];
-        (tos & 3 != ECN_CE && whole && ours && peer(eip_key4(src))).then_some(ETH_HLEN + IPV4_HLEN)
+        let ip: [u8; IPV4_HLEN] = ctx.load(ETH_HLEN).ok()?;
+        let total = u32::from(u16::from_be_bytes([ip[2], ip[3]]));
+        let whole = offload || total == len - ETH_HLEN as u32;
+        // No options, no more fragments, no offset.
+        let plain = ip[0] == IPV4_PLAIN && ip[6] & 0x3f == 0 && ip[7] == 0 && ip[9] == IPPROTO_UDP;
+        let ours = ip[16..20] == tunnel.addr[..4];
+        let src = [ip[12], ip[13], ip[14], ip[15]];
+        (plain && ip[1] & 3 != ECN_CE && whole && ours && peer(eip_key4(src)))
+            .then_some(ETH_HLEN + IPV4_HLEN)
     }
 }
 
