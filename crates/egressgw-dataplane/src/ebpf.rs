@@ -423,6 +423,56 @@ impl Synced {
     }
 }
 
+/// A hash map of addresses (IPv6, or IPv4 mapped) -> unused, as a set:
+/// the gateway's EIPs, the tunnel's end's peers.
+struct AddressSet<'a> {
+    map: AyaHashMap<&'a mut MapData, [u8; 16], u32>,
+    /// Its keys when opened.
+    present: BTreeSet<[u8; 16]>,
+    what: &'static str,
+}
+
+impl<'a> AddressSet<'a> {
+    fn open(ebpf: &'a mut aya::Ebpf, name: &str, what: &'static str) -> Result<Self, EbpfError> {
+        let map: AyaHashMap<_, [u8; 16], u32> = AyaHashMap::try_from(
+            ebpf.map_mut(name)
+                .ok_or_else(|| failed(what)("the object has no such map".into()))?,
+        )
+        .map_err(|e| e.to_string())
+        .map_err(failed(what))?;
+        let present = map.keys().flatten().collect();
+        Ok(Self { map, present, what })
+    }
+
+    /// Removes the keys not in `wanted`.
+    fn remove_all_but(
+        &mut self,
+        wanted: &BTreeSet<[u8; 16]>,
+        synced: &mut Synced,
+    ) -> Result<(), EbpfError> {
+        for key in self.present.difference(wanted) {
+            self.map
+                .remove(key)
+                .map_err(|e| e.to_string())
+                .map_err(failed(self.what))?;
+            synced.removed += 1;
+        }
+        Ok(())
+    }
+
+    /// Adds the keys of `wanted` it did not have.
+    fn add(&mut self, wanted: &BTreeSet<[u8; 16]>, synced: &mut Synced) -> Result<(), EbpfError> {
+        for key in wanted.difference(&self.present) {
+            self.map
+                .insert(key, 0, 0)
+                .map_err(|e| e.to_string())
+                .map_err(failed(self.what))?;
+            synced.added += 1;
+        }
+        Ok(())
+    }
+}
+
 /// One attachment of the program.
 #[derive(Debug, PartialEq, Eq)]
 struct Attached {
@@ -949,30 +999,16 @@ impl Classifier {
         // EIPs the node gave up stop being learned first, then their
         // connections are forgotten; new ones are learned last.
         let wanted: BTreeSet<[u8; 16]> = eips.iter().map(|ip| eip_key(*ip)).collect();
-        let what = "filling the gateway's EIPs map";
-        let mut map: AyaHashMap<_, [u8; 16], u32> = AyaHashMap::try_from(
-            self.ebpf
-                .map_mut(common::EIPS)
-                .ok_or_else(|| failed(what)("the object has no such map".into()))?,
-        )
-        .map_err(|e| e.to_string())
-        .map_err(failed(what))?;
-        let present: BTreeSet<[u8; 16]> = map.keys().flatten().collect();
-        for key in present.difference(&wanted) {
-            map.remove(key)
-                .map_err(|e| e.to_string())
-                .map_err(failed(what))?;
-            synced.removed += 1;
-        }
+        let mut set = AddressSet::open(
+            &mut self.ebpf,
+            common::EIPS,
+            "filling the gateway's EIPs map",
+        )?;
+        set.remove_all_but(&wanted, synced)?;
         if let Some((learner, maps)) = &mut self.gateway {
             synced.removed += learner.set_eips(&eips, maps);
         }
-        for key in wanted.difference(&present) {
-            map.insert(key, 0, 0)
-                .map_err(|e| e.to_string())
-                .map_err(failed(what))?;
-            synced.added += 1;
-        }
+        set.add(&wanted, synced)?;
         if self.learning != Some(on) {
             let what = format!(
                 "switching the gateway's eBPF fast path {}",
@@ -1016,27 +1052,13 @@ impl Classifier {
         } else {
             BTreeSet::new()
         };
-        let what = "filling the tunnel's end's peers";
-        let mut map: AyaHashMap<_, [u8; 16], u32> = AyaHashMap::try_from(
-            self.ebpf
-                .map_mut(common::PEERS)
-                .ok_or_else(|| failed(what)("the object has no such map".into()))?,
-        )
-        .map_err(|e| e.to_string())
-        .map_err(failed(what))?;
-        let present: BTreeSet<[u8; 16]> = map.keys().flatten().collect();
-        for key in present.difference(&peers) {
-            map.remove(key)
-                .map_err(|e| e.to_string())
-                .map_err(failed(what))?;
-            synced.removed += 1;
-        }
-        for key in peers.difference(&present) {
-            map.insert(key, 0, 0)
-                .map_err(|e| e.to_string())
-                .map_err(failed(what))?;
-            synced.added += 1;
-        }
+        let mut set = AddressSet::open(
+            &mut self.ebpf,
+            common::PEERS,
+            "filling the tunnel's end's peers",
+        )?;
+        set.remove_all_but(&peers, synced)?;
+        set.add(&peers, synced)?;
         let wanted = desired.underlay.unwrap_or_default();
         let what = "the tunnel's end on the underlay";
         let mut map: aya::maps::Array<_, Underlay> = aya::maps::Array::try_from(
@@ -1964,13 +1986,7 @@ mod kernel_tests {
             return;
         }
         in_new_netns(|| {
-            // The tunnel's MTU is read from sysfs: this namespace's.
-            use nix::sched::{CloneFlags, unshare};
-            unshare(CloneFlags::CLONE_FS | CloneFlags::CLONE_NEWNS).expect("unshare(CLONE_NEWNS)");
-            sh("mount --make-rprivate / && mount -t sysfs sysfs /sys");
-            sh("ip link add name t0 type veth peer name t1");
-            links_up(&["t0", "t1"]);
-            let mut classifier = Classifier::load().expect("the program loads");
+            let mut classifier = loaded_beside_a_tunnel();
             let (pod, remote) = (
                 POD.parse::<IpAddr>().unwrap(),
                 "198.51.100.1".parse().unwrap(),
@@ -2012,6 +2028,18 @@ mod kernel_tests {
                 "the reply goes through the stack"
             );
         });
+    }
+
+    /// In a test's network namespace: a veth pair t0/t1 up, standing for
+    /// the tunnel device, with this namespace's sysfs mounted (the
+    /// tunnel's MTU is read from there), and the program loaded.
+    fn loaded_beside_a_tunnel() -> Classifier {
+        use nix::sched::{CloneFlags, unshare};
+        unshare(CloneFlags::CLONE_FS | CloneFlags::CLONE_NEWNS).expect("unshare(CLONE_NEWNS)");
+        sh("mount --make-rprivate / && mount -t sysfs sysfs /sys");
+        sh("ip link add name t0 type veth peer name t1");
+        links_up(&["t0", "t1"]);
+        Classifier::load().expect("the program loads")
     }
 
     /// Waits up to 2 s for `iface`'s ingress to have no program: the
@@ -2076,12 +2104,7 @@ mod kernel_tests {
             return;
         }
         in_new_netns(|| {
-            use nix::sched::{CloneFlags, unshare};
-            unshare(CloneFlags::CLONE_FS | CloneFlags::CLONE_NEWNS).expect("unshare(CLONE_NEWNS)");
-            sh("mount --make-rprivate / && mount -t sysfs sysfs /sys");
-            sh("ip link add name t0 type veth peer name t1");
-            links_up(&["t0", "t1"]);
-            let mut classifier = Classifier::load().expect("the program loads");
+            let mut classifier = loaded_beside_a_tunnel();
             let ip = |s: &str| s.parse::<IpAddr>().unwrap();
             let (pod, remote) = (ip(POD), ip("198.51.100.1"));
             let (pod6, remote6) = (ip("fd00:10:244:1::5"), ip("2001:db8::1"));
