@@ -22,7 +22,9 @@ const SOURCE: &str = "node-3";
 /// echo servers in every variant; case 3 left through the tunnel
 /// (the source node's `egress.vxlan` sent at least what cases 2 and 3 sent
 /// forward) with the EIP (the target's iperf3 saw it); offload
-/// was off where it was switched off; nothing of the bench is left.
+/// was off where it was switched off; nothing of the bench is left, and
+/// the agents' config key is owned by whoever owned it before (Helm: its
+/// next server-side upgrade would otherwise conflict with the bench).
 pub fn smoke_bench_measures_every_case_and_case_3_leaves_with_the_eip(
     run: &mut Run,
 ) -> anyhow::Result<()> {
@@ -31,6 +33,7 @@ pub fn smoke_bench_measures_every_case_and_case_3_leaves_with_the_eip(
     let output =
         std::env::temp_dir().join(format!("egressgw-bench-smoke-{}.json", std::process::id()));
     let sent_before = tunnel_tx_bytes(run.lab, SOURCE)?;
+    let (owners_before, _) = config_owners(run.lab)?;
     let result = bench(run.lab, &output);
     let sent_after = tunnel_tx_bytes(run.lab, SOURCE)?;
     let text = std::fs::read_to_string(&output);
@@ -114,6 +117,20 @@ pub fn smoke_bench_measures_every_case_and_case_3_leaves_with_the_eip(
         left.trim().is_empty(),
         "the bench left its namespace: {left}"
     );
+    let (owners_after, annotations) = config_owners(run.lab)?;
+    ensure!(
+        owners_before.iter().any(|o| o.starts_with("helm ")),
+        "before the bench Helm did not own the agents' config: {owners_before:?}"
+    );
+    ensure!(
+        owners_after == owners_before,
+        "the agents' config was owned by {owners_before:?} before the bench and by \
+         {owners_after:?} after it"
+    );
+    ensure!(
+        !annotations.contains("egressgw.io/bench-"),
+        "the bench left its annotations on the agents' ConfigMap: {annotations}"
+    );
     run.note(format!(
         "{} runs; case 3 left with {placement_eip}; cases 2 and 3 sent {:.0} + {:.0} MB forward, \
          {SOURCE}'s tunnel {:.0} MB",
@@ -183,6 +200,30 @@ fn bench(lab: &Lab, output: &std::path::Path) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Who owns the agents' config key (`manager operation` of each
+/// `managedFields` entry that holds it), and the ConfigMap's annotations.
+fn config_owners(lab: &Lab) -> anyhow::Result<(Vec<String>, String)> {
+    let text = lab.kubectl.run(&[
+        "-n",
+        crate::lab::egressgw::NAMESPACE,
+        "get",
+        "configmap",
+        &format!("{}-config", crate::lab::helm::RELEASE),
+        "-o",
+        "json",
+        "--show-managed-fields",
+    ])?;
+    let cm: Value = serde_json::from_str(&text).context("the agents' ConfigMap")?;
+    let owners = cm["metadata"]["managedFields"]
+        .as_array()
+        .context("the agents' ConfigMap has no managedFields")?
+        .iter()
+        .filter(|e| !e["fieldsV1"]["f:data"]["f:config.yaml"].is_null())
+        .map(|e| format!("{} {}", e["manager"], e["operation"]).replace('"', ""))
+        .collect();
+    Ok((owners, cm["metadata"]["annotations"].to_string()))
 }
 
 /// Bytes `node`'s `egress.vxlan` has sent.

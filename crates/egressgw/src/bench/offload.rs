@@ -4,6 +4,11 @@
 //! --set feature.vxlan.disableChecksumOffload=...` would do it. The original
 //! config is kept in an annotation of the ConfigMap until it is restored,
 //! so `egressgw bench --cleanup` can restore it after a crash.
+//!
+//! Restoring also hands the config key back to whoever owned it before
+//! (the ConfigMap's `managedFields`): Helm 4 applies server-side, and a
+//! key last written by the bench would make its next `helm upgrade` that
+//! changes the config fail with a conflict.
 
 use std::time::{Duration, Instant};
 
@@ -11,8 +16,10 @@ use anyhow::{Context, bail};
 use egressgw_core::model::DatapathChoice;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams};
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::report::BenchDatapath;
@@ -21,6 +28,12 @@ use super::report::BenchDatapath;
 const CONFIG_KEY: &str = "config.yaml";
 /// The annotation holding the config as it was before the bench.
 pub const ORIGINAL_ANNOTATION: &str = "egressgw.io/bench-original-config";
+/// The annotation holding who owned the config key before the bench (its
+/// `managedFields` entries, as JSON [`Owner`]s), for the restore to hand it
+/// back to them.
+pub const OWNERS_ANNOTATION: &str = "egressgw.io/bench-original-owners";
+/// The field manager of the bench's writes.
+const FIELD_MANAGER: &str = "egressgw-bench";
 /// The Pod template annotation whose change rolls the agents.
 const ROLL_ANNOTATION: &str = "egressgw.io/bench-config";
 /// How long an agent rollout may take.
@@ -189,7 +202,8 @@ pub async fn read_config(
 }
 
 /// Writes `config` (keeping `original` in the annotation, or removing the
-/// annotation with `None`) and rolls the agents, waiting until every one
+/// annotation with `None` and handing the config key back to its owners
+/// from before the bench) and rolls the agents, waiting until every one
 /// runs the new config and is ready.
 pub async fn apply(
     client: &kube::Client,
@@ -199,22 +213,40 @@ pub async fn apply(
     progress: &dyn Fn(&str),
 ) -> anyhow::Result<()> {
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &agents.namespace);
+    let what = format!("ConfigMap {}/{}", agents.namespace, agents.configmap);
+    let live = cms
+        .get(&agents.configmap)
+        .await
+        .with_context(|| format!("reading {what}"))?;
+    let recorded = live
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(OWNERS_ANNOTATION));
+    let owners = match (original, recorded) {
+        // The first switch: record who owns the key now.
+        (Some(_), None) => Some(serde_json::to_string(&config_owners(
+            live.metadata.managed_fields.as_deref().unwrap_or_default(),
+        ))?),
+        // Later switches keep the first one's record.
+        (Some(_), Some(recorded)) => Some(recorded.clone()),
+        (None, _) => None,
+    };
     let patch = json!({
-        "metadata": { "annotations": { ORIGINAL_ANNOTATION: original } },
+        "metadata": { "annotations": {
+            ORIGINAL_ANNOTATION: original,
+            OWNERS_ANNOTATION: owners,
+        } },
         "data": { CONFIG_KEY: config },
     });
-    cms.patch(
-        &agents.configmap,
-        &PatchParams::default(),
-        &Patch::Merge(&patch),
-    )
-    .await
-    .with_context(|| {
-        format!(
-            "writing ConfigMap {}/{}",
-            agents.namespace, agents.configmap
-        )
-    })?;
+    cms.patch(&agents.configmap, &writes(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("writing {what}"))?;
+    if original.is_none()
+        && let Some(recorded) = recorded
+    {
+        hand_back(&cms, &agents.configmap, &what, recorded).await?;
+    }
     let offload = if offload_disabled(config)? {
         "off"
     } else {
@@ -226,23 +258,167 @@ pub async fn apply(
     let roll = original.map(|_| format!("offload-{offload}-datapath-{datapath}"));
     let ds: Api<DaemonSet> = Api::namespaced(client.clone(), &agents.namespace);
     let patch = json!({ "spec": { "template": { "metadata": { "annotations": { ROLL_ANNOTATION: roll } } } } });
-    ds.patch(
-        &agents.daemonset,
-        &PatchParams::default(),
-        &Patch::Merge(&patch),
-    )
-    .await
-    .with_context(|| {
-        format!(
-            "rolling DaemonSet {}/{}",
-            agents.namespace, agents.daemonset
-        )
-    })?;
+    ds.patch(&agents.daemonset, &writes(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| {
+            format!(
+                "rolling DaemonSet {}/{}",
+                agents.namespace, agents.daemonset
+            )
+        })?;
     progress(&format!(
         "tx checksum offload {offload}, datapath {datapath}: rolling the agents ({}/{})",
         agents.namespace, agents.daemonset
     ));
     wait_rollout(&ds, agents).await
+}
+
+/// The bench's writes, under its own field manager.
+fn writes() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    }
+}
+
+/// One owner of the config key: a `managedFields` entry's identity.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Owner {
+    manager: String,
+    operation: String,
+    api_version: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    subresource: String,
+}
+
+impl Owner {
+    fn of(entry: &ManagedFieldsEntry) -> Self {
+        let text = |s: &Option<String>| s.clone().unwrap_or_default();
+        Self {
+            manager: text(&entry.manager),
+            operation: text(&entry.operation),
+            api_version: text(&entry.api_version),
+            subresource: text(&entry.subresource),
+        }
+    }
+}
+
+/// Whether `entry` owns the config key.
+fn owns_config(entry: &ManagedFieldsEntry) -> bool {
+    entry
+        .fields_v1
+        .as_ref()
+        .and_then(|f| f.0.get("f:data"))
+        .and_then(|d| d.get(format!("f:{CONFIG_KEY}")))
+        .is_some()
+}
+
+/// Who owns the config key among `entries`.
+fn config_owners(entries: &[ManagedFieldsEntry]) -> Vec<Owner> {
+    entries
+        .iter()
+        .filter(|e| owns_config(e))
+        .map(Owner::of)
+        .collect()
+}
+
+/// `entries` with the config key owned by `owners` alone: taken from every
+/// other entry (one left owning nothing goes), given to each of `owners`
+/// (an entry made for one that has none left). `None` when that is how
+/// it is already.
+fn config_owned_by(
+    entries: &[ManagedFieldsEntry],
+    owners: &[Owner],
+) -> Option<Vec<ManagedFieldsEntry>> {
+    let key = format!("f:{CONFIG_KEY}");
+    let mut result = Vec::new();
+    for entry in entries {
+        let owner = owners.contains(&Owner::of(entry));
+        if owner == owns_config(entry) {
+            result.push(entry.clone());
+            continue;
+        }
+        let mut entry = entry.clone();
+        let fields = entry.fields_v1.get_or_insert_with(|| FieldsV1(json!({})));
+        if !fields.0.is_object() {
+            fields.0 = json!({});
+        }
+        let top = fields.0.as_object_mut().expect("an object");
+        if owner {
+            let data = top.entry("f:data").or_insert_with(|| json!({}));
+            if !data.is_object() {
+                *data = json!({});
+            }
+            data.as_object_mut()
+                .expect("an object")
+                .insert(key.clone(), json!({}));
+        } else {
+            if let Some(data) = top.get_mut("f:data").and_then(|d| d.as_object_mut()) {
+                data.remove(&key);
+                if data.is_empty() {
+                    top.remove("f:data");
+                }
+            }
+            if top.is_empty() {
+                continue;
+            }
+        }
+        result.push(entry);
+    }
+    for owner in owners {
+        if !result.iter().any(|e| Owner::of(e) == *owner) {
+            result.push(ManagedFieldsEntry {
+                api_version: Some(owner.api_version.clone()),
+                fields_type: Some("FieldsV1".to_owned()),
+                fields_v1: Some(FieldsV1(json!({ "f:data": { key.clone(): {} } }))),
+                manager: Some(owner.manager.clone()),
+                operation: Some(owner.operation.clone()),
+                subresource: (!owner.subresource.is_empty()).then(|| owner.subresource.clone()),
+                time: None,
+            });
+        }
+    }
+    (result != entries).then_some(result)
+}
+
+/// Hands the config key back to the owners `recorded` (the owners
+/// annotation's text) names: the bench's writes made it the key's owner,
+/// and an owner that applies server-side (Helm 4) would otherwise find
+/// its next change refused as a conflict with the bench.
+async fn hand_back(
+    cms: &Api<ConfigMap>,
+    name: &str,
+    what: &str,
+    recorded: &str,
+) -> anyhow::Result<()> {
+    let owners: Vec<Owner> = serde_json::from_str(recorded).with_context(|| {
+        format!(
+            "{what}: annotation {OWNERS_ANNOTATION} is not a list of owners; the config is \
+             restored, but its next `helm upgrade` may need --force-conflicts"
+        )
+    })?;
+    if owners.is_empty() {
+        return Ok(());
+    }
+    let live = cms
+        .get_metadata(name)
+        .await
+        .with_context(|| format!("reading {what}"))?;
+    let entries = live.metadata.managed_fields.unwrap_or_default();
+    let Some(entries) = config_owned_by(&entries, &owners) else {
+        return Ok(());
+    };
+    // Setting managedFields replaces them; the resource version makes
+    // sure nothing changed since they were read.
+    let patch = json!({ "metadata": {
+        "managedFields": entries,
+        "resourceVersion": live.metadata.resource_version,
+    } });
+    cms.patch(name, &writes(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("handing {what}'s {CONFIG_KEY} back to its owners"))?;
+    Ok(())
 }
 
 /// Waits until the DaemonSet's controller has seen its latest spec and
@@ -319,6 +495,80 @@ mod tests {
         );
         assert!(datapath("datapath: xdp").is_err());
         assert!(datapath("ebpf:\n  fastPath: maybe").is_err());
+    }
+
+    fn entry(manager: &str, operation: &str, fields: serde_json::Value) -> ManagedFieldsEntry {
+        ManagedFieldsEntry {
+            api_version: Some("v1".to_owned()),
+            fields_type: Some("FieldsV1".to_owned()),
+            fields_v1: Some(FieldsV1(fields)),
+            manager: Some(manager.to_owned()),
+            operation: Some(operation.to_owned()),
+            subresource: None,
+            time: None,
+        }
+    }
+
+    /// The ConfigMap's fields as Helm 4 applies them, and as they are after
+    /// the bench wrote the config.
+    fn helm_and_bench() -> (Vec<ManagedFieldsEntry>, Vec<ManagedFieldsEntry>) {
+        let labels = json!({ "f:metadata": { "f:labels": { "f:app.kubernetes.io/name": {} } } });
+        let mut helm_before = labels.clone();
+        helm_before["f:data"] = json!({ "f:config.yaml": {} });
+        let before = vec![entry("helm", "Apply", helm_before)];
+        let after = vec![
+            entry("helm", "Apply", labels),
+            entry(
+                FIELD_MANAGER,
+                "Update",
+                json!({ "f:data": { "f:config.yaml": {} } }),
+            ),
+        ];
+        (before, after)
+    }
+
+    #[test]
+    fn restoring_hands_the_config_back_to_its_owner_from_before() {
+        let (before, after) = helm_and_bench();
+        let owners = config_owners(&before);
+        assert_eq!(owners.len(), 1);
+        assert_eq!(owners[0].manager, "helm");
+        assert!(config_owners(&after).iter().all(|o| o.manager != "helm"));
+        // Through the annotation and back.
+        let recorded = serde_json::to_string(&owners).unwrap();
+        let owners: Vec<Owner> = serde_json::from_str(&recorded).unwrap();
+        let handed = config_owned_by(&after, &owners).expect("a change");
+        assert_eq!(handed, before, "helm owns the key again, the bench nothing");
+        assert_eq!(
+            config_owned_by(&handed, &owners),
+            None,
+            "nothing more to do"
+        );
+    }
+
+    #[test]
+    fn handing_back_keeps_what_else_the_bench_owns_and_makes_a_missing_owner() {
+        let (_, mut after) = helm_and_bench();
+        after[1].fields_v1 = Some(FieldsV1(json!({
+            "f:data": { "f:config.yaml": {}, "f:other": {} },
+        })));
+        let gone = Owner {
+            manager: "kubectl-client-side-apply".to_owned(),
+            operation: "Update".to_owned(),
+            api_version: "v1".to_owned(),
+            subresource: String::new(),
+        };
+        let handed = config_owned_by(&after, std::slice::from_ref(&gone)).expect("a change");
+        assert_eq!(handed.len(), 3, "{handed:?}");
+        assert_eq!(handed[0], after[0], "helm's entry untouched");
+        assert_eq!(
+            handed[1].fields_v1.as_ref().unwrap().0,
+            json!({ "f:data": { "f:other": {} } }),
+            "the bench keeps the key it wrote besides"
+        );
+        assert_eq!(Owner::of(&handed[2]), gone);
+        assert!(owns_config(&handed[2]));
+        assert_eq!(config_owners(&handed), vec![gone]);
     }
 
     #[test]
