@@ -16,7 +16,7 @@ use anyhow::{Context, bail};
 use egressgw_core::model::DatapathChoice;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry, ObjectMeta};
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams};
 use serde::{Deserialize, Serialize};
@@ -29,9 +29,9 @@ const CONFIG_KEY: &str = "config.yaml";
 /// The annotation holding the config as it was before the bench.
 pub const ORIGINAL_ANNOTATION: &str = "egressgw.io/bench-original-config";
 /// The annotation holding who owned the config key before the bench (its
-/// `managedFields` entries, as JSON [`Owner`]s), for the restore to hand it
-/// back to them.
-pub const OWNERS_ANNOTATION: &str = "egressgw.io/bench-original-owners";
+/// `managedFields` entries, as JSON [`ConfigOwner`]s), for the restore to
+/// hand it back to them.
+const OWNERS_ANNOTATION: &str = "egressgw.io/bench-original-owners";
 /// The field manager of the bench's writes.
 const FIELD_MANAGER: &str = "egressgw-bench";
 /// The Pod template annotation whose change rolls the agents.
@@ -239,13 +239,14 @@ pub async fn apply(
         } },
         "data": { CONFIG_KEY: config },
     });
-    cms.patch(&agents.configmap, &writes(), &Patch::Merge(&patch))
+    let written = cms
+        .patch(&agents.configmap, &writes(), &Patch::Merge(&patch))
         .await
         .with_context(|| format!("writing {what}"))?;
     if original.is_none()
         && let Some(recorded) = recorded
     {
-        hand_back(&cms, &agents.configmap, &what, recorded).await?;
+        hand_back(&cms, written.metadata, &what, recorded).await?;
     }
     let offload = if offload_disabled(config)? {
         "off"
@@ -282,9 +283,9 @@ fn writes() -> PatchParams {
 }
 
 /// One owner of the config key: a `managedFields` entry's identity.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Owner {
+struct ConfigOwner {
     manager: String,
     operation: String,
     api_version: String,
@@ -292,7 +293,7 @@ pub struct Owner {
     subresource: String,
 }
 
-impl Owner {
+impl ConfigOwner {
     fn of(entry: &ManagedFieldsEntry) -> Self {
         let text = |s: &Option<String>| s.clone().unwrap_or_default();
         Self {
@@ -315,11 +316,11 @@ fn owns_config(entry: &ManagedFieldsEntry) -> bool {
 }
 
 /// Who owns the config key among `entries`.
-fn config_owners(entries: &[ManagedFieldsEntry]) -> Vec<Owner> {
+fn config_owners(entries: &[ManagedFieldsEntry]) -> Vec<ConfigOwner> {
     entries
         .iter()
         .filter(|e| owns_config(e))
-        .map(Owner::of)
+        .map(ConfigOwner::of)
         .collect()
 }
 
@@ -329,12 +330,12 @@ fn config_owners(entries: &[ManagedFieldsEntry]) -> Vec<Owner> {
 /// it is already.
 fn config_owned_by(
     entries: &[ManagedFieldsEntry],
-    owners: &[Owner],
+    owners: &[ConfigOwner],
 ) -> Option<Vec<ManagedFieldsEntry>> {
     let key = format!("f:{CONFIG_KEY}");
     let mut result = Vec::new();
     for entry in entries {
-        let owner = owners.contains(&Owner::of(entry));
+        let owner = owners.contains(&ConfigOwner::of(entry));
         if owner == owns_config(entry) {
             result.push(entry.clone());
             continue;
@@ -367,7 +368,7 @@ fn config_owned_by(
         result.push(entry);
     }
     for owner in owners {
-        if !result.iter().any(|e| Owner::of(e) == *owner) {
+        if !result.iter().any(|e| ConfigOwner::of(e) == *owner) {
             result.push(ManagedFieldsEntry {
                 api_version: Some(owner.api_version.clone()),
                 fields_type: Some("FieldsV1".to_owned()),
@@ -386,13 +387,14 @@ fn config_owned_by(
 /// annotation's text) names: the bench's writes made it the key's owner,
 /// and an owner that applies server-side (Helm 4) would otherwise find
 /// its next change refused as a conflict with the bench.
+/// `written` is the ConfigMap's metadata as the restoring write left it.
 async fn hand_back(
     cms: &Api<ConfigMap>,
-    name: &str,
+    written: ObjectMeta,
     what: &str,
     recorded: &str,
 ) -> anyhow::Result<()> {
-    let owners: Vec<Owner> = serde_json::from_str(recorded).with_context(|| {
+    let owners: Vec<ConfigOwner> = serde_json::from_str(recorded).with_context(|| {
         format!(
             "{what}: annotation {OWNERS_ANNOTATION} is not a list of owners; the config is \
              restored, but its next `helm upgrade` may need --force-conflicts"
@@ -401,20 +403,17 @@ async fn hand_back(
     if owners.is_empty() {
         return Ok(());
     }
-    let live = cms
-        .get_metadata(name)
-        .await
-        .with_context(|| format!("reading {what}"))?;
-    let entries = live.metadata.managed_fields.unwrap_or_default();
+    let entries = written.managed_fields.unwrap_or_default();
     let Some(entries) = config_owned_by(&entries, &owners) else {
         return Ok(());
     };
     // Setting managedFields replaces them; the resource version makes
-    // sure nothing changed since they were read.
+    // sure nothing changed since the write.
     let patch = json!({ "metadata": {
         "managedFields": entries,
-        "resourceVersion": live.metadata.resource_version,
+        "resourceVersion": written.resource_version,
     } });
+    let name = written.name.as_deref().unwrap_or_default();
     cms.patch(name, &writes(), &Patch::Merge(&patch))
         .await
         .with_context(|| format!("handing {what}'s {CONFIG_KEY} back to its owners"))?;
@@ -536,7 +535,7 @@ mod tests {
         assert!(config_owners(&after).iter().all(|o| o.manager != "helm"));
         // Through the annotation and back.
         let recorded = serde_json::to_string(&owners).unwrap();
-        let owners: Vec<Owner> = serde_json::from_str(&recorded).unwrap();
+        let owners: Vec<ConfigOwner> = serde_json::from_str(&recorded).unwrap();
         let handed = config_owned_by(&after, &owners).expect("a change");
         assert_eq!(handed, before, "helm owns the key again, the bench nothing");
         assert_eq!(
@@ -552,7 +551,7 @@ mod tests {
         after[1].fields_v1 = Some(FieldsV1(json!({
             "f:data": { "f:config.yaml": {}, "f:other": {} },
         })));
-        let gone = Owner {
+        let gone = ConfigOwner {
             manager: "kubectl-client-side-apply".to_owned(),
             operation: "Update".to_owned(),
             api_version: "v1".to_owned(),
@@ -566,7 +565,7 @@ mod tests {
             json!({ "f:data": { "f:other": {} } }),
             "the bench keeps the key it wrote besides"
         );
-        assert_eq!(Owner::of(&handed[2]), gone);
+        assert_eq!(ConfigOwner::of(&handed[2]), gone);
         assert!(owns_config(&handed[2]));
         assert_eq!(config_owners(&handed), vec![gone]);
     }
