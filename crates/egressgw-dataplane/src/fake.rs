@@ -34,6 +34,13 @@ impl Netlink for FakeNetlink {
         &mut self,
         pods: &[IpAddr],
     ) -> Result<BTreeMap<String, BTreeSet<IpAddr>>> {
+        if self
+            .fail
+            .iter()
+            .any(|(kind, object)| *kind == OpKind::Read && object == "pod interfaces")
+        {
+            return Err(Error::Host("injected failure".into()));
+        }
         let mut out: BTreeMap<String, BTreeSet<IpAddr>> = BTreeMap::new();
         for pod in pods {
             if let Some(link) = self.pod_links.get(pod) {

@@ -11,7 +11,7 @@ use egressgw_common::Counter;
 use egressgw_core::model::PolicyRef;
 use tracing::Instrument as _;
 
-use crate::classify::{Datapath, PodClassifier};
+use crate::classify::{Classification, Datapath, NftClassifier, PodClassifier};
 use crate::{Op, OpKind, Report};
 
 use crate::kernel::{self, Desired, KernelOp, KernelPlan, Parent, Scope};
@@ -31,14 +31,12 @@ pub struct Dataplane<N, F> {
     /// Where the eBPF classifier pins its maps and attachments, for
     /// [`Self::cleanup`]; `None`: no eBPF state to remove.
     ebpf_pins: Option<std::path::PathBuf>,
-    /// The eBPF classifier, on the eBPF datapath.
-    classifier: Option<Box<dyn PodClassifier + Send>>,
+    /// What classifies pod traffic: the table's maps unless
+    /// [`Self::with_classifier`] says otherwise.
+    classifier: Box<dyn PodClassifier>,
     /// On the nftables datapath: whether an eBPF classifier a predecessor
     /// pinned has been looked for (and removed) yet.
     pins_checked: bool,
-    /// On the nftables datapath: the policy each of the table's counter
-    /// objects counts, as the last reconcile wrote them.
-    counted: BTreeMap<String, PolicyRef>,
 }
 
 impl<N: Netlink, F: Firewall> Dataplane<N, F> {
@@ -52,58 +50,42 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
             scope,
             parent: None,
             ebpf_pins: None,
-            classifier: None,
+            classifier: Box::new(NftClassifier::default()),
             pins_checked: false,
-            counted: BTreeMap::new(),
         }
     }
 
-    /// Puts the eBPF classifier in charge of classifying
-    /// ([`Datapath::Ebpf`]).
+    /// Puts `classifier` in charge of classifying (the eBPF classifier:
+    /// [`Datapath::Ebpf`]).
     #[must_use]
-    pub fn with_classifier(mut self, classifier: Box<dyn PodClassifier + Send>) -> Self {
-        self.classifier = Some(classifier);
+    pub fn with_classifier(mut self, classifier: Box<dyn PodClassifier>) -> Self {
+        self.classifier = classifier;
         self
     }
 
     /// What classifies pod traffic.
     pub fn datapath(&self) -> Datapath {
-        if self.classifier.is_some() {
-            Datapath::Ebpf
-        } else {
-            Datapath::Nftables
-        }
+        self.classifier.datapath()
     }
 
     /// Packets and bytes sent through a gateway (or dropped failing
-    /// closed), per policy with traffic to classify on this node: the eBPF
-    /// classifier's counters, or the nftables table's counter objects of
-    /// the policies the last reconcile wrote.
+    /// closed), per policy with traffic to classify on this node, as the
+    /// classifier counted them.
     pub fn policy_counters(&self) -> Result<BTreeMap<PolicyRef, Counter>, String> {
-        if let Some(classifier) = &self.classifier {
-            return classifier.policy_counters();
-        }
-        let counters = blocking(|| self.firewall.counters()).map_err(|e| e.to_string())?;
-        Ok(self
-            .counted
-            .iter()
-            .map(|(name, policy)| {
-                let counted = counters.get(name).copied().unwrap_or_default();
-                (policy.clone(), counted)
-            })
-            .collect())
+        let table = || self.firewall.counters().map_err(|e| e.to_string());
+        blocking(|| self.classifier.policy_counters(&table))
     }
 
     /// While the gateway's eBPF fast path is on: what it learned since the
     /// start, and how many connections it holds now.
     pub fn gateway_learning(&self) -> Option<crate::ebpf::Learning> {
-        self.classifier.as_ref()?.gateway_learning()
+        self.classifier.gateway_learning()
     }
 
     /// While the eBPF tunnel's end on the underlay is on: what it took out
     /// of the tunnel.
     pub fn tunnel_end(&self) -> Option<Result<crate::ebpf::TunnelEnd, String>> {
-        self.classifier.as_ref()?.tunnel_end()
+        self.classifier.tunnel_end()
     }
 
     /// Makes [`Self::cleanup`] also detach the eBPF classifier and remove
@@ -157,11 +139,12 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
         for op in &additions {
             self.apply(op, &mut report).await;
         }
-        if self.classifier.is_none() {
+        if self.datapath() == Datapath::Nftables {
             self.remove_predecessors_classifier(&mut report);
         }
-        blocking(|| self.reconcile_firewall(state, &mut report));
-        self.reconcile_classifier(state, &mut report).await;
+        let classifying = self.classifier.table(state);
+        blocking(|| self.reconcile_firewall(state, classifying, &mut report));
+        self.sync_classifier(state, &mut report).await;
         for op in &removals {
             self.apply(op, &mut report).await;
         }
@@ -294,77 +277,54 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
         self.pins_checked = true;
     }
 
-    /// The eBPF classifier: attached to the interfaces this node's pods
-    /// send by, its maps holding the node's classification. Runs after
-    /// the table, so that a mark the program sets has its chain there.
-    async fn reconcile_classifier(&mut self, state: &NodeState, report: &mut Report) {
-        let Some(classifier) = self.classifier.as_mut() else {
-            return;
-        };
-        let pods: Vec<IpAddr> = state
-            .classify
-            .iter()
-            .map(|e| e.src)
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .collect();
-        // A failed lookup leaves the attachments as they are; the table
-        // classifies what the program does not see.
-        let tunnel = state.vxlan.as_ref().map(|v| v.name.as_str());
-        let desired = crate::ebpf::Desired::new(state, &self.config);
-        // The gateway's fast path sits where the EIPs' traffic leaves and
-        // their replies arrive: the interfaces on their segments.
-        let external: BTreeSet<String> = desired
-            .eips
-            .iter()
-            .flat_map(|eip| crate::announce::segment_interfaces(*eip))
-            .map(|(name, _)| name)
-            .collect();
-        // The tunnel's end sits where the tunnel's packets arrive.
-        let underlay = self
-            .parent
-            .as_ref()
-            .filter(|_| desired.underlay.is_some())
-            .map(|p| p.name.as_str());
-        match self.netlink.pod_interfaces(&pods).await {
-            Ok(found) => {
-                let wanted: BTreeSet<String> = found.into_keys().collect();
-                for (op, result) in classifier.follow(&wanted, tunnel, &external, underlay) {
-                    report.record(op, result);
+    /// The classifier, after the table (so that a mark the eBPF program
+    /// sets has its chain there): told, when it runs on interfaces, which
+    /// ones this node's pods send by.
+    async fn sync_classifier(&mut self, state: &NodeState, report: &mut Report) {
+        let interfaces = if self.classifier.on_interfaces() {
+            let pods: Vec<IpAddr> = state
+                .classify
+                .iter()
+                .map(|e| e.src)
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            match self.netlink.pod_interfaces(&pods).await {
+                Ok(found) => Some(found.into_keys().collect::<BTreeSet<String>>()),
+                Err(e) => {
+                    report.record(
+                        Op::new(
+                            OpKind::Read,
+                            "pod interfaces",
+                            format!("find the interfaces of {} pod address(es)", pods.len()),
+                        ),
+                        Err(e),
+                    );
+                    None
                 }
             }
-            Err(e) => report.record(
-                Op::new(
-                    OpKind::Read,
-                    "pod interfaces",
-                    format!("find the interfaces of {} pod address(es)", pods.len()),
-                ),
-                Err(e),
-            ),
-        }
-        match blocking(|| classifier.sync(&desired)) {
-            Ok(synced) if synced.is_empty() => {}
-            Ok(synced) => report.done(Op::new(
-                OpKind::Map,
-                "classifier maps",
-                format!(
-                    "eBPF classifier maps: {} added, {} changed, {} removed",
-                    synced.added, synced.changed, synced.removed
-                ),
-            )),
-            Err(e) => report.record(
-                Op::new(
-                    OpKind::Map,
-                    "classifier maps",
-                    "fill the eBPF classifier's maps",
-                ),
-                Err(e),
-            ),
+        } else {
+            None
+        };
+        let c = Classification {
+            state,
+            config: &self.config,
+            interfaces: interfaces.as_ref(),
+            parent: self.parent.as_ref().map(|p| p.name.as_str()),
+        };
+        let classifier = &mut self.classifier;
+        for (op, result) in blocking(|| classifier.sync(&c)) {
+            report.record(op, result);
         }
     }
 
-    fn reconcile_firewall(&mut self, state: &NodeState, report: &mut Report) {
-        let spec = FirewallSpec::for_datapath(state, &self.config, self.datapath());
+    fn reconcile_firewall(
+        &mut self,
+        state: &NodeState,
+        classifying: nft::Classifying,
+        report: &mut Report,
+    ) {
+        let spec = FirewallSpec::with(state, &self.config, classifying);
         match self.firewall.observe() {
             Ok(observed) => {
                 let ops = nft::plan(&spec, observed.as_deref());
@@ -375,7 +335,6 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
                     report.merge(self.firewall.apply(&ops));
                     self.forget_unanswered(&ops, report);
                 }
-                self.counted = spec.counters;
             }
             Err(e) => report.record(
                 Op::new(
@@ -615,10 +574,7 @@ mod tests {
                 let fake = fake.lock().unwrap();
                 let links: Vec<&str> = fake.attached.iter().map(String::as_str).collect();
                 assert_eq!(links, ["cali-a", "cali-b", "cali-c"]);
-                assert_eq!(
-                    fake.maps,
-                    crate::ebpf::Desired::new(&state, &Config::default())
-                );
+                assert_eq!(fake.entries, state.classify);
             }
             // The table still classifies (for an interface the program is
             // not on yet) and fails closed; its prerouting chain is the
@@ -665,10 +621,79 @@ mod tests {
             );
             let fake = fake.lock().unwrap();
             assert!(!fake.attached.contains("cali-b"));
-            assert_eq!(
-                fake.maps,
-                crate::ebpf::Desired::new(&fewer, &Config::default())
+            assert_eq!(fake.entries, fewer.classify);
+        });
+    }
+
+    #[test]
+    fn the_classifiers_part_lands_with_the_table_in_one_transaction_and_it_syncs_after() {
+        run(async {
+            let (mut dp, fake) = ebpf_dataplane();
+            let state = pods_state();
+            let report = dp.reconcile(&state).await;
+            assert!(report.is_ok(), "{:?}", report.failed);
+            assert_eq!(dp.firewall.transactions, 1, "one transaction for the table");
+            let observed = dp.firewall.observe().unwrap().unwrap();
+            let spec = FirewallSpec::for_datapath(&state, &Config::default(), Datapath::Ebpf);
+            assert!(!spec.classify.is_empty());
+            assert!(nft::plan(&spec, Some(&observed)).is_empty());
+            // Every change of the classifier after every change of the
+            // table: a mark the program sets has its chain by then.
+            let kinds: Vec<OpKind> = report.applied.iter().map(|op| op.kind).collect();
+            let last_table = kinds
+                .iter()
+                .rposition(|k| matches!(k, OpKind::Table | OpKind::Chain | OpKind::Element));
+            let first_classifier = kinds
+                .iter()
+                .position(|k| matches!(k, OpKind::Program | OpKind::Map));
+            assert!(
+                last_table.unwrap() < first_classifier.unwrap(),
+                "{:?}",
+                report.applied
             );
+            assert_eq!(fake.lock().unwrap().entries, state.classify);
+        });
+    }
+
+    #[test]
+    fn pod_interfaces_not_found_keep_the_attachments_and_the_entries_still_land() {
+        run(async {
+            let (mut dp, fake) = ebpf_dataplane();
+            let state = pods_state();
+            assert!(dp.reconcile(&state).await.is_ok());
+            dp.netlink
+                .fail
+                .push((OpKind::Read, "pod interfaces".into()));
+            let mut fewer = state.clone();
+            fewer.classify.retain(|e| e.src != ip("10.244.1.3"));
+            let report = dp.reconcile(&fewer).await;
+            assert_eq!(report.failed.len(), 1, "{:?}", report.failed);
+            assert_eq!(report.failed[0].op.object, "pod interfaces");
+            let fake = fake.lock().unwrap();
+            assert!(fake.attached.contains("cali-b"), "attachments as they were");
+            assert_eq!(fake.entries, fewer.classify);
+        });
+    }
+
+    #[test]
+    fn the_nftables_classifier_is_the_table_and_looks_for_no_interfaces() {
+        run(async {
+            let mut dp = dataplane();
+            dp.netlink
+                .fail
+                .push((OpKind::Read, "pod interfaces".into()));
+            let state = pods_state();
+            let report = dp.reconcile(&state).await;
+            assert!(report.is_ok(), "{:?}", report.failed);
+            assert!(
+                report
+                    .applied
+                    .iter()
+                    .all(|op| !matches!(op.kind, OpKind::Program | OpKind::Map)),
+                "{:?}",
+                report.applied
+            );
+            assert_eq!(dp.firewall.transactions, 1);
         });
     }
 
@@ -686,10 +711,7 @@ mod tests {
             );
             let fake = fake.lock().unwrap();
             assert!(fake.attached.contains("cali-a") && fake.attached.contains("cali-c"));
-            assert!(
-                !fake.maps.classify.is_empty(),
-                "the maps are filled all the same"
-            );
+            assert!(!fake.entries.is_empty(), "the maps are filled all the same");
         });
     }
 

@@ -302,28 +302,121 @@ pub(super) fn keyed<V>(r: crate::ranges::SrcRange<V>) -> (ElemKey, V) {
     )
 }
 
-impl FirewallSpec {
-    /// The table `state` needs when the table classifies
-    /// ([`Datapath::Nftables`]).
-    pub fn new(state: &NodeState, cfg: &Config) -> Self {
-        Self::for_datapath(state, cfg, Datapath::Nftables)
-    }
+/// The classifier's part of the table: how `prerouting` classifies, the
+/// `classify4`/`classify6` elements, and what counts per policy. A
+/// [`crate::classify::PodClassifier`] gives it; it lands in the table's one
+/// transaction with SNAT and steering.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Classifying {
+    /// Whose `prerouting` chain: the table's alone, or the one that takes
+    /// the eBPF program's mark first.
+    pub datapath: Datapath,
+    /// `classify4` / `classify6` elements.
+    pub classify: BTreeMap<ElemKey, Verdict>,
+    /// `count4` / `count6` elements: which policy's counter a selected
+    /// packet counts in.
+    pub count: BTreeMap<ElemKey, String>,
+    /// The counter objects, by name, with the policy each counts.
+    pub counters: BTreeMap<String, PolicyRef>,
+}
 
-    /// The table `state` needs beside `datapath`. The tunnel device is
-    /// `state.vxlan`'s, or the configured name while the node has none.
-    pub fn for_datapath(state: &NodeState, cfg: &Config, datapath: Datapath) -> Self {
-        let classify: BTreeMap<ElemKey, Verdict> = disjoint(state.classify.iter().map(|e| {
-            let verdict = match &e.action {
+impl Classifying {
+    /// The table classifies and counts `state`'s entries
+    /// ([`Datapath::Nftables`]).
+    pub fn by_table(state: &NodeState) -> Self {
+        // Each selected source and destination counts in its policy's
+        // counter, with the same precedence as classification: a bypass is
+        // a hole here too.
+        let count: BTreeMap<ElemKey, String> = disjoint(state.classify.iter().map(|e| {
+            let counted = match e.action {
                 Action::Bypass => None,
-                Action::Tunnel { mark, .. } => Some(Verdict::Mark(*mark)),
-                Action::Local => Some(Verdict::Local),
-                Action::Drop => Some(Verdict::Drop),
+                Action::Tunnel { .. } | Action::Local | Action::Drop => {
+                    e.policy.as_deref().map(counter_name)
+                }
             };
-            (e.src, e.dst, verdict)
+            (e.src, e.dst, counted)
         }))
         .into_iter()
         .map(keyed)
         .collect();
+        let used: BTreeSet<&String> = count.values().collect();
+        let counters = state
+            .classify
+            .iter()
+            .filter(|e| e.action != Action::Bypass)
+            .filter_map(|e| e.policy.as_deref())
+            .map(|p| (counter_name(p), p))
+            .filter(|(name, _)| used.contains(name))
+            .map(|(name, p)| (name, p.clone()))
+            .collect();
+        Self {
+            datapath: Datapath::Nftables,
+            classify: classify_elements(state),
+            count,
+            counters,
+        }
+    }
+
+    /// Beside the eBPF program ([`Datapath::Ebpf`]): the table keeps
+    /// `state`'s classification as a backstop for an interface the program
+    /// is not on yet, and counts nothing (the program counts).
+    pub fn beside_program(state: &NodeState) -> Self {
+        Self {
+            datapath: Datapath::Ebpf,
+            classify: classify_elements(state),
+            count: BTreeMap::new(),
+            counters: BTreeMap::new(),
+        }
+    }
+
+    /// The part `datapath`'s classifier gives for `state`.
+    pub fn for_datapath(state: &NodeState, datapath: Datapath) -> Self {
+        match datapath {
+            Datapath::Nftables => Self::by_table(state),
+            Datapath::Ebpf => Self::beside_program(state),
+        }
+    }
+}
+
+/// `state`'s classification entries as `classify4`/`classify6` elements:
+/// disjoint, the most specific entry deciding, a bypass a hole.
+fn classify_elements(state: &NodeState) -> BTreeMap<ElemKey, Verdict> {
+    disjoint(state.classify.iter().map(|e| {
+        let verdict = match &e.action {
+            Action::Bypass => None,
+            Action::Tunnel { mark, .. } => Some(Verdict::Mark(*mark)),
+            Action::Local => Some(Verdict::Local),
+            Action::Drop => Some(Verdict::Drop),
+        };
+        (e.src, e.dst, verdict)
+    }))
+    .into_iter()
+    .map(keyed)
+    .collect()
+}
+
+impl FirewallSpec {
+    /// The table `state` needs when the table classifies
+    /// ([`Datapath::Nftables`]).
+    pub fn new(state: &NodeState, cfg: &Config) -> Self {
+        Self::with(state, cfg, Classifying::by_table(state))
+    }
+
+    /// The table `state` needs beside `datapath`'s classifier.
+    pub fn for_datapath(state: &NodeState, cfg: &Config, datapath: Datapath) -> Self {
+        Self::with(state, cfg, Classifying::for_datapath(state, datapath))
+    }
+
+    /// The table `state` needs, with `classifying` as the classifier's
+    /// part. The tunnel device is `state.vxlan`'s, or the configured name
+    /// while the node has none.
+    pub fn with(state: &NodeState, cfg: &Config, classifying: Classifying) -> Self {
+        let Classifying {
+            datapath,
+            classify,
+            count,
+            counters,
+        } = classifying;
         let nat = disjoint(state.snat.iter().map(|e| {
             let nat = match e.to {
                 SnatTo::Eip(ip) => Nat::Snat(ip),
@@ -344,36 +437,6 @@ impl FirewallSpec {
         .into_iter()
         .map(|r| r.dst)
         .collect();
-        // Each selected source and destination counts in its policy's
-        // counter, with the same precedence as classification: a bypass is
-        // a hole here too.
-        let (count, counters) = if datapath == Datapath::Nftables {
-            let count: BTreeMap<ElemKey, String> = disjoint(state.classify.iter().map(|e| {
-                let counted = match e.action {
-                    Action::Bypass => None,
-                    Action::Tunnel { .. } | Action::Local | Action::Drop => {
-                        e.policy.as_deref().map(counter_name)
-                    }
-                };
-                (e.src, e.dst, counted)
-            }))
-            .into_iter()
-            .map(keyed)
-            .collect();
-            let used: BTreeSet<&String> = count.values().collect();
-            let counters = state
-                .classify
-                .iter()
-                .filter(|e| e.action != Action::Bypass)
-                .filter_map(|e| e.policy.as_deref())
-                .map(|p| (counter_name(p), p))
-                .filter(|(name, _)| used.contains(name))
-                .map(|(name, p)| (name, p.clone()))
-                .collect();
-            (count, counters)
-        } else {
-            (BTreeMap::new(), BTreeMap::new())
-        };
         let eips = state
             .snat
             .iter()
