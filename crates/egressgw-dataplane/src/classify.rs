@@ -66,8 +66,28 @@ pub struct Classification<'a> {
     /// the interfaces this node's pods send by, as found now; `None` when
     /// they could not be found (the attachments stay as they are).
     pub interfaces: Option<&'a BTreeSet<String>>,
-    /// The tunnel's parent (underlay) interface, as found now.
-    pub parent: Option<&'a str>,
+    /// The tunnel's parent (underlay) interface, as found now:
+    /// `Some(None)` when the node has no tunnel, `None` when it could not
+    /// be found (what is on it stays as it is).
+    pub parent: Option<Option<&'a str>>,
+}
+
+/// The interface the eBPF tunnel's end is to be on: the tunnel's parent
+/// while it is `wanted` (the fast path is on), none otherwise; when the
+/// parent could not be found this time, the one it is on `now`, so that a
+/// lookup failing for a moment does not take it off.
+pub fn underlay_to_follow(
+    parent: Option<Option<&str>>,
+    wanted: bool,
+    now: Option<&str>,
+) -> Option<String> {
+    if !wanted {
+        return None;
+    }
+    match parent {
+        Some(parent) => parent.map(str::to_owned),
+        None => now.map(str::to_owned),
+    }
 }
 
 /// What classifies pod traffic on a node: the planner's classification in,
@@ -177,9 +197,10 @@ impl PodClassifier for Classifier {
                 .map(|(name, _)| name)
                 .collect();
             // The tunnel's end sits where the tunnel's packets arrive.
-            let underlay = c.parent.filter(|_| desired.underlay.is_some());
+            let now = self.underlay_now();
+            let underlay = underlay_to_follow(c.parent, desired.underlay.is_some(), now.as_deref());
             done.extend(
-                self.follow(pods, tunnel, &external, underlay)
+                self.follow(pods, tunnel, &external, underlay.as_deref())
                     .into_iter()
                     .map(|(op, result)| (op, result.map_err(|e| e.to_string()))),
             );
@@ -222,8 +243,9 @@ impl PodClassifier for Classifier {
 pub struct FakeClassifier {
     /// Interfaces attached to.
     pub attached: BTreeSet<String>,
-    /// The tunnel's parent interface it was last told of.
-    pub parent: Option<String>,
+    /// The interface its tunnel's end would be on (as the eBPF
+    /// classifier's, with the fast path on).
+    pub underlay: Option<String>,
     /// The classification entries it holds.
     pub entries: Vec<ClassifyEntry>,
     /// Counters to report.
@@ -239,8 +261,8 @@ impl PodClassifier for FakeClassifier {
 
     fn sync(&mut self, c: &Classification<'_>) -> Vec<(Op, Result<(), String>)> {
         let mut done = Vec::new();
-        self.parent = c.parent.map(str::to_owned);
         if let Some(wanted) = c.interfaces {
+            self.underlay = underlay_to_follow(c.parent, true, self.underlay.as_deref());
             for gone in self.attached.difference(wanted) {
                 let text = format!("detach the eBPF classifier on {gone}");
                 done.push((Op::new(OpKind::Program, gone.clone(), text), Ok(())));
@@ -281,7 +303,15 @@ impl PodClassifier for FakeClassifier {
 /// A [`FakeClassifier`] a test keeps a handle on while a dataplane owns it.
 impl PodClassifier for std::sync::Arc<std::sync::Mutex<FakeClassifier>> {
     fn datapath(&self) -> Datapath {
-        Datapath::Ebpf
+        self.lock().expect("not poisoned").datapath()
+    }
+
+    fn on_interfaces(&self) -> bool {
+        self.lock().expect("not poisoned").on_interfaces()
+    }
+
+    fn table(&mut self, state: &NodeState) -> Classifying {
+        self.lock().expect("not poisoned").table(state)
     }
 
     fn sync(&mut self, c: &Classification<'_>) -> Vec<(Op, Result<(), String>)> {
@@ -324,15 +354,15 @@ mod tests {
         let mut nft = NftClassifier::default();
         let two = state(&[("web", "198.51.100.0/24"), ("db", "203.0.113.0/24")]);
         let part = nft.table(&two);
-        assert_eq!(part, Classifying::by_table(&two));
         assert_eq!(part.datapath, Datapath::Nftables);
+        assert_eq!(part.classify, Classifying::beside_program(&two).classify);
         assert_eq!(part.counters.len(), 2);
         assert!(!nft.on_interfaces());
         let c = Classification {
             state: &two,
             config: &Config::default(),
             interfaces: None,
-            parent: None,
+            parent: Some(None),
         };
         assert!(nft.sync(&c).is_empty(), "nothing outside the table");
 
@@ -366,6 +396,36 @@ mod tests {
             nft.policy_counters(&broken).unwrap_err(),
             "nft: no such file"
         );
+    }
+
+    #[test]
+    fn the_tunnels_end_follows_the_parent_and_stays_where_it_is_when_that_is_not_found() {
+        assert_eq!(
+            underlay_to_follow(Some(Some("eth0")), true, None).as_deref(),
+            Some("eth0")
+        );
+        assert_eq!(
+            underlay_to_follow(Some(Some("eth1")), true, Some("eth0")).as_deref(),
+            Some("eth1"),
+            "moves with the parent"
+        );
+        assert_eq!(
+            underlay_to_follow(None, true, Some("eth0")).as_deref(),
+            Some("eth0"),
+            "a failed lookup keeps it"
+        );
+        assert_eq!(underlay_to_follow(None, true, None), None);
+        assert_eq!(
+            underlay_to_follow(Some(None), true, Some("eth0")),
+            None,
+            "no tunnel"
+        );
+        assert_eq!(
+            underlay_to_follow(Some(Some("eth0")), false, Some("eth0")),
+            None,
+            "fast path off"
+        );
+        assert_eq!(underlay_to_follow(None, false, Some("eth0")), None);
     }
 
     #[test]

@@ -826,12 +826,9 @@ impl Classifier {
         done
     }
 
-    fn follow_as(
-        &mut self,
-        role: Role,
-        wanted: &BTreeSet<String>,
-    ) -> Vec<(Op, Result<(), EbpfError>)> {
-        let mut done = Vec::new();
+    /// The interfaces `role` is on now: attached by this agent, or pinned
+    /// by a predecessor.
+    fn on(&self, role: Role) -> BTreeSet<String> {
         let mut present: BTreeSet<String> = self
             .attached
             .keys()
@@ -841,6 +838,21 @@ impl Classifier {
         if let Some(dir) = &self.pins {
             present.extend(pinned_links(dir, role).into_keys().map(|(iface, _)| iface));
         }
+        present
+    }
+
+    /// The interface the tunnel's end is on now, if any.
+    pub fn underlay_now(&self) -> Option<String> {
+        self.on(Role::Underlay).into_iter().next()
+    }
+
+    fn follow_as(
+        &mut self,
+        role: Role,
+        wanted: &BTreeSet<String>,
+    ) -> Vec<(Op, Result<(), EbpfError>)> {
+        let mut done = Vec::new();
+        let present = self.on(role);
         for iface in present.difference(wanted) {
             let result = self.detach_as(role, iface);
             let op = Op::new(

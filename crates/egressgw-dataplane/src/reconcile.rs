@@ -28,6 +28,9 @@ pub struct Dataplane<N, F> {
     scope: Scope,
     /// The tunnel's parent interface as the last reconcile found it.
     parent: Option<Parent>,
+    /// Whether the last reconcile could tell where the parent is (found,
+    /// or no tunnel): a failed lookup leaves what is on it as it is.
+    parent_known: bool,
     /// Where the eBPF classifier pins its maps and attachments, for
     /// [`Self::cleanup`]; `None`: no eBPF state to remove.
     ebpf_pins: Option<std::path::PathBuf>,
@@ -49,6 +52,7 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
             config,
             scope,
             parent: None,
+            parent_known: false,
             ebpf_pins: None,
             classifier: Box::new(NftClassifier::default()),
             pins_checked: false,
@@ -119,10 +123,12 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
     ///
     /// Order: devices first (observed again once they exist), then every
     /// addition and change of the routing side, then the firewall (one
-    /// transaction), then removals — so new paths exist before traffic is
-    /// classified onto them and old paths go only after classification has
-    /// left them. A failed operation is in the report and the others still
-    /// run. Nothing is flushed: an unchanged state plans no operation.
+    /// transaction, the classifier's part of the table in it), then the
+    /// classifier's own state (the eBPF program's attachments and maps),
+    /// then removals — so new paths exist before traffic is classified
+    /// onto them and old paths go only after classification has left them.
+    /// A failed operation is in the report and the others still run.
+    /// Nothing is flushed: an unchanged state plans no operation.
     pub async fn reconcile(&mut self, state: &NodeState) -> Report {
         let span = tracing::info_span!("reconcile", node = %state.node);
         self.reconcile_in_span(state).instrument(span).await
@@ -143,6 +149,12 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
             self.remove_predecessors_classifier(&mut report);
         }
         let classifying = self.classifier.table(state);
+        debug_assert_eq!(
+            classifying.datapath,
+            self.datapath(),
+            "{:?}",
+            self.classifier
+        );
         blocking(|| self.reconcile_firewall(state, classifying, &mut report));
         self.sync_classifier(state, &mut report).await;
         for op in &removals {
@@ -156,6 +168,7 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
     /// address being moved, a netlink hiccup) never tears the tunnel down.
     async fn desired(&mut self, state: &NodeState, report: &mut Report) -> Option<Desired> {
         self.parent = None;
+        self.parent_known = state.vxlan.is_none();
         let Some(v) = &state.vxlan else {
             return Some(Desired::new(state, &self.config, None));
         };
@@ -168,6 +181,7 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
             Ok(Some(parent)) => {
                 let desired = Desired::new(state, &self.config, Some(&parent));
                 self.parent = Some(parent);
+                self.parent_known = true;
                 Some(desired)
             }
             Ok(None) => {
@@ -310,7 +324,9 @@ impl<N: Netlink, F: Firewall> Dataplane<N, F> {
             state,
             config: &self.config,
             interfaces: interfaces.as_ref(),
-            parent: self.parent.as_ref().map(|p| p.name.as_str()),
+            parent: self
+                .parent_known
+                .then(|| self.parent.as_ref().map(|p| p.name.as_str())),
         };
         let classifier = &mut self.classifier;
         for (op, result) in blocking(|| classifier.sync(&c)) {
@@ -694,6 +710,98 @@ mod tests {
                 report.applied
             );
             assert_eq!(dp.firewall.transactions, 1);
+        });
+    }
+
+    #[test]
+    fn a_parent_not_found_keeps_the_tunnels_end_where_it_is() {
+        run(async {
+            let (mut dp, fake) = ebpf_dataplane();
+            let state = pods_state();
+            assert!(dp.reconcile(&state).await.is_ok());
+            assert_eq!(fake.lock().unwrap().underlay.as_deref(), Some("eth0"));
+            // The underlay address is being moved: the routing side and
+            // the tunnel's end stay as they are.
+            dp.netlink.parents.clear();
+            let report = dp.reconcile(&state).await;
+            assert_eq!(report.failed.len(), 1, "{:?}", report.failed);
+            assert_eq!(fake.lock().unwrap().underlay.as_deref(), Some("eth0"));
+            // A node without a tunnel has nothing for it to be on.
+            let mut no_tunnel = state.clone();
+            no_tunnel.vxlan = None;
+            dp.reconcile(&no_tunnel).await;
+            assert_eq!(fake.lock().unwrap().underlay, None);
+        });
+    }
+
+    #[test]
+    fn an_unreadable_table_is_reported_and_the_classifier_still_follows_the_plan() {
+        use egressgw_core::state::Action;
+        run(async {
+            let other = |state: &NodeState| {
+                let mut other = state.clone();
+                for e in &mut other.classify {
+                    if e.action != Action::Bypass {
+                        e.policy = Some(PolicyRef::namespaced("team-a", "db").into());
+                    }
+                }
+                other
+            };
+            let db = PolicyRef::namespaced("team-a", "db");
+            // The nftables classifier counts the plan's policies.
+            let mut dp = dataplane();
+            let state = pods_state();
+            assert!(dp.reconcile(&state).await.is_ok());
+            dp.firewall.fail_observe = true;
+            let report = dp.reconcile(&other(&state)).await;
+            assert_eq!(report.failed.len(), 1, "{:?}", report.failed);
+            assert_eq!(report.failed[0].op.text, "read the nftables table");
+            let counted = dp.policy_counters().unwrap();
+            assert_eq!(counted.keys().collect::<Vec<_>>(), [&db]);
+            assert_eq!(counted[&db].packets, 0, "no counter object yet");
+            // The eBPF classifier's maps follow the plan.
+            let (mut dp, fake) = ebpf_dataplane();
+            assert!(dp.reconcile(&state).await.is_ok());
+            dp.firewall.fail_observe = true;
+            let report = dp.reconcile(&other(&state)).await;
+            assert_eq!(report.failed.len(), 1, "{:?}", report.failed);
+            assert_eq!(fake.lock().unwrap().entries, other(&state).classify);
+        });
+    }
+
+    #[test]
+    fn the_nftables_datapath_removes_what_an_ebpf_predecessor_pinned_and_the_ebpf_keeps_it() {
+        let dir = std::env::temp_dir().join(format!("egressgw-pins-{}", std::process::id()));
+        let pinned = |dir: &std::path::Path| {
+            std::fs::create_dir_all(dir).unwrap();
+            for file in ["link-ingress-7-cali-a", "EGRESSGW_CLASSIFY4"] {
+                std::fs::write(dir.join(file), b"").unwrap();
+            }
+        };
+        run(async {
+            let (dp, _) = ebpf_dataplane();
+            let mut dp = dp.with_ebpf_pins(&dir);
+            pinned(&dir);
+            assert!(dp.reconcile(&pods_state()).await.is_ok());
+            assert!(
+                dir.join("link-ingress-7-cali-a").exists(),
+                "the eBPF datapath's own"
+            );
+
+            let mut dp = dataplane().with_ebpf_pins(&dir);
+            let report = dp.reconcile(&pods_state()).await;
+            let removed = std::fs::exists(&dir).unwrap();
+            std::fs::remove_dir_all(&dir).ok();
+            assert!(report.is_ok(), "{:?}", report.failed);
+            assert!(!removed, "removed by the nftables datapath");
+            assert!(
+                report
+                    .applied
+                    .iter()
+                    .any(|op| op.text.contains("this node runs the nftables datapath")),
+                "{:?}",
+                report.applied
+            );
         });
     }
 

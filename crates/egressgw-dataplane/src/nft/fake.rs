@@ -13,6 +13,8 @@ pub struct FakeFirewall {
     pub table: Option<Observed>,
     /// Ops that fail.
     pub fail: Vec<FwOp>,
+    /// Whether reading the table fails.
+    pub fail_observe: bool,
     /// How many `apply` calls carried at least one op.
     pub transactions: usize,
     /// The keys whose unanswered connections were to be forgotten.
@@ -42,6 +44,12 @@ impl Firewall for FakeFirewall {
     }
 
     fn observe(&mut self) -> Result<Option<Arc<Observed>>> {
+        if self.fail_observe {
+            return Err(Error::Nft {
+                what: format!("list table {FAMILY} {TABLE}"),
+                message: "injected failure".into(),
+            });
+        }
         Ok(self.table.clone().map(Arc::new))
     }
 
