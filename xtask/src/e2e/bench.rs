@@ -25,6 +25,9 @@ const SOURCE: &str = "node-3";
 /// was off where it was switched off; nothing of the bench is left, and
 /// the agents' config key is owned by whoever owned it before (Helm: its
 /// next server-side upgrade would otherwise conflict with the bench).
+/// Then `egressgw bench --cleanup` over a config a bench left switched:
+/// an edit made after the bench's last write is kept, the bench's own
+/// write is restored and handed back to Helm.
 pub fn smoke_bench_measures_every_case_and_case_3_leaves_with_the_eip(
     run: &mut Run,
 ) -> anyhow::Result<()> {
@@ -139,7 +142,137 @@ pub fn smoke_bench_measures_every_case_and_case_3_leaves_with_the_eip(
         case3_sent / 1e6,
         tunnel_sent / 1e6
     ));
+    cleanup_keeps_an_edit_and_restores_its_own_write(run, &owners_before)
+}
+
+/// What `egressgw bench --cleanup` does with a ConfigMap a bench left
+/// switched: when someone edited the config after the bench's last write,
+/// it keeps their edit, says so and removes only its annotations; when
+/// not, it restores the config from before and hands the key back to
+/// `owners` (Helm).
+fn cleanup_keeps_an_edit_and_restores_its_own_write(
+    run: &mut Run,
+    owners: &[String],
+) -> anyhow::Result<()> {
+    let chart = config(run.lab)?;
+    let edited = format!("{chart}\n# edited while a bench ran\n");
+    let recorded: Vec<Value> = owners
+        .iter()
+        .filter_map(|o| o.split_once(' '))
+        .map(|(manager, operation)| {
+            serde_json::json!({ "manager": manager, "operation": operation, "apiVersion": "v1" })
+        })
+        .collect();
+    let left_switched = |live: &str, written: &str| -> anyhow::Result<()> {
+        let patch = serde_json::json!({
+            "metadata": { "annotations": {
+                "egressgw.io/bench-original-config": chart,
+                "egressgw.io/bench-written-config": written,
+                "egressgw.io/bench-original-owners": serde_json::to_string(&recorded)?,
+            } },
+            "data": { "config.yaml": live },
+        });
+        let name = format!("{}-config", crate::lab::helm::RELEASE);
+        run.lab.kubectl.run(&[
+            "-n",
+            crate::lab::egressgw::NAMESPACE,
+            "patch",
+            "configmap",
+            &name,
+            "--type",
+            "merge",
+            "-p",
+            &patch.to_string(),
+        ])?;
+        Ok(())
+    };
+
+    // Edited after the bench's last write ("offload off"): kept.
+    left_switched(&edited, &format!("{chart}\n# offload off\n"))?;
+    let said = bench_cleanup(run.lab)?;
+    ensure!(
+        said.contains("left as they wrote it"),
+        "the cleanup did not say it kept the edit:\n{said}"
+    );
+    ensure!(
+        config(run.lab)? == edited,
+        "the cleanup overwrote a config edited after the bench's last write"
+    );
+    let (_, annotations) = config_owners(run.lab)?;
+    ensure!(
+        !annotations.contains("egressgw.io/bench-"),
+        "the cleanup left the bench's annotations: {annotations}"
+    );
+
+    // Left as the bench wrote it: restored, and Helm owns the key again.
+    left_switched(&edited, &edited)?;
+    bench_cleanup(run.lab)?;
+    ensure!(
+        config(run.lab)? == chart,
+        "the cleanup did not restore the config from before the bench"
+    );
+    let (owners_after, annotations) = config_owners(run.lab)?;
+    ensure!(
+        owners_after == owners,
+        "after the cleanup the agents' config is owned by {owners_after:?}, not {owners:?}"
+    );
+    ensure!(
+        !annotations.contains("egressgw.io/bench-"),
+        "the cleanup left the bench's annotations: {annotations}"
+    );
+    run.note("`bench --cleanup` kept a config edited after the bench's write, and restored one it wrote (owned by Helm again)");
     Ok(())
+}
+
+/// The agents' ConfigMap, with its `managedFields`.
+fn agents_configmap(lab: &Lab) -> anyhow::Result<Value> {
+    let text = lab.kubectl.run(&[
+        "-n",
+        crate::lab::egressgw::NAMESPACE,
+        "get",
+        "configmap",
+        &format!("{}-config", crate::lab::helm::RELEASE),
+        "-o",
+        "json",
+        "--show-managed-fields",
+    ])?;
+    serde_json::from_str(&text).context("the agents' ConfigMap")
+}
+
+/// The agents' config as the ConfigMap holds it.
+fn config(lab: &Lab) -> anyhow::Result<String> {
+    agents_configmap(lab)?["data"]["config.yaml"]
+        .as_str()
+        .map(str::to_owned)
+        .context("the agents' ConfigMap has no config.yaml")
+}
+
+/// Runs `egressgw bench --cleanup` as a user would; what it printed.
+fn bench_cleanup(lab: &Lab) -> anyhow::Result<String> {
+    let binary = lab.egressgw_binary()?;
+    let kubeconfig = lab.paths.kubeconfig();
+    let out = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            lab.state.topology.control_plane.netns.as_str(),
+        ])
+        .arg(binary)
+        .args(["bench", "--cleanup", "--kubeconfig"])
+        .arg(&kubeconfig)
+        .output()
+        .context("running egressgw bench --cleanup")?;
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    ensure!(
+        out.status.success(),
+        "egressgw bench --cleanup failed ({}):\n{said}",
+        out.status
+    );
+    Ok(said)
 }
 
 /// Runs the deployed `egressgw bench` in the control plane's namespace.
@@ -205,17 +338,7 @@ fn bench(lab: &Lab, output: &std::path::Path) -> anyhow::Result<()> {
 /// Who owns the agents' config key (`manager operation` of each
 /// `managedFields` entry that holds it), and the ConfigMap's annotations.
 fn config_owners(lab: &Lab) -> anyhow::Result<(Vec<String>, String)> {
-    let text = lab.kubectl.run(&[
-        "-n",
-        crate::lab::egressgw::NAMESPACE,
-        "get",
-        "configmap",
-        &format!("{}-config", crate::lab::helm::RELEASE),
-        "-o",
-        "json",
-        "--show-managed-fields",
-    ])?;
-    let cm: Value = serde_json::from_str(&text).context("the agents' ConfigMap")?;
+    let cm = agents_configmap(lab)?;
     let owners = cm["metadata"]["managedFields"]
         .as_array()
         .context("the agents' ConfigMap has no managedFields")?

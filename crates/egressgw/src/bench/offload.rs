@@ -5,6 +5,13 @@
 //! config is kept in an annotation of the ConfigMap until it is restored,
 //! so `egressgw bench --cleanup` can restore it after a crash.
 //!
+//! The bench writes only over what it expects there: the config it read
+//! at its start, or its own last write (kept in another annotation). A
+//! config someone else changed while the bench ran (`kubectl edit`, an
+//! upgrade with `--force-conflicts`) stops the bench before its next
+//! switch, and is left as they wrote it by the restore, which says what
+//! the config from before the bench was.
+//!
 //! Restoring also hands the config key back to whoever owned it before
 //! (the ConfigMap's `managedFields`): Helm 4 applies server-side, and a
 //! key last written by the bench would make its next `helm upgrade` that
@@ -32,6 +39,9 @@ pub const ORIGINAL_ANNOTATION: &str = "egressgw.io/bench-original-config";
 /// `managedFields` entries, as JSON [`ConfigOwner`]s), for the restore to
 /// hand it back to them.
 const OWNERS_ANNOTATION: &str = "egressgw.io/bench-original-owners";
+/// The annotation holding the config as the bench last wrote it: what the
+/// next write expects to find.
+const WRITTEN_ANNOTATION: &str = "egressgw.io/bench-written-config";
 /// The field manager of the bench's writes.
 const FIELD_MANAGER: &str = "egressgw-bench";
 /// The Pod template annotation whose change rolls the agents.
@@ -201,10 +211,22 @@ pub async fn read_config(
     Ok((config, original))
 }
 
+/// Whether the config the ConfigMap holds (`live`) is the one the bench
+/// expects there: its own last write (`written`), or before its first
+/// switch the config it read at its start (`original`). A switched
+/// config left by a bench that did not record its writes is taken as
+/// unchanged.
+fn unchanged(live: Option<&str>, written: Option<&str>, original: Option<&str>) -> bool {
+    written
+        .or(original)
+        .is_none_or(|expected| live == Some(expected))
+}
+
 /// Writes `config` (keeping `original` in the annotation, or removing the
 /// annotation with `None` and handing the config key back to its owners
 /// from before the bench) and rolls the agents, waiting until every one
-/// runs the new config and is ready.
+/// runs the new config and is ready. Writes nothing over a config someone
+/// else changed meanwhile: a switch fails, a restore leaves it and says so.
 pub async fn apply(
     client: &kube::Client,
     agents: &Agents,
@@ -213,41 +235,8 @@ pub async fn apply(
     progress: &dyn Fn(&str),
 ) -> anyhow::Result<()> {
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &agents.namespace);
-    let what = format!("ConfigMap {}/{}", agents.namespace, agents.configmap);
-    let live = cms
-        .get(&agents.configmap)
-        .await
-        .with_context(|| format!("reading {what}"))?;
-    let recorded = live
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(OWNERS_ANNOTATION));
-    let owners = match (original, recorded) {
-        // The first switch: record who owns the key now.
-        (Some(_), None) => Some(serde_json::to_string(&config_owners(
-            live.metadata.managed_fields.as_deref().unwrap_or_default(),
-        ))?),
-        // Later switches keep the first one's record.
-        (Some(_), Some(recorded)) => Some(recorded.clone()),
-        (None, _) => None,
-    };
-    let patch = json!({
-        "metadata": { "annotations": {
-            ORIGINAL_ANNOTATION: original,
-            OWNERS_ANNOTATION: owners,
-        } },
-        "data": { CONFIG_KEY: config },
-    });
-    let written = cms
-        .patch(&agents.configmap, &writes(), &Patch::Merge(&patch))
-        .await
-        .with_context(|| format!("writing {what}"))?;
-    if original.is_none()
-        && let Some(recorded) = recorded
-    {
-        hand_back(&cms, written.metadata, &what, recorded).await?;
-    }
+    let config = write_config(&cms, agents, config, original, progress).await?;
+    let config = config.as_str();
     let offload = if offload_disabled(config)? {
         "off"
     } else {
@@ -272,6 +261,111 @@ pub async fn apply(
         agents.namespace, agents.daemonset
     ));
     wait_rollout(&ds, agents).await
+}
+
+/// Writes `config` into the ConfigMap (see [`apply`]) unless someone else
+/// changed it since the bench's last write; returns the config the agents
+/// are to run: `config`, or on a restore over such a change, theirs.
+async fn write_config(
+    cms: &Api<ConfigMap>,
+    agents: &Agents,
+    config: &str,
+    original: Option<&str>,
+    progress: &dyn Fn(&str),
+) -> anyhow::Result<String> {
+    let what = format!("ConfigMap {}/{}", agents.namespace, agents.configmap);
+    let live = cms
+        .get(&agents.configmap)
+        .await
+        .with_context(|| format!("reading {what}"))?;
+    let annotation = |key: &str| {
+        live.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(key))
+            .map(String::as_str)
+    };
+    let recorded = annotation(OWNERS_ANNOTATION);
+    let live_config = live
+        .data
+        .as_ref()
+        .and_then(|d| d.get(CONFIG_KEY))
+        .map(String::as_str);
+    let written = annotation(WRITTEN_ANNOTATION);
+    if !unchanged(live_config, written, original) {
+        if original.is_some() {
+            bail!(
+                "{what} changed while the bench ran (its {CONFIG_KEY} is not what the bench \
+                 left there): not switching over it; `egressgw bench --cleanup` removes the \
+                 bench's annotations and leaves the config as it is"
+            );
+        }
+        leave_changed(cms, &live.metadata, &what, config, progress).await?;
+        return Ok(live_config.unwrap_or(config).to_owned());
+    }
+    let owners = match (original, recorded) {
+        // The first switch: record who owns the key now.
+        (Some(_), None) => Some(serde_json::to_string(&config_owners(
+            live.metadata.managed_fields.as_deref().unwrap_or_default(),
+        ))?),
+        // Later switches keep the first one's record.
+        (Some(_), Some(recorded)) => Some(recorded.to_owned()),
+        (None, _) => None,
+    };
+    // The resource version makes the write fail if anything changed since
+    // the read above.
+    let patch = json!({
+        "metadata": {
+            "resourceVersion": live.metadata.resource_version,
+            "annotations": {
+                ORIGINAL_ANNOTATION: original,
+                OWNERS_ANNOTATION: owners,
+                WRITTEN_ANNOTATION: original.map(|_| config),
+            },
+        },
+        "data": { CONFIG_KEY: config },
+    });
+    let written = cms
+        .patch(&agents.configmap, &writes(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("writing {what}"))?;
+    if original.is_none()
+        && let Some(recorded) = recorded
+    {
+        hand_back(cms, written.metadata, &what, recorded).await?;
+    }
+    Ok(config.to_owned())
+}
+
+/// The restore over a config someone else changed since the bench's last
+/// write: their config stays and keeps its owners; the bench's
+/// annotations go (and [`apply`] rolls the agents back to the chart's Pod
+/// template).
+/// `original` is the config from before the bench, told to the user.
+async fn leave_changed(
+    cms: &Api<ConfigMap>,
+    live: &ObjectMeta,
+    what: &str,
+    original: &str,
+    progress: &dyn Fn(&str),
+) -> anyhow::Result<()> {
+    let patch = json!({ "metadata": {
+        "resourceVersion": live.resource_version,
+        "annotations": {
+            ORIGINAL_ANNOTATION: null,
+            OWNERS_ANNOTATION: null,
+            WRITTEN_ANNOTATION: null,
+        },
+    } });
+    let name = live.name.as_deref().unwrap_or_default();
+    cms.patch(name, &writes(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("removing the bench's annotations from {what}"))?;
+    progress(&format!(
+        "{what} was changed by someone else after the bench switched it: left as they \
+         wrote it, not restored; the config from before the bench was:\n{original}"
+    ));
+    Ok(())
 }
 
 /// The bench's writes, under its own field manager.
@@ -568,6 +662,22 @@ mod tests {
         assert_eq!(ConfigOwner::of(&handed[2]), gone);
         assert!(owns_config(&handed[2]));
         assert_eq!(config_owners(&handed), vec![gone]);
+    }
+
+    #[test]
+    fn the_bench_writes_only_over_what_it_expects_there() {
+        let (chart, switched, edited) = ("a: 1\n", "a: 2\n", "a: 3\n");
+        // The first switch expects the config read at the start.
+        assert!(unchanged(Some(chart), None, Some(chart)));
+        assert!(!unchanged(Some(edited), None, Some(chart)));
+        // Later switches and the restore expect the bench's last write.
+        assert!(unchanged(Some(switched), Some(switched), Some(chart)));
+        assert!(unchanged(Some(switched), Some(switched), None));
+        assert!(!unchanged(Some(edited), Some(switched), Some(chart)));
+        assert!(!unchanged(Some(edited), Some(switched), None));
+        assert!(!unchanged(None, Some(switched), None), "the key removed");
+        // Left by a bench that kept no record of its writes: restored.
+        assert!(unchanged(Some(edited), None, None));
     }
 
     #[test]
