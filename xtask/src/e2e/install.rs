@@ -309,12 +309,72 @@ pub fn upgrades_toggle_checksum_offload_and_the_datapath_and_traffic_keeps_the_e
         Duration::from_secs(240),
     );
     let begun = Instant::now();
+    let steps = match toggle_both_ways(run, &helm, other, &asked) {
+        Ok(steps) => steps,
+        Err(e) => {
+            // The scenarios after this one run on the values asked for.
+            drop(prober);
+            let back = agent_pods(&run.lab.kubectl).and_then(|before| {
+                upgrade(
+                    &helm,
+                    &[
+                        "feature.vxlan.disableChecksumOffload=false",
+                        &format!("feature.datapath={asked}"),
+                    ],
+                )?;
+                wait_rollout(run.lab, &before)
+            });
+            return Err(match back {
+                Ok(()) => e,
+                Err(back) => e.context(format!("putting the values back failed too: {back:#}")),
+            });
+        }
+    };
+    let samples = prober.finish();
+    let wrong: Vec<&Seen> = samples
+        .iter()
+        .map(|s| &s.seen)
+        .filter(|seen| matches!(seen, Seen::Source(ip) if *ip != eip))
+        .collect();
+    ensure!(
+        wrong.is_empty(),
+        "during the upgrades web-3 was seen with another source: {wrong:?}"
+    );
+    let unanswered = unanswered(&samples, eip);
+    // Changing a live device's features can drop a packet in flight; a
+    // SYN lost then is sent again after 1 s, past a probe's timeout. The
+    // path must work once the last change is made, and then stay working.
+    run.expect_all(&["web-3"], Expect::Source(eip.into()))?;
+    run.expect_steady("web-3", Expect::Source(eip.into()), 3)?;
+    for step in steps {
+        run.note(step);
+    }
+    run.note(format!(
+        "web-3 probed every 100 ms for {:.0} s through both upgrades: {} answers, all from \
+         {eip}; {unanswered} unanswered (the longest gap {:.1} s)",
+        begun.elapsed().as_secs_f64(),
+        samples.len() - unanswered,
+        longest_gap(&samples, eip).as_secs_f64()
+    ));
+    Ok(())
+}
+
+/// The two upgrades of
+/// [`upgrades_toggle_checksum_offload_and_the_datapath_and_traffic_keeps_the_eip`]:
+/// offload off and the `other` datapath, then both back (`asked`); what
+/// each took.
+fn toggle_both_ways(
+    run: &mut Run,
+    helm: &Helm,
+    other: &str,
+    asked: &str,
+) -> anyhow::Result<Vec<String>> {
     let mut steps = Vec::new();
-    for (disable, want, datapath) in [(true, "off", other), (false, "on", asked.as_str())] {
+    for (disable, want, datapath) in [(true, "off", other), (false, "on", asked)] {
         let before = agent_pods(&run.lab.kubectl)?;
         let started = Instant::now();
         upgrade(
-            &helm,
+            helm,
             &[
                 &format!("feature.vxlan.disableChecksumOffload={disable}"),
                 &format!("feature.datapath={datapath}"),
@@ -379,33 +439,7 @@ pub fn upgrades_toggle_checksum_offload_and_the_datapath_and_traffic_keeps_the_e
             started.elapsed().as_secs_f64()
         ));
     }
-    let samples = prober.finish();
-    let wrong: Vec<&Seen> = samples
-        .iter()
-        .map(|s| &s.seen)
-        .filter(|seen| matches!(seen, Seen::Source(ip) if *ip != eip))
-        .collect();
-    ensure!(
-        wrong.is_empty(),
-        "during the upgrades web-3 was seen with another source: {wrong:?}"
-    );
-    let unanswered = unanswered(&samples, eip);
-    // Changing a live device's features can drop a packet in flight; a
-    // SYN lost then is sent again after 1 s, past a probe's timeout. The
-    // path must work once the last change is made, and then stay working.
-    run.expect_all(&["web-3"], Expect::Source(eip.into()))?;
-    run.expect_steady("web-3", Expect::Source(eip.into()), 3)?;
-    for step in steps {
-        run.note(step);
-    }
-    run.note(format!(
-        "web-3 probed every 100 ms for {:.0} s through both upgrades: {} answers, all from \
-         {eip}; {unanswered} unanswered (the longest gap {:.1} s)",
-        begun.elapsed().as_secs_f64(),
-        samples.len() - unanswered,
-        longest_gap(&samples, eip).as_secs_f64()
-    ));
-    Ok(())
+    Ok(steps)
 }
 
 /// `kubectl rollout restart` of the agents, as an upgrade without a config
